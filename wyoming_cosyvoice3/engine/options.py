@@ -1,0 +1,130 @@
+"""Option dataclasses of the engine: how graphs are loaded and how each request runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from . import constants as C
+
+LlmPrecision = Literal["fp32", "int8", "q4"]
+LLM_FILES: dict[str, str] = {"fp32": "llm.onnx", "int8": "llm_int8.onnx", "q4": "llm_q4.onnx"}
+"""LLM graph file per precision (model card of the ONNX export)."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the model directory is loaded.
+
+    Attributes:
+        llm_precision: which LLM graph to load: ``fp32`` (llm.onnx), ``int8`` (llm_int8.onnx,
+            the CPU default recommended by the export's model card) or ``q4`` (llm_q4.onnx).
+        threads: intra-op threads per onnxruntime session; 0 lets onnxruntime choose
+            (one per physical core).
+        providers: onnxruntime execution providers in order of preference; the CPU provider
+            is always appended as the fallback.
+        voice_cache_dir: directory for cached voice features; ``None`` disables the disk cache.
+        load_voice_encoders: load campplus and speech_tokenizer_v3 at start (True) or only
+            while a new voice is prepared (False, saves memory on small boards).
+    """
+
+    llm_precision: LlmPrecision = "int8"
+    threads: int = 0
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    voice_cache_dir: Path | None = None
+    load_voice_encoders: bool = False
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the option when a value is out of range."""
+        if self.llm_precision not in LLM_FILES:
+            raise ValueError(
+                f"llm_precision must be one of {sorted(LLM_FILES)}, got {self.llm_precision!r}"
+            )
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0, got {self.threads}")
+
+
+@dataclass(frozen=True)
+class SynthesisOptions:
+    """How one request runs. Defaults are the spec-exact upstream values.
+
+    Attributes:
+        speed: speaking rate; the mel is linearly resampled to ``int(frames / speed)``
+            frames (cosyvoice/flow/flow.py inference with ``speed``). Range 0.5..2.0.
+        seed: seed of the request's ``numpy.random.Generator`` (sampling and noise); the same
+            seed, text and voice give the same audio.
+        euler_steps: Euler steps of the flow ODE (flow_matching.py ``n_timesteps``, 10).
+        cfg_rate: classifier-free guidance rate (flow_matching.py ``inference_cfg_rate``, 0.7).
+        streaming: emit audio in chunks while the LLM decodes (True) or once per text piece.
+        first_hop_tokens: speech tokens in the first streamed chunk (upstream 25; smaller is
+            faster first audio: the exported estimator uses full attention, so any size works).
+        max_hop_tokens: the hop doubles after each chunk up to this many tokens (upstream 100).
+        flow_left_context_tokens: when > 0, later chunks run the flow on the prompt plus only
+            this many generated tokens before the new chunk (bounded cost); 0 keeps the whole
+            history (spec-exact).
+        cfg_steps: run CFG in the first ``cfg_steps`` Euler steps only; ``None`` = all steps.
+        max_decode_tokens: hard cap on decoded speech tokens per piece, on top of 20x text.
+        max_request_s: wall-clock limit of one request; exceeded raises SynthesisTimeout.
+        output_dtype: ``float32`` samples in [-1, 1] or ``int16`` PCM.
+    """
+
+    speed: float = 1.0
+    seed: int = 0
+    euler_steps: int = C.DEFAULT_EULER_STEPS
+    cfg_rate: float = C.DEFAULT_CFG_RATE
+    streaming: bool = True
+    first_hop_tokens: int = 15
+    max_hop_tokens: int = 100
+    flow_left_context_tokens: int = 0
+    cfg_steps: int | None = None
+    max_decode_tokens: int = 3000
+    max_request_s: float = 300.0
+    output_dtype: Literal["float32", "int16"] = "float32"
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the option when a value is out of range."""
+        if not 0.5 <= self.speed <= 2.0:
+            raise ValueError(f"speed must be within 0.5..2.0, got {self.speed}")
+        if not 1 <= self.euler_steps <= 50:
+            raise ValueError(f"euler_steps must be within 1..50, got {self.euler_steps}")
+        if not 0.0 <= self.cfg_rate <= 2.0:
+            raise ValueError(f"cfg_rate must be within 0..2, got {self.cfg_rate}")
+        if not 1 <= self.first_hop_tokens <= self.max_hop_tokens:
+            raise ValueError("first_hop_tokens must be >= 1 and <= max_hop_tokens")
+        if self.flow_left_context_tokens < 0:
+            raise ValueError("flow_left_context_tokens must be >= 0")
+        if self.max_decode_tokens < 1 or self.max_request_s <= 0:
+            raise ValueError("max_decode_tokens and max_request_s must be positive")
+        if self.output_dtype not in ("float32", "int16"):
+            raise ValueError(f"output_dtype must be float32 or int16, got {self.output_dtype!r}")
+
+    def replace(self, **changes: object) -> SynthesisOptions:
+        """Return a copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+PRESETS: dict[str, SynthesisOptions] = {
+    # spec-exact: 10 Euler steps with CFG everywhere, whole history in the flow
+    "quality": SynthesisOptions(first_hop_tokens=25),
+    "balanced": SynthesisOptions(),
+    "fast": SynthesisOptions(),
+}
+"""Named option sets; tuned with the benchmark (BENCHMARKS.md)."""
+
+
+@dataclass
+class StageTimes:
+    """Wall-clock seconds spent per stage of one request (filled as the request runs)."""
+
+    frontend_s: float = 0.0
+    llm_prefill_s: float = 0.0
+    llm_decode_s: float = 0.0
+    llm_tokens: int = 0
+    flow_s: float = 0.0
+    flow_calls: int = 0
+    vocoder_s: float = 0.0
+    vocoder_calls: int = 0
+    events: list[tuple[str, float, float]] = field(default_factory=list)
+    """(stage, start_s, end_s) relative to the request start, for timelines."""

@@ -1,0 +1,136 @@
+"""Streaming vocoder: chunked output equals one offline pass; fade-in; emission offsets."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine.dsp import istft
+from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
+from wyoming_cosyvoice3.engine.flow import GrowingNoise
+from wyoming_cosyvoice3.engine.vocoder import HiftRunner, VocoderStream, fade_in_gain
+
+FRAMES_PER_MEL = C.SAMPLES_PER_MEL_FRAME // C.ISTFT_HOP  # 120 STFT frames per mel frame
+
+
+class FakeHift:
+    """A numpy stand-in for hift.onnx with HiFT's dependency structure.
+
+    STFT frame f (mel frame m = f // 120) reads mel frames m-2 .. m+7 (7 frames of right
+    context, like conv_pre's lookahead plus the f0 predictor's), its phase accumulates over all
+    earlier frames (like the harmonic source), and it reads the source noise of its samples.
+    Magnitudes reach above 100 so the host clip matters.
+    """
+
+    def __init__(self) -> None:
+        self.spec = SimpleNamespace(
+            file="hift.onnx",
+            inputs={"speech_feat": "float32", "noise": "float32"},
+            outputs={"magnitude": "float32", "phase": "float32"},
+        )
+        self.calls: list[int] = []
+
+    def run(self, feeds, output_names=None):
+        mel = feeds["speech_feat"][0].astype(np.float64)
+        noise = feeds["noise"][0].astype(np.float64)
+        n_mel = mel.shape[1]
+        assert noise.shape == (480 * n_mel, 9)
+        self.calls.append(n_mel)
+        level = mel[0] + mel[1]
+        n_frames = 120 * n_mel + 1
+        m = np.minimum(np.arange(n_frames) // FRAMES_PER_MEL, n_mel - 1)
+        ctx = np.zeros(n_frames)
+        for d in range(-2, 8):
+            j = m + d
+            ok = (j >= 0) & (j < n_mel)
+            ctx[ok] += level[j[ok]]
+        noise_rows = noise[np.minimum(np.arange(n_frames) * 4, 480 * n_mel - 1)]
+        bins = np.arange(9)[:, None]
+        mag = np.exp(0.3 * ctx)[None, :] * (1.0 + 0.1 * noise_rows.T) / (1.0 + bins)
+        mag[3, ::50] = 250.0
+        step = 0.05 + 0.01 * np.tanh(ctx)
+        phase = np.cumsum(step)[None, :] * (bins + 1) + noise_rows.T
+        return {
+            "magnitude": (0.05 * mag)[None].astype(np.float32),
+            "phase": phase[None].astype(np.float32),
+        }
+
+
+def make_noise(seed: int = 7) -> GrowingNoise:
+    return GrowingNoise(np.random.default_rng(seed), C.HARMONIC_CHANNELS, "uniform", 480 * 37)
+
+
+def offline(runner: HiftRunner, mel: np.ndarray, seed: int = 7) -> np.ndarray:
+    return VocoderStream(runner, make_noise(seed)).push(mel, final=True)
+
+
+def test_waveform_clips_magnitude_and_clamps() -> None:
+    hift = FakeHift()
+    runner = HiftRunner(hift)  # type: ignore[arg-type]
+    mel = np.random.default_rng(0).standard_normal((80, 12)).astype(np.float32)
+    noise = make_noise().take(480 * 12)
+    samples = runner.waveform(mel, noise)
+    assert samples.shape == (480 * 12,) and samples.dtype == np.float32
+    out = hift.run({"speech_feat": mel[None], "noise": noise[None]})
+    expected = np.clip(istft(np.minimum(out["magnitude"], 100.0), out["phase"]), -0.99, 0.99)
+    assert np.allclose(samples, expected, atol=1e-7)
+    # magnitudes scaled far above 100: the host clip and the +-0.99 clamp both act
+    big = {"magnitude": out["magnitude"] * 1000.0, "phase": out["phase"]}
+    hift.run = lambda feeds, names=None: big  # type: ignore[method-assign]
+    loud = runner.waveform(mel, noise)
+    assert np.max(np.abs(loud)) <= 0.99
+    unclipped = istft(big["magnitude"], big["phase"])
+    assert np.max(np.abs(unclipped)) > 0.99
+
+
+@pytest.mark.parametrize("cuts", [[10, 20, 30], [1, 2, 3, 9, 17, 40], [9], [8, 16, 24, 32, 40]])
+def test_streamed_equals_offline(cuts: list[int]) -> None:
+    runner = HiftRunner(FakeHift())  # type: ignore[arg-type]
+    mel = np.random.default_rng(1).standard_normal((80, 45)).astype(np.float32)
+    ref = offline(runner, mel)
+    assert ref.shape == (480 * 45,)
+    stream = VocoderStream(runner, make_noise())
+    parts, prev = [], 0
+    for c in cuts:
+        part = stream.push(mel[:, prev:c], final=False)
+        assert len(part) == max(0, 480 * (c - 8)) - sum(len(p) for p in parts)
+        parts.append(part)
+        prev = c
+    parts.append(stream.push(mel[:, prev:], final=True))
+    streamed = np.concatenate(parts)
+    assert streamed.shape == ref.shape
+    assert np.max(np.abs(streamed - ref)) <= 1e-6
+    assert stream.emitted_samples == 480 * 45
+
+
+def test_no_graph_call_when_nothing_is_ready() -> None:
+    hift = FakeHift()
+    stream = VocoderStream(HiftRunner(hift), make_noise())  # type: ignore[arg-type]
+    mel = np.zeros((80, 8), dtype=np.float32)
+    assert len(stream.push(mel, final=False)) == 0  # 8 frames = all right context
+    assert hift.calls == []
+    assert len(stream.push(mel[:, :1], final=False)) == 480
+    assert hift.calls == [9]
+    with pytest.raises(SynthesisCancelled):
+        stream.push(mel[:, :2], final=False, should_stop=lambda: True)
+    with pytest.raises(RuntimeError):
+        s2 = VocoderStream(HiftRunner(hift), make_noise())  # type: ignore[arg-type]
+        s2.push(mel, final=True)
+        s2.push(mel, final=True)
+
+
+def test_fade_in_applied_to_first_20_ms() -> None:
+    runner = HiftRunner(FakeHift())  # type: ignore[arg-type]
+    mel = np.random.default_rng(3).standard_normal((80, 20)).astype(np.float32)
+    raw = runner.waveform(mel, make_noise().take(480 * 20))
+    out = offline(runner, mel)
+    fade = 480  # 20 ms at 24 kHz
+    gain = 0.5 - 0.5 * np.cos(np.pi * np.arange(fade) / fade)
+    assert np.allclose(out[:fade], raw[:fade] * gain, atol=1e-7)
+    assert out[0] == 0.0
+    assert np.array_equal(out[fade:], raw[fade:])
+    assert np.allclose(fade_in_gain(470, 20, 480)[10:], 1.0)
+    assert fade_in_gain(0, 3, 480)[1] == pytest.approx(0.5 - 0.5 * np.cos(np.pi / 480), abs=1e-7)

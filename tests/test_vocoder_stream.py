@@ -77,13 +77,28 @@ def test_waveform_clips_magnitude_and_clamps() -> None:
     out = hift.run({"speech_feat": mel[None], "noise": noise[None]})
     expected = np.clip(istft(np.minimum(out["magnitude"], 100.0), out["phase"]), -0.99, 0.99)
     assert np.allclose(samples, expected, atol=1e-7)
-    # magnitudes scaled far above 100: the host clip and the +-0.99 clamp both act
-    big = {"magnitude": out["magnitude"] * 1000.0, "phase": out["phase"]}
+    assert np.max(np.abs(samples)) <= 0.99
+
+
+def test_magnitude_clipped_at_100_before_istft(monkeypatch: pytest.MonkeyPatch) -> None:
+    hift = FakeHift()
+    runner = HiftRunner(hift)  # type: ignore[arg-type]
+    mel = np.random.default_rng(0).standard_normal((80, 4)).astype(np.float32)
+    noise = make_noise().take(480 * 4)
+    out = hift.run({"speech_feat": mel[None], "noise": noise[None]})
+    big = {"magnitude": out["magnitude"] * 10.0, "phase": out["phase"]}  # spikes at 125
+    assert big["magnitude"].max() > 100.0
     hift.run = lambda feeds, names=None: big  # type: ignore[method-assign]
-    loud = runner.waveform(mel, noise)
-    assert np.max(np.abs(loud)) <= 0.99
-    unclipped = istft(big["magnitude"], big["phase"])
-    assert np.max(np.abs(unclipped)) > 0.99
+    seen: list[np.ndarray] = []
+
+    def spy(magnitude, phase):
+        seen.append(np.asarray(magnitude))
+        return istft(magnitude, phase)
+
+    monkeypatch.setattr("wyoming_cosyvoice3.engine.dsp.istft", spy)
+    runner.waveform(mel, noise)
+    assert seen[0].max() == 100.0
+    assert np.array_equal(seen[0], np.minimum(big["magnitude"][0], 100.0))
 
 
 @pytest.mark.parametrize("cuts", [[10, 20, 30], [1, 2, 3, 9, 17, 40], [9], [8, 16, 24, 32, 40]])

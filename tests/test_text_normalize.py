@@ -1,0 +1,205 @@
+"""Text normalisation: cases C2, C3, C4 and the clean-up rules (spec section 3)."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wyoming_cosyvoice3.engine.errors import TextError
+from wyoming_cosyvoice3.engine.text import dominant_script, is_english, normalize_text
+from wyoming_cosyvoice3.engine.text.numbers_en import expand_english
+
+C2 = [
+    ("It is 21.5 °C in the living room.",
+     "It is twenty-one point five degrees Celsius in the living room."),
+    ("Your timer for 3:45 PM is set.", "Your timer for three forty-five PM is set."),
+    ("Battery at 50%.", "Battery at fifty percent."),
+    ("Today is December 17, 2023.", "Today is December seventeenth, twenty twenty-three."),
+    ("Dinner at 6:31 PM", "Dinner at six thirty-one PM"),
+]
+C3 = "Die Temperatur beträgt 10 Grad. Natürlich ändert sich das."
+C4_ZH = "大家好，这里介绍一篇名为AN IMAGE IS WORTH 16X16 WORDS的论文。"
+C4_MIXED = "Look at the photo. 是 family, friends, 还是 people at a game?"
+
+
+@pytest.mark.parametrize(("text", "expected"), C2)
+def test_c2_home_assistant_sentences_read_as_words(text: str, expected: str) -> None:
+    assert normalize_text(text) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), C2)
+def test_c2_normalisation_is_idempotent(text: str, expected: str) -> None:
+    assert normalize_text(normalize_text(text)) == expected
+
+
+def test_c3_german_keeps_digits_and_umlauts() -> None:
+    out = normalize_text(C3)
+    assert out == C3
+    assert "10" in out
+    for letter in "äüÄÖÜß":
+        assert out.count(letter) == C3.count(letter)
+    assert not is_english(C3)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Il fait 21,5 °C aujourd'hui, c'est très agréable.",
+        "Mañana la temperatura es de 18 grados en el salón.",
+        "Oggi ci sono 25 gradi e il sole è forte.",
+        "Het is vandaag 12 graden in de woonkamer.",
+        "Straße Nr. 5 ist für Fußgänger gesperrt.",
+        "Сейчас 21 градус, влажность 45%.",
+        "오늘은 21도입니다. 좋은 하루 되세요.",
+    ],
+)
+def test_non_english_text_keeps_digits_and_letters(text: str) -> None:
+    out = normalize_text(text)
+    assert out == text
+    assert not any(word in out for word in ("one", "two", "five", "twenty", "percent"))
+
+
+def test_c4_chinese_with_latin_keeps_digits_and_letters() -> None:
+    assert normalize_text(C4_ZH) == C4_ZH
+    assert dominant_script(C4_ZH) == "han"
+
+
+def test_c4_mixed_sentence_gets_chinese_cleanup() -> None:
+    out = normalize_text(C4_MIXED)
+    assert out == "Look at the photo。是family，friends，还是people at a game？"
+    assert dominant_script(out) == "latin"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("温度是21.5度. 很好", "温度是21.5度。很好"),
+        ("时间 3:45 到了", "时间3:45到了"),
+        ("面积100m²（大约）", "面积100m平方大约"),
+        ("今天 - 明天——后天，", "今天，明天，后天。"),
+        ("【通知】访问 www.example.com 了解", "通知访问www.example.com了解"),
+        ("今日は21度です。", "今日は21度です。"),
+    ],
+)
+def test_chinese_cleanup(text: str, expected: str) -> None:
+    assert normalize_text(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("It is -5 °F outside.", "It is minus five degrees Fahrenheit outside."),
+        ("It is 1 °C.", "It is one degree Celsius."),
+        ("The wind is 12 km/h and the car uses 15.2 kWh.",
+         "The wind is twelve kilometers per hour and the car uses fifteen point two kilowatt "
+         "hours."),
+        ("The lamp uses 60 W and 1 W in standby.",
+         "The lamp uses sixty watts and one watt in standby."),
+        ("It is 72°F and 21 ℃ at 1,013 hPa.",
+         "It is seventy-two degrees Fahrenheit and twenty-one degrees Celsius at one thousand "
+         "and thirteen hectopascals."),
+        ("The icon is 16X16 and the screen 1920×1080.",
+         "The icon is sixteen by sixteen and the screen one thousand nine hundred and twenty by "
+         "one thousand and eighty."),
+        ("It costs $5.50, $1 or $0.99.",
+         "It costs five dollars and fifty cents, one dollar or ninety-nine cents."),
+        ("This is the 1st, 2nd and 23rd time.", "This is the first, second and twenty-third time."),
+        ("The alarm is set for 7:05 am.", "The alarm is set for seven oh five AM."),
+        ("The meeting is at 3 p.m. today.", "The meeting is at three PM today."),
+        ("It is 18:00 and 9:00.", "It is eighteen hundred and nine o'clock."),
+        ("She was born on 2023-12-17 in 1999.",
+         "She was born on December seventeenth, twenty twenty-three in nineteen ninety-nine."),
+        ("It was the 17th of December 2023.",
+         "It was the seventeenth of December, twenty twenty-three."),
+        ("Music of the 1980s and the '90s.", "Music of the nineteen eighties and the nineties."),
+        ("The code is 007 and the value 0.05.",
+         "The code is zero zero seven and the value zero point zero five."),
+        ("Tom & Jerry are #1.", "Tom and Jerry are number one."),
+        ("Version 1.2.3 of the app.", "Version one point two point three of the app."),
+        ("It is H2O and mp3.", "It is H two O and mp three."),
+    ],
+)
+def test_english_numbers_units_dates(text: str, expected: str) -> None:
+    assert normalize_text(text) == expected
+
+
+def test_english_reading_leaves_no_digits() -> None:
+    out = expand_english("Set 3 timers: 1:05, 22:47:30, 12/24/2024, 4.5%, -0.3 °C, 2,500,000 W")
+    assert not any(c.isdigit() for c in out)
+    assert "December twenty-fourth, twenty twenty-four" in out
+    assert "twenty-two forty-seven and thirty seconds" in out
+    assert "two million five hundred thousand watts" in out
+
+
+def test_language_hint_breaks_only_a_tie() -> None:
+    assert normalize_text("50%") == "50%"
+    assert normalize_text("50%", language="en_US") == "fifty percent"
+    assert normalize_text("50%", language="de_DE") == "50%"
+    # The text's own cue wins over the hint.
+    assert normalize_text("Die Batterie ist bei 50%.", language="en") == "Die Batterie ist bei 50%."
+
+
+def test_user_control_tokens_are_removed_and_brackets_kept() -> None:
+    out = normalize_text("<|endofprompt|>Hello <|im_start|>there [breath] <strong>x</strong>")
+    assert out == "Hello there [breath] <strong>x</strong>"
+
+
+def test_control_characters_and_blanks() -> None:
+    text = "  Hallo\x00 Wel\x07t\u200b\ufeff!\t\n\u3000Tschüß  "
+    assert normalize_text(text) == "Hallo Welt! Tschüß"
+    # Decomposed umlaut is composed (NFC), never dropped.
+    assert normalize_text("Mu\u0308nchen") == "München"
+
+
+def test_emoji_are_removed() -> None:
+    assert normalize_text("👍") == ""
+    assert normalize_text("Gut gemacht 👍🏽 ❤️ 🇩🇪!") == "Gut gemacht !"
+
+
+def test_non_string_is_a_typed_error() -> None:
+    with pytest.raises(TextError, match="must be a string"):
+        normalize_text(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "script"),
+    [
+        (C4_ZH, "han"),
+        ("今日はいい天気です", "kana"),
+        ("오늘은 날씨가 좋아요", "hangul"),
+        ("Привет, мир", "cyrillic"),
+        ("Grüß Gott", "latin"),
+        ("12 + 3 = 15 !", "none"),
+        ("", "none"),
+    ],
+)
+def test_dominant_script(text: str, script: str) -> None:
+    assert dominant_script(text) == script
+
+
+_FORBIDDEN = {"Cc", "Cf", "Cs", "Co"}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(
+            st.text(st.characters(exclude_categories=())),
+            st.sampled_from(
+                ["<|endofprompt|>", "21.5 °C", "3:45 PM", "Dec 17, 2023", "$5.50", "大家好",
+                 "the", " ", "\n", "ß", "-", ".", "%", "1st", "12/31/2099", "99:99"]
+            ),
+        ),
+        max_size=12,
+    ).map("".join)
+)
+def test_normalize_never_raises_and_leaves_no_control_characters(text: str) -> None:
+    out = normalize_text(text)
+    assert isinstance(out, str)
+    assert out == out.strip()
+    assert "  " not in out
+    assert not any(unicodedata.category(c) in _FORBIDDEN for c in out)
+    assert "<|endofprompt|>" not in out

@@ -1,0 +1,176 @@
+"""Text normalisation before tokenisation (spec section 3).
+
+Follows the rule-based fallback of upstream FunAudioLLM/CosyVoice (cosyvoice/cli/frontend.py
+``CosyVoiceFrontEnd.text_normalize`` with utils/frontend_utils.py ``replace_blank``,
+``replace_corner_mark``, ``remove_bracket``, ``spell_out_number``), with these differences:
+
+* User text is untrusted. Upstream skips normalisation for text holding ``<|`` .. ``|>`` and
+  encodes tokens such as ``<|endofprompt|>`` typed by a user as control tokens. Here
+  ``<|name|>`` markup is removed, and :mod:`.frontend` encodes all user text so that it can
+  never yield an added-token id.
+* Control, format, surrogate, private-use and unassigned characters and emoji are removed;
+  every kind of blank becomes one space.
+* Numbers are spelled out only in English text (:mod:`.numbers_en`); upstream spells them in
+  English whatever the language. Digits of other languages stay digits (the LLM reads them),
+  and letters with diacritics (ä ö ü ß é ñ ç ...) are never touched.
+* Chinese clean-up turns ASCII sentence punctuation into full-width forms only at a sentence
+  boundary and never between digits (upstream turns every "." into "。", also in "21.5").
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from ..errors import TextError
+from .numbers_en import expand_english
+from .script import char_script, dominant_script, has_cjk, is_english
+
+_SPECIAL_MARKUP = re.compile(r"<\|[^<>|\s]{1,64}\|>")
+"""Qwen / CosyVoice control-token syntax, e.g. ``<|endofprompt|>``, ``<|im_start|>``."""
+
+_EMOJI_RANGES: tuple[tuple[int, int], ...] = (
+    (0x1F000, 0x1FAFF),  # mahjong .. symbols and pictographs extended-A, flags, skin tones
+    (0x2600, 0x27BF),  # miscellaneous symbols, dingbats
+    (0x2B00, 0x2BFF),  # miscellaneous symbols and arrows (stars, arrows)
+    (0x231A, 0x231B),  # watch, hourglass
+    (0x23E9, 0x23FA),  # media control symbols
+    (0xFE00, 0xFE0F),  # variation selectors
+    (0x20E3, 0x20E3),  # combining enclosing keycap
+    (0xE0000, 0xE007F),  # tag characters (flag sequences)
+    (0xE0100, 0xE01EF),  # variation selectors supplement
+)
+_DROPPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
+_BLANK_CATEGORIES = frozenset({"Zs", "Zl", "Zp"})
+
+# Chinese clean-up tables (upstream remove_bracket / replace_corner_mark, extended).
+_ZH_REMOVED = str.maketrans("", "", "（）【】`")
+_ZH_FULL_WIDTH = {".": "。", "?": "？", "!": "！", ";": "；", ":": "：", ",": "，"}
+_CJK_PUNCTUATION = frozenset("。？！；：，、…「」『』（）《》〈〉【】“”‘’·—～")
+_CLOSERS = frozenset("\"'”’)）」』»】]")
+
+
+def _is_emoji(code: int) -> bool:
+    return any(first <= code <= last for first, last in _EMOJI_RANGES)
+
+
+def clean_text(text: str) -> str:
+    """Remove what can never be spoken and unify blanks.
+
+    NFC composition (so "a" + combining diaeresis becomes "ä", as the tokenizer's own NFC
+    normaliser would); ``<|...|>`` markup removed; control / format / surrogate /
+    private-use / unassigned characters and emoji removed; tabs, newlines and Unicode spaces
+    become one ASCII space; the result is stripped.
+
+    Args:
+        text: any Python string (lone surrogates included).
+
+    Returns:
+        Cleaned text; may be empty.
+    """
+    kept: list[str] = []
+    for char in text:
+        category = unicodedata.category(char)
+        if char in "\t\n\r\v\f" or category in _BLANK_CATEGORIES:
+            kept.append(" ")
+        elif category in _DROPPED_CATEGORIES or _is_emoji(ord(char)):
+            continue
+        else:
+            kept.append(char)
+    text = unicodedata.normalize("NFC", "".join(kept))
+    text = _SPECIAL_MARKUP.sub(" ", text)
+    return re.sub(r" {2,}", " ", text).strip()
+
+
+def _is_cjk_char(char: str) -> bool:
+    return char_script(char) in ("han", "kana") or char in _CJK_PUNCTUATION
+
+
+def _full_width_punctuation(text: str) -> str:
+    """ASCII . ? ! ; : , -> full width at a sentence boundary, never between two digits."""
+    out: list[str] = []
+    last = len(text) - 1
+    for i, char in enumerate(text):
+        wide = _ZH_FULL_WIDTH.get(char)
+        if wide is not None:
+            before = text[i - 1] if i > 0 else " "
+            after = text[i + 1] if i < last else " "
+            between_digits = before.isdigit() and after.isdigit()
+            at_boundary = (
+                after == " " or i == last or _is_cjk_char(after) or after in _CLOSERS
+                or after in _ZH_FULL_WIDTH or _is_cjk_char(before)
+            )
+            if at_boundary and not between_digits:
+                char = wide
+        out.append(char)
+    return "".join(out)
+
+
+def _remove_blanks_near_cjk(text: str) -> str:
+    """Drop a space next to a CJK character or CJK punctuation; keep it between other words
+    (upstream ``replace_blank`` keeps it only between two ASCII characters)."""
+    out: list[str] = []
+    last = len(text) - 1
+    for i, char in enumerate(text):
+        if (
+            char == " " and 0 < i < last
+            and (_is_cjk_char(text[i - 1]) or _is_cjk_char(text[i + 1]))
+        ):
+            continue
+        out.append(char)
+    return "".join(out)
+
+
+def normalize_chinese(text: str) -> str:
+    """Clean-up of text holding Han or kana characters (upstream ``text_normalize``, zh branch).
+
+    " - " and "——" become a full-width comma; （ ） 【 】 and backticks are removed;
+    ² / ³ become 平方 / 立方 (upstream ``replace_corner_mark``); ASCII sentence punctuation
+    becomes full width at boundaries; blanks next to CJK characters are removed; trailing
+    commas become 。. Digits and Latin words are kept as they are (upstream's wetext
+    normaliser is not used here).
+
+    Args:
+        text: output of :func:`clean_text`.
+    """
+    text = text.replace(" - ", "，").replace("——", "，")
+    text = text.translate(_ZH_REMOVED)
+    text = text.replace("²", "平方").replace("³", "立方")
+    text = _full_width_punctuation(text)
+    text = _remove_blanks_near_cjk(text)
+    text = re.sub(r"[，,、]+$", "。", text)
+    return re.sub(r" {2,}", " ", text).strip()
+
+
+def normalize_text(text: str, language: str | None = None) -> str:
+    """Normalise one text for the LLM (spec section 3).
+
+    * Text with Han or kana characters (Chinese, Japanese, mixed zh+en): :func:`normalize_chinese`.
+    * Latin-script text detected as English (:func:`.script.is_english`): numbers, dates,
+      times, units, percentages and currencies read as words (:func:`.numbers_en.expand_english`).
+    * Any other text (German, French, Cyrillic, Hangul...): cleaned only; digits stay digits.
+
+    Args:
+        text: user text, untrusted.
+        language: optional language hint (e.g. the voice's "en_US"); used only when the
+            text itself gives no cue (e.g. "50%").
+
+    Returns:
+        Normalised text; empty when nothing is left.
+
+    Raises:
+        TextError: ``text`` is not a ``str``.
+    """
+    if not isinstance(text, str):
+        raise TextError(
+            f"text must be a string, got {type(text).__name__}; send the text as a JSON string"
+        )
+    text = clean_text(text)
+    if not text:
+        return ""
+    script = dominant_script(text)
+    if has_cjk(text) and script not in ("hangul", "cyrillic", "greek", "arabic", "hebrew"):
+        return normalize_chinese(text)
+    if script in ("latin", "none") and is_english(text, language):
+        return expand_english(text)
+    return text

@@ -1,0 +1,169 @@
+"""Splitting normalised text into pieces of about 60-80 LLM text tokens (spec section 3).
+
+Upstream (utils/frontend_utils.py ``split_paragraph``) cuts after sentence punctuation
+(zh: 。？！；：、.?!; en: .?!;:), keeps adding sentences while a piece is shorter than
+``token_min_n`` = 60 tokens, and merges a tail shorter than ``merge_len`` = 20 tokens into the
+previous piece; a sentence without punctuation is never cut, so a long unpunctuated text
+becomes one huge piece. This module keeps the sentence rule and bounds every piece:
+
+1. cut after sentence punctuation (one set for all scripts; an ASCII mark counts only when
+   no letter or digit follows it directly and it does not sit between two digits, so
+   "21.5", "3:45", "z.B." and "example.com" stay whole);
+2. a sentence longer than ``max_tokens`` is cut after commas, then before blanks, then
+   every ``max_tokens`` tokens (the fallback for long runs without blanks);
+3. consecutive units are packed greedily while the piece stays within ``max_tokens``;
+   a piece shorter than ``merge_tokens`` always takes the next unit, and a tail shorter than
+   ``merge_tokens`` joins the previous piece, so a piece holds at most about
+   ``max_tokens + merge_tokens`` tokens;
+4. pieces with no letter or digit (punctuation, symbols, emoji only) are dropped
+   (upstream ``is_only_punctuation``);
+5. a piece ending in a letter or digit gets a full stop ("。" after a CJK character, "."
+   otherwise), as upstream adds one to a text without final punctuation: the LLM then
+   ends the piece as a sentence.
+
+Every loop runs over a finite list or advances by at least one character per step.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable
+
+from .script import char_script
+
+TokenCounter = Callable[[str], int]
+"""Number of LLM text tokens of a string."""
+HardCutter = Callable[[str, int], list[str]]
+"""Cuts a string into consecutive parts of at most the given number of tokens."""
+
+SENTENCE_MARKS = frozenset("。？！；：、….?!;:।؟۔")
+"""Sentence ends: upstream's zh and en sets, plus the ellipsis, danda and Arabic marks."""
+CLAUSE_MARKS = frozenset(",，、–—")
+"""Second-level cut points for sentences that are too long."""
+_CLOSERS = frozenset("\"'”’)）」』»】]>")
+_ASCII_MARKS = frozenset(".?!;:,")
+_WORD_SPLIT = re.compile(r"\s*\S+")
+
+
+def is_speakable(text: str) -> bool:
+    """True when the text holds at least one letter or digit (Unicode categories L*, N*)."""
+    return any(unicodedata.category(c)[0] in "LN" for c in text)
+
+
+def _is_cut(text: str, i: int, marks: frozenset[str]) -> bool:
+    char = text[i]
+    if char not in marks:
+        return False
+    if char not in _ASCII_MARKS:
+        return True
+    before = text[i - 1] if i > 0 else " "
+    after = text[i + 1] if i + 1 < len(text) else " "
+    if before.isdigit() and after.isdigit():
+        return False
+    return not (after.isascii() and after.isalnum())
+
+
+def cut_after_marks(text: str, marks: frozenset[str]) -> list[str]:
+    """Consecutive segments of ``text``, each ending after a run of marks and closing quotes.
+
+    ``"".join(result) == text`` always holds.
+    """
+    segments: list[str] = []
+    start = 0
+    i = 0
+    size = len(text)
+    while i < size:
+        if _is_cut(text, i, marks):
+            end = i + 1
+            while end < size and (text[end] in marks or text[end] in _CLOSERS):
+                end += 1
+            segments.append(text[start:end])
+            start = i = end
+        else:
+            i += 1
+    if start < size:
+        segments.append(text[start:])
+    return segments
+
+
+def _fit(
+    segment: str, count: TokenCounter, cut: HardCutter, max_tokens: int
+) -> list[tuple[str, int]]:
+    """Units of at most ``max_tokens`` (commas, then blanks, then hard cuts)."""
+    tokens = count(segment)
+    if tokens <= max_tokens:
+        return [(segment, tokens)]
+    units: list[tuple[str, int]] = []
+    for clause in cut_after_marks(segment, CLAUSE_MARKS):
+        clause_tokens = count(clause)
+        if clause_tokens <= max_tokens:
+            units.append((clause, clause_tokens))
+            continue
+        for word in _WORD_SPLIT.findall(clause) or [clause]:
+            word_tokens = count(word)
+            if word_tokens <= max_tokens:
+                units.append((word, word_tokens))
+                continue
+            units.extend((part, count(part)) for part in cut(word, max_tokens))
+    return units
+
+
+def _pack(
+    units: list[tuple[str, int]], max_tokens: int, merge_tokens: int
+) -> list[tuple[str, int]]:
+    pieces: list[tuple[str, int]] = []
+    current, current_tokens = "", 0
+    for text, tokens in units:
+        if current and current_tokens + tokens > max_tokens and current_tokens >= merge_tokens:
+            pieces.append((current, current_tokens))
+            current, current_tokens = "", 0
+        current += text
+        current_tokens += tokens
+    if current:
+        if pieces and (current_tokens < merge_tokens or not is_speakable(current)):
+            text, tokens = pieces[-1]
+            pieces[-1] = (text + current, tokens + current_tokens)
+        else:
+            pieces.append((current, current_tokens))
+    return pieces
+
+
+def split_text(
+    text: str,
+    count: TokenCounter,
+    cut: HardCutter,
+    max_tokens: int = 80,
+    merge_tokens: int = 20,
+) -> list[str]:
+    """Split normalised text into pieces for one LLM pass each (see the module docstring).
+
+    Args:
+        text: normalised text (:func:`.normalize.normalize_text`).
+        count: token counter of the LLM tokenizer.
+        cut: hard cutter by tokens, used only for runs longer than ``max_tokens`` with
+            neither commas nor blanks.
+        max_tokens: target upper size of a piece (upstream ``token_max_n`` = 80).
+        merge_tokens: pieces and tails shorter than this are merged (upstream ``merge_len``).
+
+    Returns:
+        Stripped pieces, each holding a letter or digit, in text order; ``[]`` when nothing
+        is speakable.
+    """
+    if max_tokens < 1 or merge_tokens < 0:
+        raise ValueError(f"max_tokens must be >= 1 and merge_tokens >= 0, got {max_tokens}, "
+                         f"{merge_tokens}")
+    if not is_speakable(text):
+        return []
+    units: list[tuple[str, int]] = []
+    for sentence in cut_after_marks(text, SENTENCE_MARKS):
+        units.extend(_fit(sentence, count, cut, max_tokens))
+    pieces = (piece.strip() for piece, _ in _pack(units, max_tokens, merge_tokens))
+    return [_with_full_stop(piece) for piece in pieces if is_speakable(piece)]
+
+
+def _with_full_stop(piece: str) -> str:
+    last = piece[-1]
+    if unicodedata.category(last)[0] not in "LN":
+        return piece
+    return piece + ("。" if char_script(last) in ("han", "kana") else ".")

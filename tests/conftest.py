@@ -1,0 +1,62 @@
+"""Shared fixtures: a tiny contract-exact synthetic model and speech-like clips.
+
+``tiny_model_dir`` is built once per test session (a few seconds) into a temporary directory.
+Tests must not modify it; copy files first (see ``tiny_model_copy``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from wyoming_cosyvoice3.engine.synthetic.audio import write_clip
+from wyoming_cosyvoice3.engine.synthetic.build import build_synthetic_model
+
+MakeClip = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Path of a synthetic tiny model directory (seed 0), shared by the whole session."""
+    return build_synthetic_model(tmp_path_factory.mktemp("tiny_model"), size="tiny", seed=0)
+
+
+@pytest.fixture
+def tiny_model_copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny model directory that a test may modify or break."""
+    target = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, target)
+    return target
+
+
+@pytest.fixture
+def make_clip() -> MakeClip:
+    """Callable writing a speech-like clip with soundfile and returning its path.
+
+    ``make_clip(path, seconds=3.0, sample_rate_hz=24000, channels=1, subtype="PCM_16",
+    f0_hz=150.0, seed=0)``; the format follows the suffix of ``path``.
+    """
+
+    def _make(
+        path: Path,
+        seconds: float = 3.0,
+        sample_rate_hz: int = 24000,
+        channels: int = 1,
+        subtype: str = "PCM_16",
+        f0_hz: float = 150.0,
+        seed: int = 0,
+    ) -> Path:
+        return write_clip(
+            Path(path),
+            seconds=seconds,
+            sample_rate_hz=sample_rate_hz,
+            channels=channels,
+            subtype=subtype,
+            f0_hz=f0_hz,
+            seed=seed,
+        )
+
+    return _make

@@ -1,0 +1,316 @@
+"""One checked onnxruntime session per ONNX graph of the model directory.
+
+Every graph of the contract (spec section 1, the export's model card) has a :class:`GraphSpec`
+naming the inputs and outputs it must have and their dtypes. :class:`Graph` loads the file with
+explicit ``SessionOptions``, compares the session's signature with the spec and raises a typed
+error naming the file, the expected and the found signature and how to fix it.
+
+Two upstream graphs (campplus.onnx, speech_tokenizer_v3.onnx) are fed *by position* by
+upstream frontend.py (``session.get_inputs()[0].name``), so their names are not a published
+contract. Their specs set ``by_position``: only the number and dtypes of inputs are checked,
+and :meth:`Graph.run` maps the spec's names onto the session's names in order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError, SynthesisFailed
+
+log = logging.getLogger(__name__)
+
+ORT_ERRORS: tuple[type[BaseException], ...] = (
+    ort_state.Fail,
+    ort_state.InvalidArgument,
+    ort_state.InvalidGraph,
+    ort_state.InvalidProtobuf,
+    ort_state.NoSuchFile,
+    ort_state.NoModel,
+    ort_state.NotImplemented,
+    ort_state.RuntimeException,
+    ort_state.EPFail,
+    RuntimeError,
+    OSError,
+    ValueError,
+)
+"""Exceptions onnxruntime raises while loading or running a session."""
+
+ORT_DTYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+}
+
+CPU_PROVIDER = "CPUExecutionProvider"
+LLM_FILES_BY_PRECISION = {"fp32": "llm.onnx", "int8": "llm_int8.onnx", "q4": "llm_q4.onnx"}
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """Required signature of one graph file.
+
+    Attributes:
+        file: file name inside the model directory.
+        inputs: input name -> numpy dtype name ("int64", "int32", "float32"); alternatives
+            are written "int32|int64".
+        outputs: output name -> dtype, as for inputs. Extra outputs of the file are ignored.
+        by_position: check input/output count and dtypes in order, not names (for the
+            upstream graphs that upstream feeds by position).
+    """
+
+    file: str
+    inputs: dict[str, str]
+    outputs: dict[str, str]
+    by_position: bool = False
+
+
+TEXT_EMBEDDING = GraphSpec(
+    "text_embedding_fp16.onnx", {"input_ids": "int64"}, {"inputs_embeds": "float32"}
+)
+SPEECH_EMBEDDING = GraphSpec(
+    "speech_embedding.onnx", {"input_ids": "int64"}, {"inputs_embeds": "float32"}
+)
+FLOW_ENCODER = GraphSpec(
+    "flow_encoder.onnx",
+    {"token": "int64", "embedding": "float32"},
+    {"mu": "float32", "spks": "float32"},
+)
+ESTIMATOR = GraphSpec(
+    "flow.decoder.estimator.fp32.onnx",
+    {name: "float32" for name in ("x", "mask", "mu", "t", "spks", "cond")},
+    {"estimator_out": "float32"},
+)
+"""Upstream export_onnx.py: inputs (x, mask, mu, t, spks, cond), output ``estimator_out``."""
+HIFT = GraphSpec(
+    "hift.onnx",
+    {"speech_feat": "float32", "noise": "float32"},
+    {"magnitude": "float32", "phase": "float32"},
+)
+CAMPPLUS = GraphSpec("campplus.onnx", {"input": "float32"}, {"output": "float32"}, True)
+SPEECH_TOKENIZER = GraphSpec(
+    "speech_tokenizer_v3.onnx",
+    {"feats": "float32", "feats_length": "int32"},
+    {"indices": "int32|int64"},
+    True,
+)
+
+
+def llm_spec(file: str, num_layers: int) -> GraphSpec:
+    """Spec of an LLM graph with ``num_layers`` layers of KV cache (model card)."""
+    inputs = {"inputs_embeds": "float32", "attention_mask": "int64", "position_ids": "int64"}
+    outputs = {"logits": "float32"}
+    for layer in range(num_layers):
+        for kind in ("key", "value"):
+            inputs[f"past_key_values.{layer}.{kind}"] = "float32"
+            outputs[f"present.{layer}.{kind}"] = "float32"
+    return GraphSpec(file, inputs, outputs)
+
+
+def count_llm_layers(input_names: list[str]) -> int:
+    """Number of ``past_key_values.<i>.key`` inputs."""
+    return sum(
+        1 for name in input_names if name.startswith("past_key_values.") and name.endswith(".key")
+    )
+
+
+def session_options(threads: int) -> ort.SessionOptions:
+    """SessionOptions used for every graph: all graph optimisations, sequential execution,
+    ``threads`` intra-op threads (0 = onnxruntime's choice), one inter-op thread."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.intra_op_num_threads = max(0, int(threads))
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return options
+
+
+def resolve_providers(requested: tuple[str, ...]) -> list[str]:
+    """Available providers from ``requested`` in order, with the CPU provider appended."""
+    available = set(ort.get_available_providers())
+    chosen = [p for p in requested if p in available]
+    missing = [p for p in requested if p not in available]
+    if missing:
+        log.warning("execution providers not available, skipped: %s", ", ".join(missing))
+    if CPU_PROVIDER not in chosen:
+        chosen.append(CPU_PROVIDER)
+    return chosen
+
+
+def open_session(path: Path, threads: int, providers: tuple[str, ...]) -> ort.InferenceSession:
+    """Load ``path`` into an InferenceSession.
+
+    Raises:
+        ModelFilesMissing: the file does not exist.
+        ModelLoadError: onnxruntime cannot load it (corrupt, truncated, external data missing).
+    """
+    if not path.is_file():
+        raise ModelFilesMissing(str(path.parent), [path.name])
+    try:
+        return ort.InferenceSession(
+            str(path), sess_options=session_options(threads), providers=resolve_providers(providers)
+        )
+    except ORT_ERRORS as exc:
+        raise ModelLoadError(
+            f"cannot load {path.name} from {path.parent}: {exc}. The file is corrupt or "
+            "truncated (or its .data file is missing): delete it and download it again"
+        ) from exc
+
+
+def _signature(args: list[ort.NodeArg]) -> dict[str, str]:
+    return {arg.name: ORT_DTYPES.get(arg.type, arg.type) for arg in args}
+
+
+def _dtype_ok(expected: str, found: str) -> bool:
+    return found in expected.split("|")
+
+
+def signature_mismatch(
+    spec: GraphSpec, path: Path, session: ort.InferenceSession, problem: str
+) -> GraphSignatureMismatch:
+    """Build the error for a graph whose signature differs from ``spec``."""
+    found_in = _signature(session.get_inputs())
+    found_out = _signature(session.get_outputs())
+    return GraphSignatureMismatch(
+        f"{spec.file} ({path}) does not match the CosyVoice3 graph contract: {problem}. "
+        f"Expected inputs {spec.inputs}, outputs {spec.outputs}; found inputs {found_in}, "
+        f"outputs {found_out}. Fix: re-download the file (Masterx/Fun-CosyVoice3-0.5B-2512-ONNX; "
+        "campplus, speech_tokenizer_v3 and flow.decoder.estimator.fp32 from "
+        "FunAudioLLM/Fun-CosyVoice3-0.5B-2512)"
+    )
+
+
+class Graph:
+    """A loaded, signature-checked ONNX graph.
+
+    Attributes:
+        path: the graph file.
+        spec: its :class:`GraphSpec`.
+        session: the ``onnxruntime.InferenceSession``.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        spec: GraphSpec,
+        threads: int = 0,
+        providers: tuple[str, ...] = (CPU_PROVIDER,),
+        session: ort.InferenceSession | None = None,
+    ) -> None:
+        """Load ``path`` (or adopt ``session``) and check it against ``spec``.
+
+        Raises:
+            ModelFilesMissing, ModelLoadError: see :func:`open_session`.
+            GraphSignatureMismatch: input/output names or dtypes differ from ``spec``.
+        """
+        self.path = Path(path)
+        self.spec = spec
+        self.session = session or open_session(self.path, threads, providers)
+        self._input_names, self._output_names = self._check()
+
+    def _mismatch(self, problem: str) -> GraphSignatureMismatch:
+        return signature_mismatch(self.spec, self.path, self.session, problem)
+
+    def _check(self) -> tuple[dict[str, str], dict[str, str]]:
+        """Return spec name -> session name maps for inputs and outputs."""
+        found_in = _signature(self.session.get_inputs())
+        found_out = _signature(self.session.get_outputs())
+        if self.spec.by_position:
+            if len(found_in) != len(self.spec.inputs) or len(found_out) < len(self.spec.outputs):
+                raise self._mismatch("input/output count differs")
+            pairs_in = list(zip(self.spec.inputs.items(), found_in.items(), strict=True))
+            pairs_out = list(zip(self.spec.outputs.items(), found_out.items(), strict=False))
+            for (name, want), (_, got) in pairs_in + pairs_out:
+                if not _dtype_ok(want, got):
+                    raise self._mismatch(f"{name} (by position) is {got}, expected {want}")
+            return (
+                {spec[0]: real[0] for spec, real in pairs_in},
+                {spec[0]: real[0] for spec, real in pairs_out},
+            )
+        missing = [n for n in self.spec.inputs if n not in found_in]
+        extra = [n for n in found_in if n not in self.spec.inputs]
+        missing_out = [n for n in self.spec.outputs if n not in found_out]
+        if missing or extra or missing_out:
+            raise self._mismatch(
+                f"missing inputs {missing}, unexpected inputs {extra}, "
+                f"missing outputs {missing_out}"
+            )
+        wanted = {**self.spec.inputs, **self.spec.outputs}
+        found = {**found_in, **found_out}
+        for name, want in wanted.items():
+            if not _dtype_ok(want, found[name]):
+                raise self._mismatch(f"{name} is {found[name]}, expected {want}")
+        return {n: n for n in self.spec.inputs}, {n: n for n in self.spec.outputs}
+
+    @property
+    def providers(self) -> list[str]:
+        """Execution providers the session actually uses."""
+        return list(self.session.get_providers())
+
+    def input_shape(self, name: str) -> list[int | str | None]:
+        """Declared shape of input ``name`` (spec name): ints, symbolic names or None."""
+        real = self._input_names.get(name, name)
+        for arg in self.session.get_inputs():
+            if arg.name == real:
+                return list(arg.shape)
+        raise KeyError(f"{self.spec.file} has no input {name!r}")
+
+    def output_shape(self, name: str) -> list[int | str | None]:
+        """Declared shape of output ``name`` (spec name)."""
+        real = self._output_names.get(name, name)
+        for arg in self.session.get_outputs():
+            if arg.name == real:
+                return list(arg.shape)
+        raise KeyError(f"{self.spec.file} has no output {name!r}")
+
+    def run(
+        self, feeds: Mapping[str, np.ndarray], output_names: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run the graph on ``feeds`` (spec names); return outputs by spec name.
+
+        Args:
+            feeds: input name -> array of the spec's dtype.
+            output_names: outputs to compute; all outputs of the spec when None.
+
+        Raises:
+            SynthesisFailed: onnxruntime failed (wrong shapes, out-of-range ids...); the
+                message names the graph.
+        """
+        wanted = list(self.spec.outputs) if output_names is None else list(output_names)
+        real_feeds = {self._input_names.get(name, name): value for name, value in feeds.items()}
+        real_outputs = [self._output_names.get(name, name) for name in wanted]
+        try:
+            values = self.session.run(real_outputs, real_feeds)
+        except ORT_ERRORS as exc:
+            shapes = {name: tuple(np.shape(value)) for name, value in feeds.items()}
+            raise SynthesisFailed(f"{self.spec.file} failed on inputs {shapes}: {exc}") from exc
+        return dict(zip(wanted, values, strict=True))
+
+    def __repr__(self) -> str:
+        return f"Graph({self.spec.file!r}, providers={self.providers})"
+
+
+def load_llm(path: Path, threads: int = 0, providers: tuple[str, ...] = (CPU_PROVIDER,)) -> Graph:
+    """Load an LLM graph; its spec is built from the number of KV-cache layers it declares.
+
+    Raises:
+        ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
+    """
+    session = open_session(Path(path), threads, providers)
+    layers = count_llm_layers([arg.name for arg in session.get_inputs()])
+    spec = llm_spec(Path(path).name, layers)
+    if layers == 0:
+        raise signature_mismatch(spec, Path(path), session, "no past_key_values.<i>.key inputs")
+    return Graph(Path(path), spec, threads, providers, session=session)

@@ -1,0 +1,264 @@
+"""The loaded model directory: tokenizer, checked graphs and dimensions read from them.
+
+File list (spec section 1 and the export's model card): tokenizer.json,
+text_embedding_fp16.onnx, speech_embedding.onnx, one LLM (llm.onnx, llm_int8.onnx or
+llm_q4.onnx, each with its ``.data`` file), flow_encoder.onnx,
+flow.decoder.estimator.fp32.onnx, hift.onnx, and the voice encoders campplus.onnx and
+speech_tokenizer_v3.onnx (needed only while a new voice is prepared; loaded lazily unless
+``EngineOptions.load_voice_encoders``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from . import constants as C
+from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
+from .graphs import (
+    CAMPPLUS,
+    ESTIMATOR,
+    FLOW_ENCODER,
+    HIFT,
+    SPEECH_EMBEDDING,
+    SPEECH_TOKENIZER,
+    TEXT_EMBEDDING,
+    Graph,
+    GraphSpec,
+    load_llm,
+)
+from .options import LLM_FILES, EngineOptions
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILE = "tokenizer.json"
+VOICE_ENCODER_FILES = (CAMPPLUS.file, SPEECH_TOKENIZER.file)
+BUILT_IN_VOICE_FILES = ("voices/zh-female.wav", "voices/en-male.wav")
+"""Reference clips shipped with the export (model card); not required by the engine."""
+
+
+def llm_files(precision: str) -> list[str]:
+    """The LLM graph of ``precision`` and its external-data file."""
+    if precision not in LLM_FILES:
+        raise ValueError(f"llm_precision must be one of {sorted(LLM_FILES)}, got {precision!r}")
+    name = LLM_FILES[precision]
+    return [name, name + ".data"]
+
+
+def required_files(precision: str) -> list[str]:
+    """Every file the engine needs for LLM ``precision`` ("fp32", "int8", "q4").
+
+    Raises:
+        ValueError: unknown precision.
+    """
+    return [
+        TOKENIZER_FILE,
+        TEXT_EMBEDDING.file,
+        SPEECH_EMBEDDING.file,
+        *llm_files(precision),
+        FLOW_ENCODER.file,
+        ESTIMATOR.file,
+        HIFT.file,
+        *VOICE_ENCODER_FILES,
+    ]
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Dimensions read from the graphs at load (published values in brackets).
+
+    Attributes:
+        hidden_size: width of inputs_embeds (896).
+        num_layers: LLM layers = number of past_key_values.<i>.key inputs (24).
+        num_kv_heads: KV heads, axis 1 of past_key_values.0.key (2).
+        head_dim: axis 3 of past_key_values.0.key (64).
+        speech_vocab_rows: columns of logits = rows of speech_embedding (6761).
+        mel_bins: channels of hift's speech_feat (80).
+        speaker_dim: width of flow_encoder's embedding input (192).
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    speech_vocab_rows: int
+    mel_bins: int
+    speaker_dim: int
+
+
+def _static_dim(graph: Graph, name: str, axis: int, output: bool, default: int) -> int:
+    """``axis`` of the declared shape of ``name``; the published default if symbolic."""
+    shape = graph.output_shape(name) if output else graph.input_shape(name)
+    value = shape[axis] if axis < len(shape) else None
+    if isinstance(value, int) and value > 0:
+        return value
+    log.warning(
+        "%s: %s axis %d is symbolic (%r); assuming the published value %d",
+        graph.spec.file,
+        name,
+        axis,
+        value,
+        default,
+    )
+    return default
+
+
+def read_dims(llm: Graph, flow_encoder: Graph, hift: Graph) -> ModelDims:
+    """Read :class:`ModelDims` from the graphs' declared shapes."""
+    layers = sum(1 for name in llm.spec.inputs if name.endswith(".key"))
+    kv = "past_key_values.0.key"
+    return ModelDims(
+        hidden_size=_static_dim(llm, "inputs_embeds", 2, False, C.LLM_HIDDEN_SIZE),
+        num_layers=layers,
+        num_kv_heads=_static_dim(llm, kv, 1, False, C.LLM_NUM_KV_HEADS),
+        head_dim=_static_dim(llm, kv, 3, False, C.LLM_HEAD_DIM),
+        speech_vocab_rows=_static_dim(llm, "logits", 1, True, C.SPEECH_EMBEDDING_ROWS),
+        mel_bins=_static_dim(hift, "speech_feat", 1, False, C.MEL_BINS),
+        speaker_dim=_static_dim(flow_encoder, "embedding", 1, False, C.SPEAKER_EMBEDDING_DIM),
+    )
+
+
+def load_tokenizer(path: Path) -> tuple[Tokenizer, int]:
+    """Load tokenizer.json; return it and the id of ``<|endofprompt|>``.
+
+    Raises:
+        ModelLoadError: unreadable file, or no ``<|endofprompt|>`` token in it.
+    """
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises plain Exception subclasses
+        raise ModelLoadError(
+            f"cannot read {path.name} in {path.parent}: {exc}; delete it and download it again"
+        ) from exc
+    eop = tokenizer.token_to_id(C.END_OF_PROMPT)
+    if eop is None:
+        raise ModelLoadError(
+            f"{path} has no {C.END_OF_PROMPT} token: it is not the CosyVoice3 tokenizer; "
+            "download tokenizer.json of Masterx/Fun-CosyVoice3-0.5B-2512-ONNX"
+        )
+    return tokenizer, int(eop)
+
+
+class CosyVoice3Model:
+    """Tokenizer, graphs and dimensions of one model directory (shared, read-only).
+
+    Graph sessions are thread-safe for ``run``; per-request state never lives here.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        options: EngineOptions,
+        tokenizer: Tokenizer,
+        end_of_prompt_id: int,
+        graphs: dict[str, Graph],
+    ) -> None:
+        self.model_dir = model_dir
+        self.options = options
+        self.tokenizer = tokenizer
+        self.end_of_prompt_id = end_of_prompt_id
+        self.text_embedding = graphs["text_embedding"]
+        self.speech_embedding = graphs["speech_embedding"]
+        self.llm = graphs["llm"]
+        self.flow_encoder = graphs["flow_encoder"]
+        self.estimator = graphs["estimator"]
+        self.hift = graphs["hift"]
+        self.dims = read_dims(self.llm, self.flow_encoder, self.hift)
+        self._voice_lock = threading.Lock()
+        self._voice_encoders: tuple[Graph, Graph] | None = None
+
+    @classmethod
+    def load(cls, model_dir: Path, options: EngineOptions | None = None) -> CosyVoice3Model:
+        """Load every graph of ``model_dir`` for ``options.llm_precision``.
+
+        Raises:
+            ValueError: invalid options.
+            ModelFilesMissing: files absent (all of them listed at once).
+            ModelLoadError: a file is corrupt or truncated.
+            GraphSignatureMismatch: a graph differs from the contract.
+        """
+        options = options or EngineOptions()
+        options.validate()
+        model_dir = Path(model_dir)
+        missing = [
+            f for f in required_files(options.llm_precision) if not (model_dir / f).is_file()
+        ]
+        if missing:
+            raise ModelFilesMissing(str(model_dir), missing)
+        tokenizer, eop = load_tokenizer(model_dir / TOKENIZER_FILE)
+        threads, providers = options.threads, options.providers
+
+        def graph(spec: GraphSpec) -> Graph:
+            return Graph(model_dir / spec.file, spec, threads, providers)
+
+        graphs = {
+            "text_embedding": graph(TEXT_EMBEDDING),
+            "speech_embedding": graph(SPEECH_EMBEDDING),
+            "llm": load_llm(model_dir / LLM_FILES[options.llm_precision], threads, providers),
+            "flow_encoder": graph(FLOW_ENCODER),
+            "estimator": graph(ESTIMATOR),
+            "hift": graph(HIFT),
+        }
+        model = cls(model_dir, options, tokenizer, eop, graphs)
+        if model.dims.speech_vocab_rows <= C.FILL_TOKEN:
+            raise GraphSignatureMismatch(
+                f"{model.llm.spec.file}: logits have {model.dims.speech_vocab_rows} columns, "
+                f"expected {C.SPEECH_EMBEDDING_ROWS} (speech tokens + specials); re-download it"
+            )
+        if options.load_voice_encoders:
+            model.voice_encoders()
+        log.info(
+            "model loaded from %s: llm %s, %d layers, hidden %d, providers %s",
+            model_dir,
+            model.llm.spec.file,
+            model.dims.num_layers,
+            model.dims.hidden_size,
+            model.llm.providers,
+        )
+        return model
+
+    def voice_encoders(self) -> tuple[Graph, Graph]:
+        """(campplus, speech_tokenizer_v3), loaded on first use (thread-safe).
+
+        Raises:
+            ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
+        """
+        with self._voice_lock:
+            if self._voice_encoders is None:
+                threads, providers = self.options.threads, self.options.providers
+                self._voice_encoders = (
+                    Graph(self.model_dir / CAMPPLUS.file, CAMPPLUS, threads, providers),
+                    Graph(
+                        self.model_dir / SPEECH_TOKENIZER.file, SPEECH_TOKENIZER, threads, providers
+                    ),
+                )
+                log.debug("voice encoders loaded")
+            return self._voice_encoders
+
+    def release_voice_encoders(self) -> None:
+        """Drop the voice encoder sessions (they load again on the next use)."""
+        with self._voice_lock:
+            self._voice_encoders = None
+
+    @property
+    def voice_encoders_loaded(self) -> bool:
+        return self._voice_encoders is not None
+
+    def fingerprint(self) -> str:
+        """Hex digest of the names, sizes and mtimes of the files voice features come from.
+
+        Voice features depend on campplus.onnx and speech_tokenizer_v3.onnx only (the prompt
+        mel is DSP), so switching the LLM precision keeps cached voices valid.
+        """
+        digest = hashlib.sha256()
+        for name in VOICE_ENCODER_FILES:
+            path = self.model_dir / name
+            stat = path.stat() if path.is_file() else None
+            entry = f"{name}:{stat.st_size}:{stat.st_mtime_ns}" if stat else f"{name}:absent"
+            digest.update(entry.encode("utf-8") + b"\n")
+        return digest.hexdigest()[:16]

@@ -120,6 +120,9 @@ def test_chinese_cleanup(text: str, expected: str) -> None:
         ("Tom & Jerry are #1.", "Tom and Jerry are number one."),
         ("Version 1.2.3 of the app.", "Version one point two point three of the app."),
         ("It is H2O and mp3.", "It is H two O and mp three."),
+        ("Add 1/2 cup, 3/4 of it and 2/3 more.",
+         "Add one half cup, three quarters of it and two thirds more."),
+        ("Wake me at 12:00 AM.", "Wake me at twelve AM."),
     ],
 )
 def test_english_numbers_units_dates(text: str, expected: str) -> None:

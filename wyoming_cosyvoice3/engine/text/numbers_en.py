@@ -22,6 +22,8 @@ from collections.abc import Callable
 
 from num2words import num2words
 
+from .units_en import CURRENCIES, UNITS
+
 _DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _MAX_CARDINAL_DIGITS = 15
 """Longer digit runs (serial numbers, phone numbers) are read digit by digit."""
@@ -42,103 +44,6 @@ MONTHS.update(
         )
     }
 )
-
-# symbol -> (singular, plural); matched case-sensitively right after a number.
-UNITS: dict[str, tuple[str, str]] = {
-    "°C": ("degree Celsius", "degrees Celsius"),
-    "°F": ("degree Fahrenheit", "degrees Fahrenheit"),
-    "°": ("degree", "degrees"),
-    "%": ("percent", "percent"),
-    "‰": ("per mille", "per mille"),
-    "km/h": ("kilometer per hour", "kilometers per hour"),
-    "kmh": ("kilometer per hour", "kilometers per hour"),
-    "kph": ("kilometer per hour", "kilometers per hour"),
-    "mph": ("mile per hour", "miles per hour"),
-    "m/s": ("meter per second", "meters per second"),
-    "mm/h": ("millimeter per hour", "millimeters per hour"),
-    "m³/h": ("cubic meter per hour", "cubic meters per hour"),
-    "L/min": ("liter per minute", "liters per minute"),
-    "µg/m³": ("microgram per cubic meter", "micrograms per cubic meter"),
-    "μg/m³": ("microgram per cubic meter", "micrograms per cubic meter"),
-    "ug/m3": ("microgram per cubic meter", "micrograms per cubic meter"),
-    "µg/m3": ("microgram per cubic meter", "micrograms per cubic meter"),
-    "mg/m³": ("milligram per cubic meter", "milligrams per cubic meter"),
-    "kWh": ("kilowatt hour", "kilowatt hours"),
-    "MWh": ("megawatt hour", "megawatt hours"),
-    "Wh": ("watt hour", "watt hours"),
-    "kW": ("kilowatt", "kilowatts"),
-    "MW": ("megawatt", "megawatts"),
-    "W": ("watt", "watts"),
-    "kV": ("kilovolt", "kilovolts"),
-    "mV": ("millivolt", "millivolts"),
-    "V": ("volt", "volts"),
-    "mA": ("milliamp", "milliamps"),
-    "A": ("amp", "amps"),
-    "GHz": ("gigahertz", "gigahertz"),
-    "MHz": ("megahertz", "megahertz"),
-    "kHz": ("kilohertz", "kilohertz"),
-    "Hz": ("hertz", "hertz"),
-    "dB": ("decibel", "decibels"),
-    "lx": ("lux", "lux"),
-    "lm": ("lumen", "lumens"),
-    "ppm": ("part per million", "parts per million"),
-    "ppb": ("part per billion", "parts per billion"),
-    "hPa": ("hectopascal", "hectopascals"),
-    "kPa": ("kilopascal", "kilopascals"),
-    "Pa": ("pascal", "pascals"),
-    "mbar": ("millibar", "millibars"),
-    "bar": ("bar", "bars"),
-    "psi": ("psi", "psi"),
-    "inHg": ("inch of mercury", "inches of mercury"),
-    "mmHg": ("millimeter of mercury", "millimeters of mercury"),
-    "km²": ("square kilometer", "square kilometers"),
-    "m²": ("square meter", "square meters"),
-    "m³": ("cubic meter", "cubic meters"),
-    "km": ("kilometer", "kilometers"),
-    "cm": ("centimeter", "centimeters"),
-    "mm": ("millimeter", "millimeters"),
-    "m": ("meter", "meters"),
-    "mi": ("mile", "miles"),
-    "ft": ("foot", "feet"),
-    "yd": ("yard", "yards"),
-    "kg": ("kilogram", "kilograms"),
-    "mg": ("milligram", "milligrams"),
-    "g": ("gram", "grams"),
-    "lbs": ("pound", "pounds"),
-    "lb": ("pound", "pounds"),
-    "oz": ("ounce", "ounces"),
-    "mL": ("milliliter", "milliliters"),
-    "ml": ("milliliter", "milliliters"),
-    "L": ("liter", "liters"),
-    "gal": ("gallon", "gallons"),
-    "ms": ("millisecond", "milliseconds"),
-    "sec": ("second", "seconds"),
-    "s": ("second", "seconds"),
-    "min": ("minute", "minutes"),
-    "hrs": ("hour", "hours"),
-    "hr": ("hour", "hours"),
-    "h": ("hour", "hours"),
-    "TB": ("terabyte", "terabytes"),
-    "GB": ("gigabyte", "gigabytes"),
-    "MB": ("megabyte", "megabytes"),
-    "kB": ("kilobyte", "kilobytes"),
-    "KB": ("kilobyte", "kilobytes"),
-    "Gbps": ("gigabit per second", "gigabits per second"),
-    "Mbps": ("megabit per second", "megabits per second"),
-    "Mbit/s": ("megabit per second", "megabits per second"),
-    "kbps": ("kilobit per second", "kilobits per second"),
-    "rpm": ("revolution per minute", "revolutions per minute"),
-    "bpm": ("beat per minute", "beats per minute"),
-}
-"""Unit symbols Home Assistant sensors report (temperature, power, energy, air quality...)."""
-
-# symbol -> (main singular, main plural, sub singular, sub plural)
-CURRENCIES: dict[str, tuple[str, str, str, str]] = {
-    "$": ("dollar", "dollars", "cent", "cents"),
-    "€": ("euro", "euros", "cent", "cents"),
-    "£": ("pound", "pounds", "penny", "pence"),
-    "¥": ("yen", "yen", "", ""),
-}
 
 _INT = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)"
 _UNIT_ALT = "|".join(re.escape(u) for u in sorted(UNITS, key=len, reverse=True))
@@ -182,6 +87,7 @@ _NUMBER = re.compile(
     rf"(?P<neg>(?<![\w.,)\]])[-−])?(?P<int>{_INT})(?:\.(?P<frac>\d+))?"
     rf"(?:\s?(?P<unit>{_UNIT_ALT})(?![A-Za-z0-9]))?"
 )
+_FRACTION = re.compile(r"(?<![\w/.,])(?P<a>\d{1,3})/(?P<b>\d{1,3})(?![\w/]|[.,]\d)")
 _VERSION = re.compile(r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w]|\.\d)")
 _NUMBER_SIGN = re.compile(r"#(?=\d)")
 _AMPERSAND = re.compile(r"\s*&\s*")
@@ -353,6 +259,20 @@ def _year_in_context(match: re.Match[str]) -> str:
     return f"{match.group('ctx')} {year(value)}"
 
 
+def _fraction(match: re.Match[str]) -> str:
+    """Simple fraction: "1/2" -> "one half", "3/4" -> "three quarters", "2/3" -> "two thirds"."""
+    numerator, denominator = int(match.group("a")), int(match.group("b"))
+    if not 2 <= denominator <= 100:
+        return _padded(match, f"{cardinal(numerator)} over {cardinal(denominator)}")
+    if denominator == 2:
+        name = "half" if numerator == 1 else "halves"
+    else:
+        name = "quarter" if denominator == 4 else ordinal(denominator)
+        if numerator != 1:
+            name += "s"
+    return _padded(match, f"{cardinal(numerator)} {name}")
+
+
 def _version(match: re.Match[str]) -> str:
     """Dotted version or address: "1.2.3" -> "one point two point three"."""
     return _padded(match, " point ".join(number(part) for part in match.group(0).split(".")))
@@ -382,6 +302,7 @@ _PASSES: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], str]], ...] = (
     (_ORDINAL, _ordinal),
     (_DECADE, _decade),
     (_YEAR_CONTEXT, _year_in_context),
+    (_FRACTION, _fraction),
     (_VERSION, _version),
     (_NUMBER, _number),
 )

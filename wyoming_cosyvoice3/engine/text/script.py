@@ -120,7 +120,7 @@ _ENGLISH_WORDS = _word_set(
 _OTHER_WORDS = _word_set(
     # German
     """der die das und ist nicht ein eine einer einen dem den des mit auf für zu von sich ich
-    du er sie es wir ihr sind war wird werden auch noch nur oder aber wie bei im am um grad
+    du er sie es wir ihr sind war wird werden auch noch nur oder aber wie bei im um grad
     uhr heute jetzt ist's beträgt wurde""",
     # French
     """ le la les un une des du et est sont dans pour avec sur pas ce cette il elle nous vous

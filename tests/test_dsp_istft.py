@@ -83,3 +83,14 @@ def test_istft_rejects_bad_shapes():
         dsp.istft(np.zeros((9, 10)), np.zeros((9, 11)))
     with pytest.raises(ValueError, match="expected"):
         dsp.istft(np.zeros((8, 10)), np.zeros((8, 10)))
+
+
+@pytest.mark.parametrize("frames", [2, 3, 4, 5, 7])
+def test_istft_edges_of_short_inputs_match_scipy(frames):
+    """Few frames: the window envelope is partial everywhere near the two edges."""
+    rng = np.random.default_rng(100 + frames)
+    magnitude = rng.uniform(0.1, 3.0, (9, frames))
+    phase = rng.uniform(-np.pi, np.pi, (9, frames))
+    ours = dsp.istft(magnitude, phase)
+    assert ours.shape == (4 * (frames - 1),)
+    np.testing.assert_allclose(ours, _scipy_istft(magnitude, phase), atol=1e-5)

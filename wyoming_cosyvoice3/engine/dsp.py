@@ -270,42 +270,65 @@ def istft(magnitude: npt.ArrayLike, phase: npt.ArrayLike) -> F32:
     Raises:
         ValueError: shapes differ or the bin count is not 9.
     """
-    mag = np.asarray(magnitude, dtype=np.float64)
-    ph = np.asarray(phase, dtype=np.float64)
+    mag = np.asarray(magnitude, dtype=np.float32)
+    ph = np.asarray(phase, dtype=np.float32)
     if mag.shape != ph.shape:
         raise ValueError(f"istft: magnitude {mag.shape} and phase {ph.shape} differ")
     if mag.ndim == 3 and mag.shape[0] == 1:
         mag, ph = mag[0], ph[0]
-    n_fft, hop = C.ISTFT_N_FFT, C.ISTFT_HOP
-    bins = n_fft // 2 + 1
+    bins = C.ISTFT_N_FFT // 2 + 1
     if mag.ndim != 2 or mag.shape[0] != bins:
         raise ValueError(f"istft: expected [{bins}, frames], got {mag.shape}")
     count = mag.shape[1]
     if count < 2:
         return np.zeros(0, dtype=np.float32)
-    mag = np.minimum(mag, C.MAGNITUDE_CLIP)
-    spectrum = mag * np.cos(ph) + 1j * (mag * np.sin(ph))
-    window = periodic_hann(n_fft)
-    frames = np.fft.irfft(spectrum, n=n_fft, axis=0).T * window  # [F, 16]
-    signal = _overlap_add(frames, hop)
-    envelope = _overlap_add(np.broadcast_to(window**2, frames.shape), hop)
-    trim = n_fft // 2
-    signal = signal[trim:-trim]
-    envelope = envelope[trim:-trim]
-    return (signal / envelope).astype(np.float32)
+    mag = np.minimum(mag, np.float32(C.MAGNITUDE_CLIP))
+    spectrum = np.empty(mag.shape, dtype=np.complex64)
+    spectrum.real = mag * np.cos(ph)
+    spectrum.imag = mag * np.sin(ph)
+    # inverse real FFT per frame (column), then the periodic Hann window: [16, F] float32
+    frames = np.fft.irfft(spectrum, n=C.ISTFT_N_FFT, axis=0).astype(np.float32, copy=False)
+    frames *= periodic_hann(C.ISTFT_N_FFT).astype(np.float32)[:, np.newaxis]
+    signal = _overlap_add(frames, C.ISTFT_HOP)
+    envelope = _window_envelope(count)
+    trim = C.ISTFT_N_FFT // 2
+    return np.ascontiguousarray(signal[trim:-trim] / envelope[trim:-trim], dtype=np.float32)
 
 
-def _overlap_add(frames: npt.NDArray[np.float64], hop: int) -> npt.NDArray[np.float64]:
-    """Overlap-add ``[F, n_fft]`` frames at ``hop`` (n_fft a multiple of hop).
+def _overlap_add(frames: npt.NDArray[np.floating], hop: int) -> F32:
+    """Overlap-add frames given as columns ``[n_fft, F]`` at ``hop`` (n_fft a multiple of hop).
 
-    Returns float64 ``[n_fft + hop * (F - 1)]``.
+    Returns float32 ``[n_fft + hop * (F - 1)]``: frame ``f`` starts at sample ``hop * f``.
     """
-    count, n_fft = frames.shape
+    n_fft, count = frames.shape
     parts = n_fft // hop
-    blocks = np.zeros((count + parts - 1, hop), dtype=np.float64)
-    pieces = frames.reshape(count, parts, hop)
-    for part in range(parts):  # 4 shifted additions, vectorised over frames
-        blocks[part : part + count] += pieces[:, part, :]
+    blocks = np.zeros((count + parts - 1, hop), dtype=np.float32)
+    for part in range(parts):  # 4 shifted additions, each vectorised over all frames
+        blocks[part : part + count] += frames[part * hop : (part + 1) * hop].T
+    return blocks.reshape(-1)
+
+
+def _window_envelope(count: int) -> F32:
+    """Overlap-added squared periodic Hann window of ``count`` frames (n_fft 16, hop 4).
+
+    This is the ``window_envelop`` that ``torch.istft`` divides by: constant (1.5) inside,
+    smaller in the first and last three hops where fewer frames overlap.
+
+    Returns:
+        float32 ``[16 + 4 * (count - 1)]``.
+    """
+    hop = C.ISTFT_HOP
+    squared = (periodic_hann(C.ISTFT_N_FFT) ** 2).reshape(-1, hop)  # [parts, hop]
+    parts = squared.shape[0]
+    total_blocks = count + parts - 1
+    blocks = np.empty((total_blocks, hop), dtype=np.float32)
+    blocks[:] = squared.sum(axis=0)
+    edge_blocks = set(range(min(parts - 1, total_blocks)))
+    edge_blocks |= set(range(max(count, 0), total_blocks))
+    for block in sorted(edge_blocks):  # at most 2 * (parts - 1) blocks
+        first = max(0, block - count + 1)
+        last = min(parts - 1, block)
+        blocks[block] = squared[first : last + 1].sum(axis=0)
     return blocks.reshape(-1)
 
 

@@ -171,3 +171,16 @@ def test_connections_go_only_to_the_configured_endpoint(
     assert {(a[0], a[1]) for a in seen} <= {("127.0.0.1", p) for p in ports}  # type: ignore[index]
     assert set(hosts) <= {"127.0.0.1"}
     assert_complete(tmp_path / "m", repos)
+
+
+def test_stale_partial_cleanup_spares_files_with_a_longer_name(tmp_path: Path) -> None:
+    from wyoming_cosyvoice3.download.fetch import partial_path, remove_stale_partials
+
+    keep = partial_path(tmp_path, "llm.onnx", "a" * 64)
+    other_version = partial_path(tmp_path, "llm.onnx", "b" * 64)
+    longer_name = partial_path(tmp_path, "llm.onnx.data", "c" * 64)
+    for path in (keep, other_version, longer_name):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    remove_stale_partials(tmp_path, "llm.onnx", keep=keep)
+    assert keep.exists() and longer_name.exists() and not other_version.exists()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,24 +127,24 @@ def fetch_metadata(resolve_url: str, token: str | bool | None = None) -> RemoteF
     )
 
 
+def _version_tag(etag: str) -> str:
+    """Up to 16 alphanumeric characters of the ETag, safe in a file name."""
+    return re.sub(r"[^0-9A-Za-z]", "", etag)[:16] or "unknown"
+
+
 def partial_path(download_dir: Path, filename: str, etag: str) -> Path:
     """Stable name of the partial download of ``filename`` at version ``etag``."""
-    return download_dir / STATE_DIR_NAME / "partial" / f"{filename}.{etag[:16]}.part"
+    return download_dir / STATE_DIR_NAME / "partial" / f"{filename}.{_version_tag(etag)}.part"
 
 
 def remove_stale_partials(download_dir: Path, filename: str, keep: Path | None) -> None:
     """Delete partial downloads of ``filename`` of other versions than ``keep``."""
-    probe = partial_path(download_dir, filename, "x")
-    if not probe.parent.is_dir():
+    folder = partial_path(download_dir, filename, "x").parent
+    if not folder.is_dir():
         return
-    prefix = Path(filename).name + "."
-    for candidate in probe.parent.iterdir():
-        if (
-            candidate.name.startswith(prefix)
-            and candidate.name.endswith(".part")
-            and candidate != keep
-            and len(candidate.name) == len(prefix) + 16 + len(".part")
-        ):
+    pattern = re.compile(re.escape(Path(filename).name) + r"\.[0-9A-Za-z]{1,16}\.part")
+    for candidate in folder.iterdir():
+        if candidate != keep and pattern.fullmatch(candidate.name):
             _LOGGER.info("Removing stale partial download %s", candidate)
             candidate.unlink(missing_ok=True)
 

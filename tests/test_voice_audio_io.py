@@ -128,6 +128,21 @@ def test_nan_samples_are_rejected(tmp_path):
         load_clip(path)
 
 
+def test_silent_clip_is_rejected(tmp_path):
+    path = tmp_path / "silence.wav"
+    sf.write(path, np.zeros(48000, dtype=np.float32), 24000, subtype="PCM_16")
+    with pytest.raises(VoiceError, match="silent") as caught:
+        load_clip(path)
+    assert str(path) in str(caught.value)
+
+
+def test_quiet_clip_is_accepted(tmp_path):
+    path = tmp_path / "quiet.wav"
+    sf.write(path, _signal(2.0, 24000) * 0.01, 24000, subtype="PCM_16")  # about -48 dBFS
+    samples, _ = load_clip(path)
+    assert 1e-3 < np.abs(samples).max() < 1e-2
+
+
 # --- accepted clips -------------------------------------------------------------------------
 
 

@@ -29,6 +29,8 @@ MAX_CLIP_BYTES = 64 * 1024 * 1024
 """Largest reference clip file accepted (64 MiB: over a minute of 96 kHz 32-bit stereo)."""
 RESAMPLE_QUALITY = "VHQ"
 """soxr quality preset (very high quality; upstream uses torchaudio's windowed-sinc Resample)."""
+SILENCE_PEAK = 1e-4
+"""Clips whose absolute peak stays below this (-80 dBFS) are refused as silent."""
 _MAX_RIFF_CHUNKS = 256
 """Chunks inspected when checking a WAV header for truncation (bounded walk)."""
 
@@ -100,7 +102,7 @@ def decode_clip(
 
     Raises:
         VoiceError: not audio, truncated, undecodable, rate below 16 kHz, shorter than 1 s,
-            or containing non-finite samples.
+            silent (peak below -80 dBFS), or containing non-finite samples.
     """
     try:
         info = sf.info(io.BytesIO(data))
@@ -140,6 +142,11 @@ def decode_clip(
         )
     if not np.all(np.isfinite(samples)):
         raise VoiceError(f"reference clip {name} contains NaN or infinite samples; export it again")
+    peak = float(np.abs(samples).max())
+    if peak < SILENCE_PEAK:
+        raise VoiceError(
+            f"reference clip {name} is silent (peak {peak:.1e}); use a recording of clear speech"
+        )
     if info.frames > max_frames:
         _LOGGER.warning(
             "Reference clip %s is %.1f s long; using its first %.1f s (the speech tokenizer "

@@ -1,0 +1,276 @@
+"""Helpers for the server tests: a running server on an ephemeral port, Wyoming client
+helpers, an instrumented wrapper around the real engine, and a fault-injecting engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.client import AsyncTcpClient
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Describe, Info
+from wyoming.tts import SynthesizeStopped
+
+from wyoming_cosyvoice3.engine.errors import SynthesisCancelled, SynthesisFailed
+from wyoming_cosyvoice3.engine.options import EngineOptions, SynthesisOptions
+from wyoming_cosyvoice3.engine.types import (
+    AudioChunk as EngineChunk,
+)
+from wyoming_cosyvoice3.engine.types import (
+    ShouldStop,
+    SynthesisResult,
+    VoiceFeatures,
+    VoicePrompt,
+)
+from wyoming_cosyvoice3.server.cli import RunningServer
+from wyoming_cosyvoice3.server.runtime import Engine, EngineFactory, default_engine_factory
+from wyoming_cosyvoice3.server.settings import Settings
+
+READ_TIMEOUT_S = 60.0
+"""Upper bound for one event to arrive (a hang guard, not a speed assertion)."""
+
+
+def write_clip(path: Path, seconds: float = 2.0, rate: int = 24000) -> Path:
+    """A speech-like test clip (harmonics with a syllable envelope), PCM16 WAV."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t = np.arange(int(seconds * rate)) / rate
+    wave = sum(np.sin(2 * np.pi * 140 * k * t) / k for k in range(1, 6))
+    envelope = 0.6 + 0.4 * np.sin(2 * np.pi * 3 * t)
+    sf.write(path, (0.2 * envelope * wave).astype(np.float32), rate, subtype="PCM_16")
+    return path
+
+
+def make_settings(model_dir: Path, data_dir: Path, **changes: Any) -> Settings:
+    """Settings of an in-process server on 127.0.0.1 with an ephemeral port."""
+    values: dict[str, Any] = dict(uri="tcp://127.0.0.1:0", model_dir=model_dir,
+                                  data_dirs=(data_dir,), warm_up=False, seed=1)
+    values.update(changes)
+    return Settings(**values)
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    settings: Settings, engine_factory: EngineFactory = default_engine_factory,
+    wait_ready: bool = True,
+) -> AsyncIterator[RunningServer]:
+    """Start a server in this event loop; stop it afterwards."""
+    server = RunningServer(settings, engine_factory=engine_factory)
+    await server.start()
+    try:
+        if wait_ready:
+            ok = await asyncio.to_thread(server.runtime.ready_event.wait, READ_TIMEOUT_S)
+            assert ok, "the model did not load"
+        yield server
+    finally:
+        await server.stop(grace_s=10.0)
+
+
+def client(server: RunningServer) -> AsyncTcpClient:
+    assert server.port is not None
+    return AsyncTcpClient("127.0.0.1", server.port)
+
+
+async def read(cl: AsyncTcpClient, timeout_s: float = READ_TIMEOUT_S) -> Event:
+    event = await asyncio.wait_for(cl.read_event(), timeout_s)
+    assert event is not None, "the server closed the connection"
+    return event
+
+
+@dataclass
+class Response:
+    """Events of one response with arrival times (``time.monotonic()``)."""
+
+    events: list[tuple[float, Event]] = field(default_factory=list)
+
+    @property
+    def types(self) -> list[str]:
+        return [e.type for _, e in self.events]
+
+    @property
+    def chunks(self) -> list[AudioChunk]:
+        return [AudioChunk.from_event(e) for _, e in self.events if AudioChunk.is_type(e.type)]
+
+    @property
+    def pcm(self) -> bytes:
+        return b"".join(c.audio for c in self.chunks)
+
+    @property
+    def samples(self) -> np.ndarray:
+        return np.frombuffer(self.pcm, dtype="<i2")
+
+    @property
+    def errors(self) -> list[Error]:
+        return [Error.from_event(e) for _, e in self.events if Error.is_type(e.type)]
+
+    def first_time(self, event_type: str) -> float:
+        return next(t for t, e in self.events if e.type == event_type)
+
+
+async def collect(cl: AsyncTcpClient, until: str, timeout_s: float = READ_TIMEOUT_S) -> Response:
+    """Read events up to and including the first of type ``until`` (``audio-stop``,
+    ``synthesize-stopped``, ``error``...)."""
+    response = Response()
+    for _ in range(100000):
+        event = await read(cl, timeout_s)
+        response.events.append((time.monotonic(), event))
+        if event.type == until:
+            return response
+    raise AssertionError("too many events")
+
+
+def check_audio_format(response: Response) -> None:
+    """C13: one audio-start; every chunk 24000/2/1 with a payload multiple of 2; no WAV bytes."""
+    starts = [AudioStart.from_event(e) for _, e in response.events if AudioStart.is_type(e.type)]
+    assert len(starts) == 1, response.types
+    assert (starts[0].rate, starts[0].width, starts[0].channels) == (24000, 2, 1)
+    for chunk in response.chunks:
+        assert (chunk.rate, chunk.width, chunk.channels) == (24000, 2, 1)
+        assert len(chunk.audio) % 2 == 0 and len(chunk.audio) > 0
+        assert not chunk.audio.startswith(b"RIFF")
+    types = response.types
+    assert types.index("audio-start") < types.index(AudioStop().event().type)
+    if response.chunks:
+        first_chunk = types.index("audio-chunk")
+        last_chunk = len(types) - 1 - types[::-1].index("audio-chunk")
+        assert types.index("audio-start") < first_chunk
+        assert last_chunk < types.index("audio-stop")
+
+
+async def describe(server: RunningServer, timeout_s: float = READ_TIMEOUT_S) -> Info:
+    async with client(server) as cl:
+        await cl.write_event(Describe().event())
+        for _ in range(100):
+            event = await read(cl, timeout_s)
+            if Info.is_type(event.type):
+                return Info.from_event(event)
+    raise AssertionError("no info")
+
+
+def ends_cleanly(response: Response, streaming: bool) -> bool:
+    last = response.types[-1]
+    return last == (SynthesizeStopped().event().type if streaming else "audio-stop")
+
+
+# --- engine wrappers ------------------------------------------------------------------------
+
+
+class SpyEngine:
+    """Wraps a real engine: records every synthesize call and how it ended.
+
+    ``hold_last`` (a threading.Event) makes each request wait before its last chunk until
+    the event is set, so a test can act while the requests are known to be in progress.
+    """
+
+    def __init__(self, inner: Engine, hold_last: threading.Event | None = None) -> None:
+        self.inner = inner
+        self.hold_last = hold_last
+        self.texts: list[str] = []
+        self.voices: list[str] = []
+        self.outcomes: list[str] = []
+        self.started = threading.Semaphore(0)
+        self.lock = threading.Lock()
+
+    def prepare_voice(self, clip_path: Path, transcript: str | None = None,
+                      instruction: str | None = None, name: str = "voice") -> VoicePrompt:
+        return self.inner.prepare_voice(clip_path, transcript, instruction, name)
+
+    def warm_up(self, voice: VoicePrompt) -> None:
+        pass
+
+    def synthesize(self, text: str, voice: VoicePrompt,
+                   options: SynthesisOptions = SynthesisOptions(),
+                   should_stop: ShouldStop | None = None,
+                   result: SynthesisResult | None = None) -> Iterator[EngineChunk]:
+        with self.lock:
+            self.texts.append(text)
+            self.voices.append(voice.name)
+        self.started.release()
+        outcome = "unfinished"
+        try:
+            for chunk in self.inner.synthesize(text, voice, options, should_stop, result):
+                if chunk.is_last and self.hold_last is not None:
+                    for _ in range(600):  # bounded wait, 60 s
+                        if self.hold_last.wait(0.1) or (should_stop and should_stop()):
+                            break
+                    if should_stop is not None and should_stop():
+                        raise SynthesisCancelled("stopped while held")
+                yield chunk
+            outcome = "completed"
+        except SynthesisCancelled:
+            outcome = "cancelled"
+            raise
+        except GeneratorExit:
+            outcome = "closed"
+            raise
+        finally:
+            with self.lock:
+                self.outcomes.append(outcome)
+
+
+def spy_factory(holder: list[SpyEngine],
+                hold_last: threading.Event | None = None) -> EngineFactory:
+    def factory(model_dir: Path, options: EngineOptions) -> Engine:
+        spy = SpyEngine(default_engine_factory(model_dir, options), hold_last)
+        holder.append(spy)
+        return spy
+
+    return factory
+
+
+class FaultyEngine:
+    """Fault injection: prepares voices like a model would (checks the clip) and fails
+    mid-synthesis when the text contains ``FAIL``, after sending one chunk."""
+
+    def __init__(self, model_dir: Path, options: EngineOptions) -> None:
+        self.model_dir = model_dir
+
+    def prepare_voice(self, clip_path: Path, transcript: str | None = None,
+                      instruction: str | None = None, name: str = "voice") -> VoicePrompt:
+        info = sf.info(str(clip_path))
+        frames = int(info.duration * 25)
+        features = VoiceFeatures(
+            speech_tokens=np.zeros(frames, dtype=np.int64),
+            speaker_embedding=np.zeros(192, dtype=np.float32),
+            prompt_mel=np.zeros((2 * frames, 80), dtype=np.float32),
+        )
+        return VoicePrompt(features, transcript, instruction, name)
+
+    def synthesize(self, text: str, voice: VoicePrompt,
+                   options: SynthesisOptions = SynthesisOptions(),
+                   should_stop: ShouldStop | None = None,
+                   result: SynthesisResult | None = None) -> Iterator[EngineChunk]:
+        pieces = [p for p in re.split(r"(?<=[.!?。])\s*", text) if re.search(r"\w", p)]
+        for index, piece in enumerate(pieces):
+            for k in range(3):
+                if should_stop is not None and should_stop():
+                    raise SynthesisCancelled("stopped")
+                time.sleep(0.01)
+                samples = (0.1 * np.sin(np.arange(4800) * 0.05)).astype(np.float32)
+                yield EngineChunk(samples, 24000, index, False, 0.0)
+                if "FAIL" in piece and k == 0:
+                    raise SynthesisFailed("injected failure in graph hift.onnx")
+
+
+def faulty_factory(model_dir: Path, options: EngineOptions) -> Engine:
+    return FaultyEngine(model_dir, options)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Poll ``predicate`` (bounded); True once it holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()

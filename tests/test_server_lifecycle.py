@@ -1,0 +1,153 @@
+"""Server life cycle on the real engine: describe while the model loads, a broken voice
+catalog (C16), and fault injection (an engine failing mid-synthesis)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+from server_support import (
+    check_audio_format,
+    client,
+    collect,
+    describe,
+    faulty_factory,
+    make_settings,
+    running_server,
+    write_clip,
+)
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
+
+from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.server.runtime import Engine, ModelState, default_engine_factory
+
+
+async def test_describe_and_errors_while_loading(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Describe answers at once during loading; synthesis gets a model-loading error."""
+    gate = threading.Event()
+
+    def slow_factory(model_dir: Path, options: EngineOptions) -> Engine:
+        gate.wait(60)
+        return default_engine_factory(model_dir, options)
+
+    settings = make_settings(tiny_model_dir, tmp_path)
+    try:
+        async with running_server(settings, slow_factory, wait_ready=False) as server:
+            info = await describe(server, timeout_s=1.0)
+            program = info.tts[0]
+            assert program.installed and "loading" in (program.description or "")
+            assert [v.installed for v in program.voices] == [False, False]
+            async with client(server) as cl:
+                await cl.write_event(Synthesize(text="Hello.").event())
+                assert (await collect(cl, "error")).errors[0].code == "model-loading"
+                await cl.write_event(SynthesizeStart().event())
+                await cl.write_event(SynthesizeChunk(text="Hello.").event())
+                await cl.write_event(SynthesizeStop().event())
+                streamed = await collect(cl, "synthesize-stopped")
+                assert streamed.errors[0].code == "model-loading"
+                gate.set()
+                assert await asyncio.to_thread(server.runtime.ready_event.wait, 60)
+                assert server.runtime.state is ModelState.READY
+                await cl.write_event(Synthesize(text="Hello.").event())
+                check_audio_format(await collect(cl, "audio-stop"))
+            info = await describe(server)
+            assert [v.installed for v in info.tts[0].voices] == [True, True]
+    finally:
+        gate.set()
+
+
+async def test_failed_model_is_reported(tmp_path: Path) -> None:
+    """A model dir without the files: describe still answers; synthesis gets the reason."""
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    settings = make_settings(empty, tmp_path)
+    async with running_server(settings) as server:
+        assert server.runtime.state is ModelState.FAILED
+        info = await describe(server)
+        assert "unavailable" in (info.tts[0].description or "")
+        async with client(server) as cl:
+            await cl.write_event(Synthesize(text="Hello.").event())
+            error = (await collect(cl, "error")).errors[0]
+        assert error.code == "model-files-missing"
+        assert "tokenizer.json" in error.text
+
+
+async def test_broken_catalog_entry(tiny_model_dir: Path, tmp_path: Path,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    """C16: a voice naming a missing clip is advertised not installed; the others work."""
+    data_dir = tmp_path / "data"
+    write_clip(data_dir / "clips" / "mine.wav", seconds=3.0)
+    (tmp_path / "outside.wav").write_bytes((data_dir / "clips" / "mine.wav").read_bytes())
+    (data_dir / "voices.yaml").write_text(
+        "voices:\n"
+        "  - name: ghost\n"
+        "    languages: [en]\n"
+        "    clip: clips/does-not-exist.wav\n"
+        "  - name: escape\n"
+        "    languages: [en]\n"
+        "    clip: ../outside.wav\n"
+        "  - name: mine\n"
+        "    description: My own voice\n"
+        "    languages: [de, en]\n"
+        "    clip: clips/mine.wav\n"
+        "  - name: 'bad name!'\n"
+        "    languages: [en]\n"
+        "    clip: clips/mine.wav\n"
+        "  - name: nolang\n"
+        "    languages: []\n"
+        "    clip: clips/mine.wav\n",
+        encoding="utf-8",
+    )
+    settings = make_settings(tiny_model_dir, data_dir)
+    with caplog.at_level(logging.WARNING):
+        async with running_server(settings) as server:
+            info = await describe(server)
+            installed = {v.name: v.installed for v in info.tts[0].voices}
+            assert installed == {"zh-female": True, "en-male": True, "ghost": False,
+                                 "escape": False, "mine": True, "nolang": False}
+            async with client(server) as cl:
+                await cl.write_event(Synthesize(text="Guten Tag.",
+                                                voice=SynthesizeVoice("mine")).event())
+                check_audio_format(await collect(cl, "audio-stop"))
+                await cl.write_event(Synthesize(text="Hi.", voice=SynthesizeVoice("ghost")).event())
+                error = (await collect(cl, "error")).errors[0]
+                assert error.code == "invalid-voice"
+                assert "does-not-exist.wav" in error.text and "mine" in error.text
+    for name in ("ghost", "escape", "bad name!", "nolang"):
+        lines = [r for r in caplog.records if name in r.getMessage()
+                 and r.levelno == logging.WARNING]
+        assert len(lines) == 1, (name, [r.getMessage() for r in caplog.records])
+
+
+async def test_engine_failure_mid_synthesis(tmp_path: Path) -> None:
+    """An exception inside one synthesis: coded error, audio-stop, connection reusable, the
+    other client's request unaffected."""
+    model_dir = tmp_path / "model"
+    write_clip(model_dir / "voices" / "zh-female.wav")
+    write_clip(model_dir / "voices" / "en-male.wav")
+    settings = make_settings(model_dir, tmp_path, max_concurrent=2)
+    async with running_server(settings, faulty_factory) as server:
+        async with client(server) as bad, client(server) as good:
+            await bad.write_event(Synthesize(text="Fine start. This will FAIL. Never.").event())
+            await good.write_event(Synthesize(text="All good. Really.").event())
+            failed = await collect(bad, "audio-stop")
+            fine = await collect(good, "audio-stop")
+            assert [e.code for e in failed.errors] == ["synthesis-failed"]
+            assert "hift.onnx" in failed.errors[0].text
+            assert failed.types[-2:] == ["error", "audio-stop"]
+            check_audio_format(failed)
+            assert not fine.errors and len(fine.chunks) >= 6
+            check_audio_format(fine)
+            # streaming: the failing sentence ends the response with an error, then stopped
+            await bad.write_event(SynthesizeStart().event())
+            await bad.write_event(SynthesizeChunk(text="One. Now FAIL here. Three.").event())
+            await bad.write_event(SynthesizeStop().event())
+            streamed = await collect(bad, "synthesize-stopped")
+            assert [e.code for e in streamed.errors] == ["synthesis-failed"]
+            assert streamed.types[-2:] == ["audio-stop", "synthesize-stopped"]
+            await bad.write_event(Synthesize(text="Recovered.").event())
+            again = await collect(bad, "audio-stop")
+            assert not again.errors and again.chunks

@@ -1,0 +1,389 @@
+"""Shared server state: the engine, the prepared voices, and the worker threads that run it.
+
+The model is located (downloaded if needed) and loaded in a background thread after the server
+listens, so ``describe`` is answered at once: state LOADING -> READY, or FAILED with the reason.
+Engine work never runs on the event loop: every step of a synthesis (each ``next()`` of the
+engine's chunk iterator) runs in a worker thread, at most ``--max-concurrent`` syntheses at a
+time (an ``asyncio.Semaphore``); the rest wait, up to ``max_queued_requests``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..engine.errors import CosyVoiceError, ModelNotReady, SynthesisCancelled, VoiceError
+from ..engine.options import EngineOptions, SynthesisOptions
+from ..engine.types import AudioChunk, ShouldStop, SynthesisResult, VoicePrompt
+from .catalog import VoiceEntry, load_catalogs, resolve_clip, with_model_dir
+from .settings import Settings
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    """What the server needs from :class:`wyoming_cosyvoice3.engine.CosyVoice3Engine`."""
+
+    def prepare_voice(
+        self, clip_path: Path, transcript: str | None = None, instruction: str | None = None,
+        name: str = "voice",
+    ) -> VoicePrompt: ...
+
+    def synthesize(
+        self, text: str, voice: VoicePrompt, options: SynthesisOptions = ...,
+        should_stop: ShouldStop | None = None, result: SynthesisResult | None = None,
+    ) -> Iterator[AudioChunk]: ...
+
+
+EngineFactory = Callable[[Path, EngineOptions], Engine]
+ModelLocator = Callable[[Settings, ShouldStop], Path]
+
+
+class ModelState(enum.Enum):
+    """Life cycle of the model."""
+
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class ServerBusy(CosyVoiceError):
+    """Too many syntheses are already waiting for a worker."""
+
+    code = "server-busy"
+
+
+@dataclass
+class VoiceSlot:
+    """A catalog voice and, once prepared, its prompt (``prompt`` None = not installed)."""
+
+    entry: VoiceEntry
+    prompt: VoicePrompt | None = None
+    problem: str | None = None
+
+    @property
+    def installed(self) -> bool:
+        return self.prompt is not None
+
+
+def default_engine_factory(model_dir: Path, options: EngineOptions) -> Engine:
+    """Load the real engine (imported lazily so the server module loads without it)."""
+    from ..engine.pipeline import CosyVoice3Engine
+
+    engine: Engine = CosyVoice3Engine.load(model_dir, options)
+    return engine
+
+
+def default_model_locator(settings: Settings, should_stop: ShouldStop | None = None) -> Path:
+    """``--model-dir`` as given, else the model downloaded into ``--download-dir``.
+
+    Downloading (``wyoming_cosyvoice3.download.ensure_model``) touches no network when every
+    file is already present; ``--local-files-only`` forbids the network altogether.
+    """
+    if settings.model_dir is not None:
+        return settings.model_dir
+    from ..download import ensure_model
+
+    download_dir = settings.download_dir or settings.data_dirs[0]
+    return Path(
+        ensure_model(
+            download_dir,
+            settings.llm_precision,
+            local_files_only=settings.local_files_only,
+            should_stop=should_stop,
+        )
+    )
+
+
+class ServerRuntime:
+    """State shared by all connections. Create it, then call :meth:`start_loading`.
+
+    Args:
+        settings: the resolved settings.
+        engine_factory: builds the engine from a model dir (tests pass a wrapper).
+        model_locator: finds or downloads the model dir (runs in the loader thread).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine_factory: EngineFactory = default_engine_factory,
+        model_locator: ModelLocator = default_model_locator,
+    ) -> None:
+        self.settings = settings
+        self._engine_factory = engine_factory
+        self._model_locator = model_locator
+        self._lock = threading.Lock()
+        self.state = ModelState.LOADING
+        self.phase = "starting"
+        self.error: CosyVoiceError | None = None
+        self.engine: Engine | None = None
+        self.model_dir: Path | None = settings.model_dir
+        entries = load_catalogs(settings.data_dirs, settings.model_dir, settings.voices_file)
+        self.voices: dict[str, VoiceSlot] = {e.name: VoiceSlot(e, None, e.problem)
+                                             for e in entries}
+        self.executor = ThreadPoolExecutor(
+            max_workers=settings.max_concurrent, thread_name_prefix="cosyvoice3-synth"
+        )
+        self._semaphore: asyncio.Semaphore | None = None
+        self._waiting = 0
+        self._cleanups: set[asyncio.Future[None]] = set()
+        self.active = 0
+        """Syntheses holding a worker right now (for tests and logs)."""
+        self._loader: threading.Thread | None = None
+        self.stopping = threading.Event()
+        """Set on shutdown: stops a running download and every synthesis."""
+        self.ready_event = threading.Event()
+        """Set when loading ended (READY or FAILED)."""
+
+    # --- loading ------------------------------------------------------------------------
+
+    def start_loading(self) -> threading.Thread:
+        """Start the loader thread (once)."""
+        if self._loader is None:
+            self._loader = threading.Thread(target=self._load, name="cosyvoice3-loader",
+                                            daemon=True)
+            self._loader.start()
+        return self._loader
+
+    def _load(self) -> None:
+        started = time.monotonic()
+        try:
+            self.phase = "locating the model"
+            model_dir = self._model_locator(self.settings, self.stopping.is_set)
+            self.model_dir = model_dir
+            self.phase = "loading the model"
+            options = EngineOptions(
+                llm_precision=self.settings.llm_precision,  # type: ignore[arg-type]
+                threads=self.settings.threads,
+                providers=self.settings.providers,
+                voice_cache_dir=self.settings.cache_dir,
+            )
+            engine = self._engine_factory(model_dir, options)
+            self.phase = "preparing voices"
+            self._prepare_voices(engine, model_dir)
+            if not any(slot.installed for slot in self.voices.values()):
+                _LOGGER.error("No voice could be prepared; synthesis requests will fail")
+            if self.settings.warm_up:
+                self.phase = "warming up"
+                self._warm_up(engine)
+        except CosyVoiceError as err:
+            self._fail(err)
+            return
+        except Exception as err:  # the loader must always end in READY or FAILED
+            _LOGGER.exception("Loading the model failed")
+            self._fail(CosyVoiceError(f"loading the model failed: {err}"))
+            return
+        with self._lock:
+            self.engine = engine
+            self.state = ModelState.READY
+            self.phase = "ready"
+        self.ready_event.set()
+        installed = [name for name, slot in self.voices.items() if slot.installed]
+        _LOGGER.info("Model ready in %.1f s from %s; voices: %s", time.monotonic() - started,
+                     model_dir, ", ".join(installed) or "(none)")
+
+    def _fail(self, err: CosyVoiceError) -> None:
+        _LOGGER.error("Model unavailable: %s", err)
+        with self._lock:
+            self.error = err
+            self.state = ModelState.FAILED
+            self.phase = "failed"
+        self.ready_event.set()
+
+    def _prepare_voices(self, engine: Engine, model_dir: Path) -> None:
+        entries = with_model_dir([slot.entry for slot in self.voices.values()], model_dir)
+        for entry in entries:
+            slot = self.voices[entry.name]
+            slot.entry = entry
+            if entry.problem:
+                continue  # already logged when the catalog was read
+            try:
+                clip = resolve_clip(entry)
+                slot.prompt = engine.prepare_voice(clip, entry.transcript, entry.instruction,
+                                                   entry.name)
+            except (ValueError, OSError, CosyVoiceError) as err:
+                slot.problem = str(err)
+                _LOGGER.warning("Voice %r (%s) is disabled: %s", entry.name, entry.source, err)
+
+    def _warm_up(self, engine: Engine) -> None:
+        voice = self.default_voice_slot()
+        if voice is None or voice.prompt is None:
+            return
+        warm_up = getattr(engine, "warm_up", None)
+        started = time.monotonic()
+        try:
+            if callable(warm_up):
+                warm_up(voice.prompt)
+            else:
+                for _ in engine.synthesize("Hello.", voice.prompt, self.synthesis_options()):
+                    pass
+        except CosyVoiceError as err:
+            _LOGGER.warning("Warm-up failed (requests will still be tried): %s", err)
+            return
+        _LOGGER.debug("Warm-up took %.2f s", time.monotonic() - started)
+
+    # --- voices ---------------------------------------------------------------------------
+
+    def default_voice_slot(self) -> VoiceSlot | None:
+        """``--voice`` when usable, else the first installed voice (or None)."""
+        wanted = self.settings.voice
+        if wanted and wanted in self.voices and self.voices[wanted].installed:
+            return self.voices[wanted]
+        return next((slot for slot in self.voices.values() if slot.installed), None)
+
+    def require_ready(self) -> Engine:
+        """The engine, or raise a coded error saying why synthesis is not possible yet."""
+        with self._lock:
+            if self.state is ModelState.READY and self.engine is not None:
+                return self.engine
+            if self.state is ModelState.FAILED and self.error is not None:
+                raise self.error
+        raise ModelNotReady(
+            f"the model is still loading ({self.phase}); try again in a moment"
+        )
+
+    def synthesis_options(self, seed: int | None = None) -> SynthesisOptions:
+        """Per-request options: the preset with ``--speed``, the seed and the time limit."""
+        from ..engine.options import PRESETS
+
+        base = PRESETS.get(self.settings.preset, SynthesisOptions())
+        return base.replace(
+            speed=self.settings.speed,
+            seed=seed if seed is not None else base.seed,
+            max_request_s=self.settings.limits.max_request_s,
+            output_dtype="float32",
+        )
+
+    # --- running engine work ---------------------------------------------------------------
+
+    def _semaphore_for_loop(self) -> asyncio.Semaphore:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.settings.max_concurrent)
+        return self._semaphore
+
+    async def run_synthesis(
+        self,
+        text: str,
+        voice: VoicePrompt,
+        options: SynthesisOptions,
+        should_stop: ShouldStop,
+        on_chunk: Callable[[AudioChunk], Awaitable[None]],
+        result: SynthesisResult | None = None,
+    ) -> float:
+        """Run one engine request in a worker thread, awaiting ``on_chunk`` for each chunk.
+
+        Each ``next()`` of the engine's iterator runs in the executor, so the event loop
+        stays free; the worker slot is held until the iterator is finished or closed, so a
+        cancelled request keeps its slot until its thread has really stopped.
+
+        Returns:
+            Seconds the request held a worker (compute time, for the RTF).
+
+        Raises:
+            ServerBusy: the wait queue is full.
+            CosyVoiceError: from the engine (SynthesisCancelled when ``should_stop`` fired).
+            Whatever ``on_chunk`` raises (after the engine iterator was closed).
+        """
+        engine = self.require_ready()
+        limit = self.settings.limits.max_queued_requests
+        semaphore = self._semaphore_for_loop()
+        if semaphore.locked() and self._waiting >= limit:
+            raise ServerBusy(
+                f"{self._waiting} requests are already waiting; try again later "
+                "(or raise --max-queued-requests / --max-concurrent)"
+            )
+        loop = asyncio.get_running_loop()
+        self._waiting += 1
+        try:
+            await semaphore.acquire()
+        finally:
+            self._waiting -= 1
+        self.active += 1
+        started = time.monotonic()
+        work = _Work()
+        try:
+            if should_stop():
+                raise SynthesisCancelled("the client went away before synthesis started")
+            work.pending = loop.run_in_executor(
+                self.executor, _start, engine, text, voice, options, should_stop, result
+            )
+            work.iterator = await work.pending
+            while True:
+                work.pending = loop.run_in_executor(self.executor, _next_chunk, work.iterator)
+                chunk = await work.pending
+                work.pending = None
+                if chunk is None:
+                    work.iterator = None
+                    break
+                await on_chunk(chunk)
+        finally:
+            # Release the worker only after its thread has really stopped, even when this
+            # task is cancelled (the cleanup then finishes in the background).
+            cleanup = asyncio.ensure_future(self._finish(loop, work, semaphore))
+            self._cleanups.add(cleanup)
+            cleanup.add_done_callback(self._cleanups.discard)
+            await asyncio.shield(cleanup)
+        return time.monotonic() - started
+
+    async def _finish(
+        self, loop: asyncio.AbstractEventLoop, work: _Work, semaphore: asyncio.Semaphore
+    ) -> None:
+        try:
+            if work.pending is not None:
+                with contextlib.suppress(Exception):
+                    await work.pending  # the thread stops at its next should_stop check
+            if work.iterator is not None:
+                close = getattr(work.iterator, "close", None)
+                if callable(close):
+                    try:
+                        await loop.run_in_executor(self.executor, close)
+                    except (CosyVoiceError, RuntimeError, ValueError) as err:
+                        _LOGGER.debug("Closing an engine request raised %s", err)
+        finally:
+            self.active -= 1
+            semaphore.release()
+
+    def shutdown(self) -> None:
+        """Stop loading and the worker threads (queued calls are dropped)."""
+        self.stopping.set()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _start(
+    engine: Engine, text: str, voice: VoicePrompt, options: SynthesisOptions,
+    should_stop: ShouldStop, result: SynthesisResult | None,
+) -> Iterator[AudioChunk]:
+    return iter(engine.synthesize(text, voice, options, should_stop=should_stop, result=result))
+
+
+def _next_chunk(iterator: Iterator[AudioChunk]) -> AudioChunk | None:
+    return next(iterator, None)
+
+
+@dataclass
+class _Work:
+    """The engine iterator of one request and the executor call in flight on it."""
+
+    iterator: Iterator[AudioChunk] | None = None
+    pending: asyncio.Future[Any] | None = None
+
+
+__all__ = [
+    "Engine",
+    "EngineFactory",
+    "ModelState",
+    "ServerBusy",
+    "ServerRuntime",
+    "VoiceError",
+    "VoiceSlot",
+]

@@ -1,0 +1,381 @@
+"""Server settings: command-line flags, environment variables and the add-on options file.
+
+Every setting has one flag (``--max-concurrent``), one environment variable
+(``COSYVOICE3_MAX_CONCURRENT``) and one key of the Home Assistant add-on options file
+(``max_concurrent`` in ``/data/options.json``). Precedence, highest first: command line,
+environment, options file, built-in default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..engine.options import LLM_FILES, PRESETS
+
+_LOGGER = logging.getLogger(__name__)
+
+ENV_PREFIX = "COSYVOICE3_"
+DEFAULT_URI = "tcp://0.0.0.0:10200"
+DEFAULT_OPTIONS_FILE = Path("/data/options.json")
+DEFAULT_ZEROCONF_NAME = "cosyvoice3"
+DEFAULT_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class SettingsError(ValueError):
+    """A setting has an unusable value; the message names the flag, variable or key."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds that keep one client from exhausting the server (each exceeded one is a coded error).
+
+    Attributes:
+        max_text_chars: characters of one ``synthesize`` text, and of all text buffered by one
+            streaming request (``synthesize-chunk`` pieces summed).
+        max_event_data_bytes: size of an event's JSON data block (``data_length``).
+        max_event_payload_bytes: size of an event's binary payload (``payload_length``); a TTS
+            server receives no audio, so this is small.
+        max_queued_requests: syntheses waiting for a free worker, over all connections; one more
+            is refused with ``server-busy``.
+        max_request_s: wall-clock seconds one synthesis may take (text piece or whole request).
+    """
+
+    max_text_chars: int = 10000
+    max_event_data_bytes: int = 1 << 20
+    max_event_payload_bytes: int = 1 << 20
+    max_queued_requests: int = 16
+    max_request_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the server is configured with (one field per flag; see :func:`build_parser`)."""
+
+    uri: str = DEFAULT_URI
+    data_dirs: tuple[Path, ...] = ()
+    download_dir: Path | None = None
+    model_dir: Path | None = None
+    voices_file: Path | None = None
+    voice: str | None = None
+    llm_precision: str = "int8"
+    threads: int = 0
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    speed: float = 1.0
+    preset: str = "balanced"
+    samples_per_chunk: int = 1024
+    max_concurrent: int = 1
+    streaming: bool = True
+    seed: int | None = None
+    zeroconf: str | None = None
+    local_files_only: bool = False
+    warm_up: bool = True
+    debug: bool = False
+    log_format: str = DEFAULT_LOG_FORMAT
+    options_file: Path | None = None
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def cache_dir(self) -> Path | None:
+        """Where prepared voice features are cached: ``<first data dir>/voice-cache``."""
+        if self.download_dir is not None:
+            return self.download_dir / "voice-cache"
+        if self.data_dirs:
+            return self.data_dirs[0] / "voice-cache"
+        return None
+
+
+# --- parsing helpers ----------------------------------------------------------------------
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def _speed(text: str) -> float:
+    value = float(text)
+    if not 0.5 <= value <= 2.0:
+        raise ValueError(f"must be within 0.5..2.0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be > 0, got {value}")
+    return value
+
+
+def _path_list(text: str) -> list[str]:
+    return [part for part in text.split(os.pathsep) if part.strip()]
+
+
+def _providers(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+@dataclass(frozen=True)
+class _Option:
+    """One setting: its flag, destination, converter and documentation."""
+
+    flag: str
+    dest: str
+    help: str
+    convert: Callable[[str], Any] | None = str
+    kind: str = "value"  # value | list | bool-true | bool-false | optional-name
+    choices: Sequence[str] | None = None
+    metavar: str | None = None
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.flag.lstrip("-").replace("-", "_").upper()
+
+    @property
+    def key(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+OPTIONS: tuple[_Option, ...] = (
+    _Option("--uri", "uri", f"where to listen: tcp://HOST:PORT, unix:///PATH or stdio:// "
+            f"(default {DEFAULT_URI})"),
+    _Option("--data-dir", "data_dirs", "directory with models, voices and the voice cache; "
+            "repeatable (environment: separated by the path separator ':')", kind="list"),
+    _Option("--download-dir", "download_dir", "where the model is downloaded "
+            "(default: the first --data-dir)"),
+    _Option("--model-dir", "model_dir", "a ready model directory; skips downloading"),
+    _Option("--voices", "voices_file", "an extra voice catalog (YAML) read after the built-in "
+            "one and the data dirs' voices.yaml"),
+    _Option("--voice", "voice", "default voice name (default: the first voice of the catalog)"),
+    _Option("--llm-precision", "llm_precision", "LLM graph to load (default int8)",
+            choices=tuple(LLM_FILES)),
+    _Option("--threads", "threads", "onnxruntime threads per graph; 0 = one per core (default)",
+            convert=_non_negative_int),
+    _Option("--providers", "providers", "onnxruntime execution providers, comma-separated "
+            "(default CPUExecutionProvider)", convert=_providers),
+    _Option("--speed", "speed", "speaking rate, 0.5..2.0 (default 1.0)", convert=_speed),
+    _Option("--preset", "preset", "synthesis preset (default balanced)", choices=tuple(PRESETS)),
+    _Option("--samples-per-chunk", "samples_per_chunk", "samples per audio-chunk event "
+            "(default 1024)", convert=_positive_int),
+    _Option("--max-concurrent", "max_concurrent", "syntheses running at once; others wait "
+            "(default 1)", convert=_positive_int),
+    _Option("--no-streaming", "streaming", "do not advertise streaming text input "
+            "(synthesize-start/-chunk/-stop)", convert=None, kind="bool-false"),
+    _Option("--seed", "seed", "fixed random seed: the same text and voice give the same audio "
+            "(default: a new seed per request)", convert=int),
+    _Option("--zeroconf", "zeroconf", "announce the server over mDNS for Home Assistant "
+            f"discovery, optionally under NAME (default name {DEFAULT_ZEROCONF_NAME})",
+            kind="optional-name", metavar="NAME"),
+    _Option("--local-files-only", "local_files_only", "never use the network; fail with a "
+            "list of missing files instead", convert=None, kind="bool-true"),
+    _Option("--no-warm-up", "warm_up", "skip the short warm-up synthesis after loading",
+            convert=None, kind="bool-false"),
+    _Option("--debug", "debug", "log at DEBUG level", convert=None, kind="bool-true"),
+    _Option("--log-format", "log_format", "logging format string"),
+    _Option("--max-text-chars", "max_text_chars", "longest text accepted per request "
+            "(default 10000)", convert=_positive_int),
+    _Option("--max-queued-requests", "max_queued_requests", "syntheses allowed to wait for a "
+            "worker before server-busy errors (default 16)", convert=_non_negative_int),
+    _Option("--max-request-seconds", "max_request_s", "wall-clock limit of one synthesis "
+            "(default 600)", convert=_positive_float),
+)
+"""Every setting, in the order of ``--help``."""
+
+_LIMIT_FIELDS = frozenset({"max_text_chars", "max_queued_requests", "max_request_s"})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``wyoming-cosyvoice3`` argument parser; values left out stay unset (``SUPPRESS``)."""
+    parser = argparse.ArgumentParser(
+        prog="wyoming-cosyvoice3",
+        description="Wyoming text-to-speech server running Fun-CosyVoice3-0.5B on onnxruntime. "
+        f"Every flag can also be set with an environment variable ({ENV_PREFIX}<FLAG>, e.g. "
+        f"{ENV_PREFIX}VOICE) or a key of the add-on options file (e.g. \"voice\").",
+        argument_default=argparse.SUPPRESS,
+    )
+    for opt in OPTIONS:
+        text = f"{opt.help} [env {opt.env}]"
+        if opt.kind == "list":
+            parser.add_argument(opt.flag, dest=opt.dest, action="append", help=text)
+        elif opt.kind == "bool-true":
+            parser.add_argument(opt.flag, dest=opt.dest, action="store_true", help=text)
+        elif opt.kind == "bool-false":
+            parser.add_argument(opt.flag, dest=opt.dest, action="store_false", help=text)
+        elif opt.kind == "optional-name":
+            parser.add_argument(opt.flag, dest=opt.dest, nargs="?", const=DEFAULT_ZEROCONF_NAME,
+                                metavar=opt.metavar, help=text)
+        else:
+            parser.add_argument(opt.flag, dest=opt.dest, type=_argparse_type(opt),
+                                choices=opt.choices, help=text)
+    parser.add_argument("--options-file", dest="options_file", help="add-on options file "
+                        f"(default {DEFAULT_OPTIONS_FILE} when it exists) "
+                        f"[env {ENV_PREFIX}OPTIONS_FILE]")
+    parser.add_argument("--version", action="version", version=__version__)
+    return parser
+
+
+def _argparse_type(opt: _Option) -> Callable[[str], Any]:
+    convert = opt.convert or str
+
+    def parse(text: str) -> Any:
+        try:
+            return convert(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"{opt.flag}: {err}") from err
+
+    return parse
+
+
+def _from_text(opt: _Option, text: str, source: str) -> Any:
+    """Convert an environment value (always text) for ``opt``."""
+    try:
+        if opt.kind == "list":
+            return _path_list(text)
+        if opt.kind == "bool-true":
+            return _parse_bool(text)
+        if opt.kind == "bool-false":
+            return not _parse_bool(text)
+        if opt.kind == "optional-name":
+            try:
+                return DEFAULT_ZEROCONF_NAME if _parse_bool(text) else None
+            except ValueError:
+                return text.strip()
+        value = (opt.convert or str)(text)
+    except ValueError as err:
+        raise SettingsError(f"{source}: {err}") from err
+    _check_choice(opt, value, source)
+    return value
+
+
+def _from_json(opt: _Option, value: Any, source: str) -> Any:
+    """Convert an options-file value (JSON typed) for ``opt``; ``None``/"" mean unset."""
+    if value is None or value == "":
+        return _UNSET
+    if isinstance(value, bool) and opt.kind in ("bool-true", "bool-false", "optional-name"):
+        if opt.kind == "bool-true":
+            return value
+        if opt.kind == "bool-false":
+            return not value
+        return DEFAULT_ZEROCONF_NAME if value else None
+    if opt.kind == "list":
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise SettingsError(f"{source}: expected a list of paths, got {value!r}")
+    if isinstance(value, (dict, list)) and opt.dest != "providers":
+        raise SettingsError(f"{source}: expected a single value, got {value!r}")
+    if opt.dest == "providers" and isinstance(value, list):
+        return [str(v) for v in value]
+    return _from_text(opt, str(value), source)
+
+
+def _check_choice(opt: _Option, value: Any, source: str) -> None:
+    if opt.choices is not None and value not in opt.choices:
+        raise SettingsError(f"{source}: must be one of {', '.join(opt.choices)}, got {value!r}")
+
+
+class _Unset:
+    pass
+
+
+_UNSET = _Unset()
+
+
+def load_options_file(path: Path) -> dict[str, Any]:
+    """Read the add-on options file (a JSON object); raise :class:`SettingsError` when broken."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise SettingsError(f"cannot read options file {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise SettingsError(f"options file {path} must hold a JSON object")
+    return data
+
+
+def resolve_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Merge command line, environment and options file into :class:`Settings`.
+
+    Raises:
+        SettingsError: a value is invalid (the message names its source), or neither
+            ``--data-dir`` nor ``--model-dir`` is given anywhere.
+        SystemExit: from argparse for ``--help``, ``--version`` or a malformed flag.
+    """
+    env = os.environ if environ is None else environ
+    cli = vars(build_parser().parse_args(argv))
+
+    options_path: Path | None = None
+    if "options_file" in cli:
+        options_path = Path(cli.pop("options_file"))
+    elif env.get(ENV_PREFIX + "OPTIONS_FILE"):
+        options_path = Path(env[ENV_PREFIX + "OPTIONS_FILE"])
+    elif DEFAULT_OPTIONS_FILE.is_file():
+        options_path = DEFAULT_OPTIONS_FILE
+    file_values = load_options_file(options_path) if options_path is not None else {}
+    known_keys = {opt.key for opt in OPTIONS}
+    for key in file_values:
+        if key not in known_keys:
+            _LOGGER.warning("Ignoring unknown key %r in options file %s", key, options_path)
+
+    merged: dict[str, Any] = {}
+    for opt in OPTIONS:
+        if opt.dest in cli:
+            value = cli[opt.dest]
+        elif env.get(opt.env) is not None:
+            value = _from_text(opt, env[opt.env], f"environment variable {opt.env}")
+        elif opt.key in file_values:
+            value = _from_json(opt, file_values[opt.key], f"option {opt.key!r} of {options_path}")
+            if value is _UNSET:
+                continue
+        else:
+            continue
+        merged[opt.dest] = value
+
+    limits = Limits(**{k: merged.pop(k) for k in list(merged) if k in _LIMIT_FIELDS})
+    for key in ("data_dirs",):
+        if key in merged:
+            merged[key] = tuple(Path(p).expanduser() for p in merged[key])
+    for key in ("download_dir", "model_dir", "voices_file"):
+        if key in merged and merged[key] is not None:
+            merged[key] = Path(merged[key]).expanduser()
+    if "providers" in merged:
+        merged["providers"] = tuple(merged["providers"]) or ("CPUExecutionProvider",)
+    settings = Settings(limits=limits, options_file=options_path, **merged)
+    if not settings.data_dirs and settings.model_dir is None:
+        raise SettingsError(
+            "no model location: give --data-dir DIR (the model is downloaded there) or "
+            f"--model-dir DIR (a ready model), or set {ENV_PREFIX}DATA_DIR / {ENV_PREFIX}MODEL_DIR"
+        )
+    return settings
+
+
+def describe_settings_table() -> list[tuple[str, str, str, str]]:
+    """(flag, environment variable, options key, help) rows, for the README."""
+    return [(opt.flag, opt.env, opt.key, opt.help) for opt in OPTIONS]

@@ -24,11 +24,13 @@ from wyoming_cosyvoice3.engine.graphs import (
     load_llm,
 )
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model, ModelDims, required_files
-from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.engine.options import EngineOptions, LlmPrecision
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8", "q4"])
-def test_load_reads_published_dims_from_graphs(tiny_model_dir: Path, precision: str) -> None:
+def test_load_reads_published_dims_from_graphs(
+    tiny_model_dir: Path, precision: LlmPrecision
+) -> None:
     model = CosyVoice3Model.load(tiny_model_dir, EngineOptions(llm_precision=precision))
     assert model.dims == ModelDims(
         hidden_size=896,

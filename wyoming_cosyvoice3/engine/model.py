@@ -10,6 +10,7 @@ speech_tokenizer_v3.onnx (needed only while a new voice is prepared; loaded lazi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -123,6 +124,17 @@ def read_dims(llm: Graph, flow_encoder: Graph, hift: Graph) -> ModelDims:
     )
 
 
+@functools.lru_cache(maxsize=4)
+def _read_tokenizer(path: str, size: int, mtime_ns: int) -> Tokenizer:
+    """Parse tokenizer.json once per (path, size, mtime): parsing the 10 MB file takes ~1 s.
+
+    Sharing is safe: the engine only calls ``encode``/``token_to_id`` and never changes the
+    tokenizer's padding or truncation settings.
+    """
+    del size, mtime_ns  # cache key only
+    return Tokenizer.from_file(path)
+
+
 def load_tokenizer(path: Path) -> tuple[Tokenizer, int]:
     """Load tokenizer.json; return it and the id of ``<|endofprompt|>``.
 
@@ -130,7 +142,8 @@ def load_tokenizer(path: Path) -> tuple[Tokenizer, int]:
         ModelLoadError: unreadable file, or no ``<|endofprompt|>`` token in it.
     """
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        stat = path.stat()
+        tokenizer = _read_tokenizer(str(path), stat.st_size, stat.st_mtime_ns)
     except Exception as exc:  # tokenizers raises plain Exception subclasses
         raise ModelLoadError(
             f"cannot read {path.name} in {path.parent}: {exc}; delete it and download it again"

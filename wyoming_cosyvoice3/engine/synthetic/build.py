@@ -8,9 +8,8 @@ byte-identical files.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,18 +52,6 @@ def _rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, *name.encode("utf-8")])
 
 
-@contextlib.contextmanager
-def _quiet_root_warnings() -> Iterator[None]:
-    """onnxruntime's quantiser warns on the root logger about pre-processing; mute it."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.setLevel(level)
-
-
 def build_synthetic_model(out_dir: Path, size: str = "tiny", seed: int = 0) -> Path:
     """Write every file of the model contract into ``out_dir``; return ``out_dir``.
 
@@ -90,9 +77,7 @@ def build_synthetic_model(out_dir: Path, size: str = "tiny", seed: int = 0) -> P
 
     llm = build_llm(cfg, _rng(seed, "llm.onnx"), n_system)
     save_model(llm, out_dir / "llm.onnx", external_data=True)
-    with _quiet_root_warnings():
-        int8 = quantize_int8(llm)
-    save_model(int8, out_dir / "llm_int8.onnx", external_data=True)
+    save_model(quantize_int8(llm), out_dir / "llm_int8.onnx", external_data=True)
     save_model(quantize_q4(llm), out_dir / "llm_q4.onnx", external_data=True)
 
     for offset, (rel, (seconds, f0_hz)) in enumerate(BUILT_IN_VOICES.items()):

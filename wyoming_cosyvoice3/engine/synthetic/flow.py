@@ -89,22 +89,23 @@ def build_estimator(cfg: SyntheticConfig, rng: np.random.Generator) -> onnx.Mode
         g.input(name, "float32", shape)
 
     eye = np.eye(mels, dtype=np.float32)
-    a = 0.9 * eye + rng.normal(0.0, 0.05, (mels, mels))
-    b = 0.3 * eye + rng.normal(0.0, 0.03, (mels, mels))
+    a = 0.6 * eye + rng.normal(0.0, 0.01, (mels, mels))
+    b = 0.4 * eye + rng.normal(0.0, 0.01, (mels, mels))
     target = g.op("Add", [_frame_map(g, "mu", a), _frame_map(g, "cond", b)])
-    w_spk = rng.normal(0.0, 0.1, (mels, mels)).astype(np.float32)
+    w_spk = rng.normal(0.0, 0.03, (mels, mels)).astype(np.float32)
     spk = g.op("Unsqueeze", [g.op("MatMul", ["spks", g.const(w_spk)]), g.const([2])])
     n_time = cfg.estimator_time_dim
     freqs = (np.pi * 2.0 ** np.arange(n_time // 2)).astype(np.float32)
     angles = g.op("Mul", [g.op("Unsqueeze", ["t", g.const([1])]), g.const(freqs)])  # [2, n/2]
     t_feat = g.op("Concat", [g.op("Sin", [angles]), g.op("Cos", [angles])], axis=1)
-    w_t = rng.normal(0.0, 0.1, (n_time, mels)).astype(np.float32)
+    w_t = rng.normal(0.0, 0.05, (n_time, mels)).astype(np.float32)
     t_term = g.op("Unsqueeze", [g.op("MatMul", [t_feat, g.const(w_t)]), g.const([2])])
     masked = g.op("Mul", ["x", "mask"])
     total = g.op("ReduceSum", [masked, g.const([2])], keepdims=1)  # [2, 80, 1]
     count = g.op("Max", [g.op("ReduceSum", ["mask", g.const([2])], keepdims=1), g.const(1.0)])
     mean = g.op("Div", [total, count])
-    context = g.op("MatMul", [g.const(rng.normal(0.0, 0.3, (mels, mels)).astype(np.float32)), mean])
+    w_ctx = rng.normal(0.0, 0.2 / np.sqrt(mels), (mels, mels)).astype(np.float32)
+    context = g.op("MatMul", [g.const(w_ctx), mean])
     target = g.op("Add", [g.op("Add", [target, spk]), g.op("Add", [t_term, context])])
     rate = g.op("Sub", [g.const(1.05), g.op("Unsqueeze", ["t", g.const([1, 2])])])
     velocity = g.op("Div", [g.op("Sub", [target, "x"]), rate])

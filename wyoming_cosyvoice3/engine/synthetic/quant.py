@@ -1,8 +1,8 @@
 """int8 and 4-bit variants of the synthetic LLM (llm_int8.onnx, llm_q4.onnx).
 
-* int8: onnxruntime's dynamic quantisation, per-channel int8 weights of every MatMul with a
-  constant weight (``onnxruntime.quantization.quantize_dynamic``), as the export's model card
-  describes ("dynamic int8 MatMul (per-channel)").
+* int8: dynamic quantisation with per-channel int8 weights of every MatMul with a constant
+  weight, the node pattern of ``onnxruntime.quantization.quantize_dynamic``, as the export's
+  model card describes ("dynamic int8 MatMul (per-channel)").
 * q4: every MatMul with a constant [K, N] weight becomes a ``com.microsoft`` ``MatMulNBits``
   node (bits 4, block 32, symmetric, no zero-point input so the implicit zero point is 8), as
   the model card describes ("MatMulNBits 4-bit (block 32, symmetric)"). The packing is done
@@ -13,13 +13,9 @@
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from .onnx_builder import MS_DOMAIN
 
@@ -28,20 +24,83 @@ Q4_BITS = 4
 
 
 def quantize_int8(model: onnx.ModelProto, exclude: tuple[str, ...] = ()) -> onnx.ModelProto:
-    """Return the dynamic-int8 (per-channel) version of ``model``; ``exclude`` names nodes
-    that stay float32."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
-        onnx.save_model(model, str(src))
-        quantize_dynamic(
-            src,
-            dst,
-            op_types_to_quantize=["MatMul"],
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-            nodes_to_exclude=list(exclude),
+    """Return the dynamic-int8 (per-channel) version of ``model``.
+
+    Every MatMul with a constant 2-D weight (not named in ``exclude``) becomes the node pattern
+    ``onnxruntime.quantization.quantize_dynamic(per_channel=True, weight_type=QInt8)`` emits:
+    ``DynamicQuantizeLinear(x)`` (uint8, per tensor, at run time) -> ``MatMulInteger`` with the
+    int8 weight (symmetric per output column, ``scale = max|w| / 127``, zero point 0) ->
+    ``Cast`` to float -> ``Mul`` by ``x_scale * w_scale``. Rewritten here with numpy because
+    onnxruntime's quantiser handles per-channel weights one column at a time in Python
+    (~10 s for the tiny LLM); the result is checked against it in the tests.
+    """
+    out = _copy(model)
+    graph = out.graph
+    weights = {init.name: init for init in graph.initializer}
+    new_nodes: list[onnx.NodeProto] = []
+    dropped: set[str] = set()
+    for node in graph.node:
+        init = _constant_weight(node, weights, exclude)
+        if init is None:
+            new_nodes.append(node)
+            continue
+        weight = numpy_helper.to_array(init).astype(np.float32)
+        scales = np.abs(weight).max(axis=0) / 127.0
+        safe = np.where(scales == 0.0, 1.0, scales)
+        q = np.clip(np.rint(weight / safe), -127, 127).astype(np.int8)
+        base, x = node.name or init.name, node.input[0]
+        names = {key: f"{base}_{key}" for key in ("xq", "xs", "xz", "acc", "accf", "scale")}
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(q, f"{init.name}_quantized"),
+                numpy_helper.from_array(scales.astype(np.float32), f"{init.name}_scale"),
+                numpy_helper.from_array(np.zeros_like(q[0]), f"{init.name}_zero_point"),
+            ]
         )
-        return onnx.load_model(str(dst))
+        dropped.add(init.name)
+        new_nodes.extend(
+            [
+                helper.make_node(
+                    "DynamicQuantizeLinear", [x], [names["xq"], names["xs"], names["xz"]]
+                ),
+                helper.make_node("Mul", [names["xs"], f"{init.name}_scale"], [names["scale"]]),
+                helper.make_node(
+                    "MatMulInteger",
+                    [names["xq"], f"{init.name}_quantized", names["xz"], f"{init.name}_zero_point"],
+                    [names["acc"]],
+                ),
+                helper.make_node(
+                    "Cast", [names["acc"]], [names["accf"]], to=onnx.TensorProto.FLOAT
+                ),
+                helper.make_node("Mul", [names["accf"], names["scale"]], list(node.output)),
+            ]
+        )
+    _replace(graph, new_nodes, dropped)
+    return out
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _constant_weight(
+    node: onnx.NodeProto, weights: dict[str, onnx.TensorProto], exclude: tuple[str, ...]
+) -> onnx.TensorProto | None:
+    """The 2-D initializer used as B of a MatMul ``node``, else None."""
+    if node.op_type != "MatMul" or node.name in exclude:
+        return None
+    init = weights.get(node.input[1])
+    return init if init is not None and len(init.dims) == 2 else None
+
+
+def _replace(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], dropped: set[str]) -> None:
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [init for init in graph.initializer if init.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 
 
 def pack_q4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -76,15 +135,14 @@ def dequantize_q4(packed: np.ndarray, scales: np.ndarray, k: int) -> np.ndarray:
 def quantize_q4(model: onnx.ModelProto, exclude: tuple[str, ...] = ()) -> onnx.ModelProto:
     """Return ``model`` with every constant-weight 2-D MatMul replaced by MatMulNBits, except
     the nodes named in ``exclude``."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = _copy(model)
     graph = out.graph
     weights = {init.name: init for init in graph.initializer}
     new_nodes: list[onnx.NodeProto] = []
     dropped: set[str] = set()
     for node in graph.node:
-        init = weights.get(node.input[1]) if node.op_type == "MatMul" else None
-        if init is None or len(init.dims) != 2 or node.name in exclude:
+        init = _constant_weight(node, weights, exclude)
+        if init is None:
             new_nodes.append(node)
             continue
         weight = numpy_helper.to_array(init).astype(np.float32)
@@ -108,11 +166,7 @@ def quantize_q4(model: onnx.ModelProto, exclude: tuple[str, ...] = ()) -> onnx.M
                 block_size=Q4_BLOCK,
             )
         )
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    kept = [init for init in graph.initializer if init.name not in dropped]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    _replace(graph, new_nodes, dropped)
     if not any(op.domain == MS_DOMAIN for op in out.opset_import):
         out.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return out

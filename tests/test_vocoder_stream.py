@@ -149,3 +149,28 @@ def test_fade_in_applied_to_first_20_ms() -> None:
     assert np.array_equal(out[fade:], raw[fade:])
     assert np.allclose(fade_in_gain(470, 20, 480)[10:], 1.0)
     assert fade_in_gain(0, 3, 480)[1] == pytest.approx(0.5 - 0.5 * np.cos(np.pi / 480), abs=1e-7)
+
+
+def test_streamed_equals_offline_with_tiny_hift(tiny_model_dir) -> None:
+    """The synthetic hift.onnx has HiFT's right context (7 mel frames): the held-back 8 frames
+    make every streamed sample equal to the one offline pass."""
+    from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
+
+    runner = HiftRunner(Graph(tiny_model_dir / HIFT.file, HIFT, threads=1))
+    rng = np.random.default_rng(11)
+    mel = (rng.standard_normal((80, 70)) - 5.0).astype(np.float32)
+    ref = offline(runner, mel)
+    assert ref.shape == (480 * 70,) and np.max(np.abs(ref)) > 1e-3
+    for cuts in ([12, 30, 50], [9, 10, 69]):
+        stream = VocoderStream(runner, make_noise())
+        parts, prev = [], 0
+        for c in cuts:
+            parts.append(stream.push(mel[:, prev:c], final=False))
+            prev = c
+        parts.append(stream.push(mel[:, prev:], final=True))
+        streamed = np.concatenate(parts)
+        assert np.max(np.abs(streamed - ref)) <= 1e-6
+    # the samples held back on a partial pass (mel frame M-8 onwards) do still change
+    partial = runner.waveform(mel[:, :30], make_noise().take(480 * 30))
+    assert np.max(np.abs(partial[480 : 480 * 22] - ref[480 : 480 * 22])) <= 1e-6
+    assert np.max(np.abs(partial[480 * 22 : 480 * 23] - ref[480 * 22 : 480 * 23])) > 1e-4

@@ -262,7 +262,7 @@ class FlowRunner:
         Returns:
             (mu float32 [80, 2T], spks float32 [80]).
         """
-        feeds = {
+        feeds: dict[str, np.ndarray] = {
             "token": np.ascontiguousarray(tokens, dtype=np.int64).reshape(1, -1),
             "embedding": l2_normalise(speaker_embedding).reshape(1, -1),
         }

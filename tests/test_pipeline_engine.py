@@ -1,0 +1,214 @@
+"""End-to-end engine behaviour on the tiny synthetic model (cases C1, C14, C15 and more)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from wyoming_cosyvoice3.engine import (
+    AudioChunk,
+    CosyVoice3Engine,
+    EngineOptions,
+    SynthesisCancelled,
+    SynthesisOptions,
+    SynthesisResult,
+    SynthesisTimeout,
+    VoicePrompt,
+)
+from wyoming_cosyvoice3.engine.sampling import SilentRunFilter
+from wyoming_cosyvoice3.engine.synthetic.audio import write_clip
+
+LONG_TEXT = (
+    "The living room lights are now on, the kitchen is twenty one degrees, and the front "
+    "door has been locked for the night while the garden sprinklers run until morning"
+)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> CosyVoice3Engine:
+    # one thread and the fp32 LLM: the fastest combination for the tiny graphs
+    return CosyVoice3Engine.load(tiny_model_dir, EngineOptions(threads=1, llm_precision="fp32"))
+
+
+@pytest.fixture(scope="module")
+def voice(engine: CosyVoice3Engine, tmp_path_factory: pytest.TempPathFactory) -> VoicePrompt:
+    clip = write_clip(tmp_path_factory.mktemp("clip") / "ref.wav", seconds=3.0)
+    return engine.prepare_voice(clip, transcript="This is a reference clip.", name="test")
+
+
+class Recorder:
+    """Counts model calls and records the tokens each piece decoded (wraps, never replaces)."""
+
+    def __init__(self, engine: CosyVoice3Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        self.pieces: list[list[int]] = []
+        for name in ("flow_encoder", "estimator", "hift"):
+            graph = getattr(engine.model, name)
+            monkeypatch.setattr(graph, "run", self._wrap(name, graph.run))
+        for name in ("prefill", "step"):
+            monkeypatch.setattr(engine.llm, name, self._wrap("llm", getattr(engine.llm, name)))
+        decode = engine.llm.decode
+
+        def recording_decode(*args: Any, **kwargs: Any) -> Iterator[int]:
+            tokens: list[int] = []
+            self.pieces.append(tokens)
+            for tok in decode(*args, **kwargs):
+                tokens.append(tok)
+                yield tok
+
+        monkeypatch.setattr(engine.llm, "decode", recording_decode)
+
+    def _wrap(self, name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    def flow_frames(self) -> list[int]:
+        """Mel frames per piece at speed 1: 2 x the tokens that pass the silent-run filter."""
+        return [2 * len(SilentRunFilter().filter(tokens)) for tokens in self.pieces]
+
+
+def run(engine: CosyVoice3Engine, text: str, voice: VoicePrompt, **opts: Any) -> list[AudioChunk]:
+    return list(engine.synthesize(text, voice, SynthesisOptions(**opts)))
+
+
+def audio(chunks: list[AudioChunk]) -> np.ndarray:
+    return np.concatenate([c.samples for c in chunks]) if chunks else np.zeros(0, np.float32)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "。", "...", "?!", "👍"])
+def test_c1_unspeakable_text_yields_nothing(engine, voice, monkeypatch, text: str) -> None:
+    rec = Recorder(engine, monkeypatch)
+    result = SynthesisResult()
+    chunks = list(engine.synthesize(text, voice, result=result))
+    assert chunks == []
+    assert "estimator" not in rec.calls and "hift" not in rec.calls
+    assert result.audio_s == 0.0 and result.first_chunk_s is None
+
+
+def test_c1_no_tokens_skips_flow_and_vocoder(engine, voice, monkeypatch) -> None:
+    rec = Recorder(engine, monkeypatch)
+    monkeypatch.setattr(engine.llm, "decode", lambda *a, **k: iter(()))
+    for streaming in (True, False):
+        assert run(engine, "Hello there.", voice, streaming=streaming) == []
+    assert rec.calls == []
+
+
+@pytest.mark.parametrize("text", ["Hello.", "Hello"])
+@pytest.mark.parametrize("streaming", [True, False])
+def test_c15_short_text_ends_cleanly(engine, voice, monkeypatch, text, streaming) -> None:
+    rec = Recorder(engine, monkeypatch)
+    chunks = run(engine, text, voice, streaming=streaming, seed=1)
+    assert len(rec.pieces) == 1 and len(rec.pieces[0]) >= 2
+    total = audio(chunks)
+    assert len(total) == 480 * sum(rec.flow_frames())  # nothing cut, nothing extra
+    assert chunks[-1].is_last and not any(c.is_last for c in chunks[:-1])
+    # the last chunk carries at least the 8 held-back vocoder frames
+    assert len(chunks[-1].samples) >= 480 * 8
+    assert total.dtype == np.float32 and np.max(np.abs(total)) <= 0.99
+    # fade-in: the first sample is silent and the first 20 ms rise from 0
+    assert total[0] == 0.0
+    assert np.max(np.abs(total[:24])) <= np.max(np.abs(total[480:4800])) + 1e-9
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+@pytest.mark.parametrize("speed", [1.5, 0.75])
+def test_c14_speed_scales_length(engine, voice, monkeypatch, streaming, speed) -> None:
+    rec = Recorder(engine, monkeypatch)
+    base = audio(run(engine, LONG_TEXT, voice, streaming=streaming, seed=5))
+    frames = rec.flow_frames()
+    assert len(base) == 480 * sum(frames)
+    rec.pieces.clear()
+    fast = audio(run(engine, LONG_TEXT, voice, streaming=streaming, seed=5, speed=speed))
+    assert rec.flow_frames() == frames  # same seed, same tokens
+    # each piece ends with int(frames / speed) mel frames, streamed or not
+    assert len(fast) == 480 * sum(int(f / speed) for f in frames)
+    assert abs(len(fast) - len(base) / speed) <= 480 * len(frames)
+
+
+def test_seed_reproduces_audio(engine, voice) -> None:
+    a = audio(run(engine, "Good morning, the coffee is ready.", voice, seed=3))
+    b = audio(run(engine, "Good morning, the coffee is ready.", voice, seed=3))
+    c = audio(run(engine, "Good morning, the coffee is ready.", voice, seed=4))
+    assert len(a) > 0 and np.array_equal(a, b)
+    assert len(a) != len(c) or not np.array_equal(a, c)
+
+
+def test_streaming_first_chunk_before_decoding_ends(engine, voice, monkeypatch) -> None:
+    rec = Recorder(engine, monkeypatch)
+    seen_at_first_chunk = None
+    chunks = []
+    result = SynthesisResult()
+    for chunk in engine.synthesize(LONG_TEXT, voice, SynthesisOptions(seed=2), result=result):
+        if seen_at_first_chunk is None:
+            seen_at_first_chunk = sum(len(p) for p in rec.pieces)
+        chunks.append(chunk)
+    total_tokens = sum(len(p) for p in rec.pieces)
+    assert len(chunks) > 1
+    assert seen_at_first_chunk is not None and seen_at_first_chunk < total_tokens
+    # first chunk after first_hop (15) + 3 lookahead tokens of the first piece
+    assert seen_at_first_chunk == 15 + 3 or len(rec.pieces[0]) < 18
+    # result filled
+    assert result.first_chunk_s is not None and result.first_chunk_s <= result.total_s
+    assert result.audio_s == pytest.approx(len(audio(chunks)) / 24000)
+    assert result.times.flow_calls >= len([c for c in chunks if len(c.samples)])
+    assert result.times.llm_tokens == total_tokens
+    stages = {e[0] for e in result.times.events}
+    assert {"llm", "flow", "vocoder"} <= stages
+
+
+def test_one_shot_runs_flow_once_per_piece(engine, voice, monkeypatch) -> None:
+    rec = Recorder(engine, monkeypatch)
+    chunks = run(engine, LONG_TEXT, voice, streaming=False, seed=2)
+    assert rec.calls.count("flow_encoder") == len(rec.pieces)
+    assert rec.calls.count("hift") == len(rec.pieces)
+    assert len(chunks) == len(rec.pieces)
+
+
+def test_cancel_after_first_chunk_stops_within_one_step(engine, voice, monkeypatch) -> None:
+    rec = Recorder(engine, monkeypatch)
+    state = {"stop": False, "calls_at_flip": -1}
+
+    def should_stop() -> bool:
+        return state["stop"]
+
+    gen = engine.synthesize(LONG_TEXT, voice, SynthesisOptions(seed=2), should_stop)
+    with pytest.raises(SynthesisCancelled):
+        for _chunk in gen:
+            if not state["stop"]:
+                state["stop"] = True
+                state["calls_at_flip"] = len(rec.calls)
+    assert state["calls_at_flip"] > 0
+    assert len(rec.calls) - state["calls_at_flip"] <= 1
+
+
+def test_timeout(engine, voice) -> None:
+    with pytest.raises(SynthesisTimeout):
+        run(engine, LONG_TEXT, voice, max_request_s=1e-6)
+
+
+def test_int16_output_and_bounded_options(engine, voice) -> None:
+    f32 = run(engine, "Good night.", voice, seed=9)
+    i16 = run(engine, "Good night.", voice, seed=9, output_dtype="int16")
+    a, b = audio(f32), audio(i16)
+    assert b.dtype == np.int16 and len(a) == len(b)
+    assert np.array_equal(b, np.round(a * 32767.0).astype(np.int16))
+    # bounded flow history and CFG in the first steps only: same length, different numbers
+    fast = audio(run(engine, LONG_TEXT, voice, seed=9, flow_left_context_tokens=10, cfg_steps=3))
+    full = audio(run(engine, LONG_TEXT, voice, seed=9))
+    assert len(fast) == len(full) and not np.array_equal(fast, full)
+
+
+def test_bad_options_fail_at_call(engine, voice) -> None:
+    with pytest.raises(ValueError, match="speed"):
+        engine.synthesize("Hi.", voice, SynthesisOptions(speed=3.0))
+
+
+def test_warm_up(engine, voice) -> None:
+    engine.warm_up(voice)

@@ -189,7 +189,7 @@ class SpyEngine:
         pass
 
     def synthesize(self, text: str, voice: VoicePrompt,
-                   options: SynthesisOptions = SynthesisOptions(),
+                   options: SynthesisOptions | None = None,
                    should_stop: ShouldStop | None = None,
                    result: SynthesisResult | None = None) -> Iterator[EngineChunk]:
         with self.lock:
@@ -198,7 +198,9 @@ class SpyEngine:
         self.started.release()
         outcome = "unfinished"
         try:
-            for chunk in self.inner.synthesize(text, voice, options, should_stop, result):
+            chunks = self.inner.synthesize(text, voice, options or SynthesisOptions(),
+                                           should_stop, result)
+            for chunk in chunks:
                 if chunk.is_last and self.hold_last is not None:
                     for _ in range(600):  # bounded wait, 60 s
                         if self.hold_last.wait(0.1) or (should_stop and should_stop()):
@@ -247,7 +249,7 @@ class FaultyEngine:
         return VoicePrompt(features, transcript, instruction, name)
 
     def synthesize(self, text: str, voice: VoicePrompt,
-                   options: SynthesisOptions = SynthesisOptions(),
+                   options: SynthesisOptions | None = None,
                    should_stop: ShouldStop | None = None,
                    result: SynthesisResult | None = None) -> Iterator[EngineChunk]:
         pieces = [p for p in re.split(r"(?<=[.!?。])\s*", text) if re.search(r"\w", p)]

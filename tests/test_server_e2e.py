@@ -18,10 +18,10 @@ from server_support import (
     client,
     collect,
     describe,
+    make_settings,
     read,
     running_server,
     spy_factory,
-    make_settings,
     wait_until,
 )
 from wyoming.audio import AudioChunk

@@ -19,7 +19,13 @@ from server_support import (
     running_server,
     write_clip,
 )
-from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeVoice,
+)
 
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.server.runtime import Engine, ModelState, default_engine_factory
@@ -129,25 +135,25 @@ async def test_engine_failure_mid_synthesis(tmp_path: Path) -> None:
     write_clip(model_dir / "voices" / "zh-female.wav")
     write_clip(model_dir / "voices" / "en-male.wav")
     settings = make_settings(model_dir, tmp_path, max_concurrent=2)
-    async with running_server(settings, faulty_factory) as server:
-        async with client(server) as bad, client(server) as good:
-            await bad.write_event(Synthesize(text="Fine start. This will FAIL. Never.").event())
-            await good.write_event(Synthesize(text="All good. Really.").event())
-            failed = await collect(bad, "audio-stop")
-            fine = await collect(good, "audio-stop")
-            assert [e.code for e in failed.errors] == ["synthesis-failed"]
-            assert "hift.onnx" in failed.errors[0].text
-            assert failed.types[-2:] == ["error", "audio-stop"]
-            check_audio_format(failed)
-            assert not fine.errors and len(fine.chunks) >= 6
-            check_audio_format(fine)
-            # streaming: the failing sentence ends the response with an error, then stopped
-            await bad.write_event(SynthesizeStart().event())
-            await bad.write_event(SynthesizeChunk(text="One. Now FAIL here. Three.").event())
-            await bad.write_event(SynthesizeStop().event())
-            streamed = await collect(bad, "synthesize-stopped")
-            assert [e.code for e in streamed.errors] == ["synthesis-failed"]
-            assert streamed.types[-2:] == ["audio-stop", "synthesize-stopped"]
-            await bad.write_event(Synthesize(text="Recovered.").event())
-            again = await collect(bad, "audio-stop")
-            assert not again.errors and again.chunks
+    async with running_server(settings, faulty_factory) as server, \
+            client(server) as bad, client(server) as good:
+        await bad.write_event(Synthesize(text="Fine start. This will FAIL. Never.").event())
+        await good.write_event(Synthesize(text="All good. Really.").event())
+        failed = await collect(bad, "audio-stop")
+        fine = await collect(good, "audio-stop")
+        assert [e.code for e in failed.errors] == ["synthesis-failed"]
+        assert "hift.onnx" in failed.errors[0].text
+        assert failed.types[-2:] == ["error", "audio-stop"]
+        check_audio_format(failed)
+        assert not fine.errors and len(fine.chunks) >= 6
+        check_audio_format(fine)
+        # streaming: the failing sentence ends the response with an error, then stopped
+        await bad.write_event(SynthesizeStart().event())
+        await bad.write_event(SynthesizeChunk(text="One. Now FAIL here. Three.").event())
+        await bad.write_event(SynthesizeStop().event())
+        streamed = await collect(bad, "synthesize-stopped")
+        assert [e.code for e in streamed.errors] == ["synthesis-failed"]
+        assert streamed.types[-2:] == ["audio-stop", "synthesize-stopped"]
+        await bad.write_event(Synthesize(text="Recovered.").event())
+        again = await collect(bad, "audio-stop")
+        assert not again.errors and again.chunks

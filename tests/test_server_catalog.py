@@ -1,0 +1,131 @@
+"""Voice catalog: the built-in file, user catalogs in data dirs, broken entries, path safety."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from wyoming_cosyvoice3.server.catalog import (
+    default_catalog_path,
+    load_catalog_file,
+    load_catalogs,
+    resolve_clip,
+    with_model_dir,
+)
+
+
+def test_builtin_catalog(tmp_path: Path) -> None:
+    assert default_catalog_path().is_file()
+    entries = {e.name: e for e in load_catalogs([], None)}
+    assert list(entries) == ["zh-female", "en-male"]
+    zh, en = entries["zh-female"], entries["en-male"]
+    assert zh.clip == "voices/zh-female.wav"
+    assert zh.transcript == "希望你以后能够做的比我还好呦。"
+    assert en.clip == "voices/en-male.wav" and en.transcript is None
+    assert zh.problem is None and en.problem is None
+    assert zh.languages[0] == "zh" and en.languages[0] == "en"
+    assert "Apache-2.0" in zh.attribution_name and "CC BY 4.0" in en.attribution_name
+    # the clips are found in the model dir once it is known
+    model_dir = tmp_path / "model"
+    (model_dir / "voices").mkdir(parents=True)
+    (model_dir / "voices" / "en-male.wav").write_bytes(b"x")
+    located = {e.name: e for e in with_model_dir(list(entries.values()), model_dir)}
+    assert resolve_clip(located["en-male"]) == (model_dir / "voices" / "en-male.wav").resolve()
+    with pytest.raises(ValueError, match="not found"):
+        resolve_clip(located["zh-female"])
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_data_dir_catalog_adds_and_replaces_voices(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write(data / "clips" / "me.wav", "x")
+    write(data / "voices.yaml", """
+voices:
+  - name: me
+    description: Me
+    languages: [de]
+    clip: clips/me.wav
+    instruction: Speak slowly.
+  - name: en-male
+    languages: [en]
+    clip: clips/me.wav
+    transcript: Hello there.
+""")
+    entries = {e.name: e for e in load_catalogs([data], None)}
+    assert list(entries) == ["zh-female", "me", "en-male"]
+    assert entries["en-male"].transcript == "Hello there."  # the data dir's entry wins
+    assert entries["me"].instruction == "Speak slowly."
+    assert resolve_clip(entries["me"]) == (data / "clips" / "me.wav").resolve()
+
+
+def test_voices_file_paths_are_relative_to_it(tmp_path: Path) -> None:
+    catalog = write(tmp_path / "extra" / "my.yaml",
+                    "voices:\n  - {name: x, languages: [en], clip: x.wav}\n")
+    write(tmp_path / "extra" / "x.wav", "x")
+    entries = {e.name: e for e in load_catalogs([], None, voices_file=catalog)}
+    assert resolve_clip(entries["x"]) == (tmp_path / "extra" / "x.wav").resolve()
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("{name: a, clip: c.wav}", "languages"),
+        ("{name: a, languages: [en]}", "'clip' is missing"),
+        ("{name: a, languages: [en], clip: 5}", "'clip' must be text"),
+        ("{name: a, languages: ['not a code!'], clip: c.wav}", "invalid code"),
+        ("{name: a, languages: [en], clip: c.wav, transcript: [1]}", "'transcript'"),
+        ("{name: a, languages: [en], clip: c.wav, attribution: 3}", "attribution"),
+    ],
+)
+def test_broken_entry_is_kept_disabled(tmp_path: Path, entry: str, problem: str,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    catalog = write(tmp_path / "voices.yaml", f"voices:\n  - {entry}\n  - "
+                    "{name: ok, languages: [en], clip: c.wav}\n")
+    with caplog.at_level(logging.WARNING):
+        entries = load_catalog_file(catalog, [tmp_path])
+    assert [e.name for e in entries] == ["a", "ok"]
+    assert entries[0].problem is not None and problem in entries[0].problem
+    assert entries[1].problem is None
+    assert len(caplog.records) == 1 and "'a'" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["voices: [", "just text", "voices: {a: 1}", "- name: a", "voices:\n  - [1, 2]\n",
+     "voices:\n  - {name: 'ü-umlaut', languages: [en], clip: c.wav}\n",
+     "!!python/object/apply:os.system ['echo hacked']"],
+)
+def test_unusable_catalogs_are_skipped(tmp_path: Path, text: str,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    catalog = write(tmp_path / "voices.yaml", text)
+    with caplog.at_level(logging.WARNING):
+        assert load_catalog_file(catalog, [tmp_path]) == []
+    assert len(caplog.records) == 1
+    assert str(catalog) in caplog.records[0].getMessage()
+
+
+def test_clip_paths_cannot_leave_the_allowed_directories(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    secret = write(tmp_path / "secret.wav", "x")
+    write(data / "inside.wav", "x")
+    os.symlink(secret, data / "link.wav")
+    catalog = write(data / "voices.yaml", f"""
+voices:
+  - {{name: up, languages: [en], clip: ../secret.wav}}
+  - {{name: absolute, languages: [en], clip: {secret}}}
+  - {{name: link, languages: [en], clip: link.wav}}
+  - {{name: inside, languages: [en], clip: {data / 'inside.wav'}}}
+""")
+    entries = {e.name: e for e in load_catalog_file(catalog, [data])}
+    for name in ("up", "absolute", "link"):
+        with pytest.raises(ValueError, match="outside the allowed directories"):
+            resolve_clip(entries[name])
+    assert resolve_clip(entries["inside"]) == (data / "inside.wav").resolve()

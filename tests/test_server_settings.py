@@ -1,0 +1,131 @@
+"""Settings: flags, environment variables, the add-on options file, and their precedence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from wyoming_cosyvoice3 import __version__
+from wyoming_cosyvoice3.server.settings import (
+    DEFAULT_URI,
+    OPTIONS,
+    SettingsError,
+    build_parser,
+    resolve_settings,
+)
+
+
+def test_defaults_need_a_model_location() -> None:
+    with pytest.raises(SettingsError, match="--data-dir"):
+        resolve_settings([], environ={})
+
+
+def test_flags(tmp_path: Path) -> None:
+    settings = resolve_settings(
+        ["--data-dir", str(tmp_path / "a"), "--data-dir", str(tmp_path / "b"),
+         "--voice", "en-male", "--llm-precision", "q4", "--threads", "3", "--speed", "1.5",
+         "--samples-per-chunk", "512", "--max-concurrent", "2", "--no-streaming",
+         "--seed", "7", "--zeroconf", "--local-files-only", "--debug", "--preset", "quality",
+         "--max-text-chars", "50"],
+        environ={},
+    )
+    assert settings.uri == DEFAULT_URI
+    assert settings.data_dirs == (tmp_path / "a", tmp_path / "b")
+    assert (settings.voice, settings.llm_precision, settings.threads) == ("en-male", "q4", 3)
+    assert (settings.speed, settings.samples_per_chunk, settings.max_concurrent) == (1.5, 512, 2)
+    assert settings.streaming is False and settings.seed == 7
+    assert settings.zeroconf == "cosyvoice3" and settings.local_files_only and settings.debug
+    assert settings.preset == "quality" and settings.limits.max_text_chars == 50
+    assert settings.cache_dir == tmp_path / "a" / "voice-cache"
+
+
+def test_environment_and_options_file_precedence(tmp_path: Path) -> None:
+    options = tmp_path / "options.json"
+    options.write_text(json.dumps({
+        "voice": "from-file", "speed": 0.75, "data_dir": ["/data"], "debug": True,
+        "no_streaming": True, "zeroconf": "living-room", "max_concurrent": 3,
+        "unknown_key": 1,
+    }))
+    env = {"COSYVOICE3_OPTIONS_FILE": str(options), "COSYVOICE3_VOICE": "from-env",
+           "COSYVOICE3_MAX_CONCURRENT": "4"}
+    settings = resolve_settings(["--max-concurrent", "5"], environ=env)
+    assert settings.voice == "from-env"  # environment beats the options file
+    assert settings.max_concurrent == 5  # the command line beats both
+    assert settings.speed == 0.75 and settings.data_dirs == (Path("/data"),)
+    assert settings.debug and settings.streaming is False
+    assert settings.zeroconf == "living-room"
+    assert settings.options_file == options
+
+
+@pytest.mark.parametrize(
+    ("env", "field", "value"),
+    [
+        ({"COSYVOICE3_NO_STREAMING": "true"}, "streaming", False),
+        ({"COSYVOICE3_NO_STREAMING": "0"}, "streaming", True),
+        ({"COSYVOICE3_DEBUG": "yes"}, "debug", True),
+        ({"COSYVOICE3_ZEROCONF": "1"}, "zeroconf", "cosyvoice3"),
+        ({"COSYVOICE3_ZEROCONF": "kitchen"}, "zeroconf", "kitchen"),
+        ({"COSYVOICE3_ZEROCONF": "off"}, "zeroconf", None),
+        ({"COSYVOICE3_URI": "tcp://127.0.0.1:1234"}, "uri", "tcp://127.0.0.1:1234"),
+        ({"COSYVOICE3_PROVIDERS": "CUDAExecutionProvider,CPUExecutionProvider"}, "providers",
+         ("CUDAExecutionProvider", "CPUExecutionProvider")),
+    ],
+)
+def test_environment_values(env: dict[str, str], field: str, value: object) -> None:
+    settings = resolve_settings([], environ={"COSYVOICE3_MODEL_DIR": "/m", **env})
+    assert getattr(settings, field) == value
+    assert settings.model_dir == Path("/m")
+
+
+def test_data_dirs_from_environment() -> None:
+    settings = resolve_settings([], environ={"COSYVOICE3_DATA_DIR": "/a:/b"})
+    assert settings.data_dirs == (Path("/a"), Path("/b"))
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"COSYVOICE3_SPEED": "3"}, "COSYVOICE3_SPEED"),
+        ({"COSYVOICE3_LLM_PRECISION": "fp8"}, "COSYVOICE3_LLM_PRECISION"),
+        ({"COSYVOICE3_MAX_CONCURRENT": "0"}, "COSYVOICE3_MAX_CONCURRENT"),
+        ({"COSYVOICE3_DEBUG": "maybe"}, "COSYVOICE3_DEBUG"),
+    ],
+)
+def test_bad_environment_value_names_the_variable(env: dict[str, str], names: str) -> None:
+    with pytest.raises(SettingsError, match=names):
+        resolve_settings([], environ={"COSYVOICE3_MODEL_DIR": "/m", **env})
+
+
+def test_bad_options_file(tmp_path: Path) -> None:
+    broken = tmp_path / "options.json"
+    broken.write_text("{not json")
+    with pytest.raises(SettingsError, match="options.json"):
+        resolve_settings(["--options-file", str(broken), "--model-dir", "/m"], environ={})
+    broken.write_text(json.dumps({"speed": "fast"}))
+    with pytest.raises(SettingsError, match="'speed'"):
+        resolve_settings(["--options-file", str(broken), "--model-dir", "/m"], environ={})
+
+
+def test_bad_flag_exits(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        resolve_settings(["--model-dir", "/m", "--speed", "9"], environ={})
+    assert exit_info.value.code == 2
+    assert "--speed" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        resolve_settings(["--version"], environ={})
+    assert capsys.readouterr().out.strip() == __version__
+
+
+def test_every_option_is_documented() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md")
+    help_text = build_parser().format_help()
+    for opt in OPTIONS:
+        assert opt.flag in help_text and opt.env in help_text
+        if readme.exists():
+            text = readme.read_text(encoding="utf-8")
+            assert opt.flag in text and opt.env in text, opt.flag

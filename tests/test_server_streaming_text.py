@@ -1,0 +1,88 @@
+"""Sentence boundaries in streamed text (LLM deltas not aligned to words)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wyoming_cosyvoice3.server.streaming_text import SentenceBuffer, find_boundary
+
+
+def feed(pieces: list[str], soft_limit_chars: int = 400) -> tuple[list[list[str]], str | None]:
+    buffer = SentenceBuffer(soft_limit_chars)
+    per_piece = [buffer.add(p) for p in pieces]
+    return per_piece, buffer.flush()
+
+
+def test_home_assistant_deltas() -> None:
+    """C6: the first sentence is complete once the piece after its period arrives."""
+    per_piece, tail = feed(["The li", "ving room lig", "hts are now on. Th", "e kitchen is 21",
+                            ".5 degrees"])
+    assert per_piece == [[], [], ["The living room lights are now on."], [], []]
+    assert tail == "The kitchen is 21.5 degrees"
+
+
+@pytest.mark.parametrize(
+    ("pieces", "sentences", "tail"),
+    [
+        (["It is 21.", "5 degrees."], [], "It is 21.5 degrees."),
+        (["Timer for 3:45 PM. ", "Done"], ["Timer for 3:45 PM."], "Done"),
+        (["Dr. Smith and Mr. Jones met J. R. R. Tolkien. Yes"],
+         ["Dr. Smith and Mr. Jones met J. R. R. Tolkien."], "Yes"),
+        (["Really?! ", "Yes... ", "no"], ["Really?!", "Yes..."], "no"),
+        (['He said "stop." Then', " left."], ['He said "stop."'], "Then left."),
+        (["你好。今天天气很好！", "”明天"], ["你好。", "今天天气很好！”"], "明天"),
+        (["你好。"], [], "你好。"),
+        (["Line one\nLine two\n\nLine three"], ["Line one", "Line two"], "Line three"),
+        (["e.g. this. And"], ["e.g. this."], "And"),
+        (["   ", "\n", " . "], ["."], None),
+    ],
+)
+def test_boundaries(pieces: list[str], sentences: list[str], tail: str | None) -> None:
+    per_piece, got_tail = feed(pieces)
+    assert [s for group in per_piece for s in group] == sentences
+    assert got_tail == tail
+
+
+def test_text_without_punctuation_is_cut_at_spaces() -> None:
+    words = "word " * 2000  # 10,000 characters, no sentence end
+    per_piece, tail = feed([words[i:i + 7] for i in range(0, len(words), 7)], 200)
+    sentences = [s for group in per_piece for s in group]
+    assert len(sentences) > 40
+    assert all(len(s) <= 200 for s in sentences)
+    assert all(s.endswith("word") for s in sentences)  # never in the middle of a word
+    assert " ".join([*sentences, tail or ""]).split() == words.split()
+
+
+def test_cjk_without_punctuation_is_cut_at_the_limit() -> None:
+    per_piece, tail = feed(["天" * 1000], 100)
+    assert [len(s) for s in per_piece[0]] == [100] * 9
+    assert tail == "天" * 100
+
+
+def test_boundary_function() -> None:
+    assert find_boundary("Hi. there") == 3
+    assert find_boundary("Hi.") is None
+    assert find_boundary("3.14 is pi") is None
+
+
+_text = st.lists(
+    st.sampled_from(["The", "lamp", "is", "on", "21.5", "Dr.", "J.", "。", "你好", "!", "?",
+                     "...", ".", ",", "\n", " ", "  ", "\"", "”", "e.g.", "3:45"]),
+    max_size=60,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=_text, cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12))
+def test_chunking_never_changes_the_sentences(text: str, cuts: list[int]) -> None:
+    """However the text is cut into deltas, the same sentences come out, nothing lost."""
+    bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    whole, whole_tail = feed([text], soft_limit_chars=10_000)
+    split, split_tail = feed(pieces, soft_limit_chars=10_000)
+    assert [s for g in split for s in g] == whole[0]
+    assert split_tail == whole_tail
+    spoken = "".join([*whole[0], whole_tail or ""])
+    assert "".join(spoken.split()) == "".join(text.split())

@@ -1,0 +1,94 @@
+"""The program as a user starts it: ``python -m wyoming_cosyvoice3 --uri ... --model-dir ...``
+in its own process, probed by the container health check, spoken to over TCP, stopped with
+SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from server_support import collect
+from wyoming.client import AsyncTcpClient
+from wyoming.info import Describe, Info
+from wyoming.tts import Synthesize
+
+from wyoming_cosyvoice3.server.healthcheck import probe
+
+STARTUP_LIMIT_S = 120.0
+"""Hang guard for the model to load in the child process."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_started_as_the_readme_says(tiny_model_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    uri = f"tcp://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSYVOICE3_")}
+    log_path = tmp_path / "server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "wyoming_cosyvoice3", "--uri", uri,
+             "--model-dir", str(tiny_model_dir), "--data-dir", str(tmp_path / "data")],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+        try:
+            # the listener comes up before the model: describe answers, voices not yet ready
+            deadline = time.monotonic() + STARTUP_LIMIT_S
+            problem: str | None = "not started"
+            while time.monotonic() < deadline and process.poll() is None:
+                problem = await probe(uri, 2.0, require_ready=True)
+                if problem is None:
+                    break
+                await asyncio.sleep(0.2)
+            assert problem is None, log_path.read_text()
+
+            async with AsyncTcpClient("127.0.0.1", port) as client:
+                await client.write_event(Describe().event())
+                info = Info.from_event(await asyncio.wait_for(client.read_event(), 10))
+                assert [v.name for v in info.tts[0].voices if v.installed] == ["zh-female",
+                                                                                "en-male"]
+                await client.write_event(
+                    Synthesize(text="The living room lights are now on.").event()
+                )
+                response = await collect(client, "audio-stop")
+            assert response.types[0] == "audio-start"
+            assert len(response.chunks) > 2
+            assert {(c.rate, c.width, c.channels) for c in response.chunks} == {(24000, 2, 1)}
+            assert len(response.pcm) % 2 == 0 and len(response.pcm) > 24000
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                code = process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                raise
+    output = log_path.read_text()
+    assert code == 0, output
+    assert "Traceback" not in output
+    assert "synthesize done: voice=zh-female chars=34" in output  # the one INFO request line
+    # the prepared voices were cached in the first data dir
+    assert len(list((tmp_path / "data" / "voice-cache").glob("*"))) >= 2
+
+
+def test_version_and_help() -> None:
+    result = subprocess.run([sys.executable, "-m", "wyoming_cosyvoice3", "--version"],
+                            capture_output=True, text=True, timeout=60, check=True)
+    from wyoming_cosyvoice3 import __version__
+
+    assert result.stdout.strip() == __version__
+    result = subprocess.run([sys.executable, "-m", "wyoming_cosyvoice3", "--help"],
+                            capture_output=True, text=True, timeout=60, check=True)
+    assert "COSYVOICE3_VOICE" in result.stdout and "--max-concurrent" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "wyoming_cosyvoice3"], capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "HOME": "/nonexistent"})
+    assert result.returncode == 2 and "--data-dir" in result.stderr

@@ -101,7 +101,7 @@ def test_bad_environment_value_names_the_variable(env: dict[str, str], names: st
 def test_bad_options_file(tmp_path: Path) -> None:
     broken = tmp_path / "options.json"
     broken.write_text("{not json")
-    with pytest.raises(SettingsError, match="options.json"):
+    with pytest.raises(SettingsError, match=r"options\.json"):
         resolve_settings(["--options-file", str(broken), "--model-dir", "/m"], environ={})
     broken.write_text(json.dumps({"speed": "fast"}))
     with pytest.raises(SettingsError, match="'speed'"):

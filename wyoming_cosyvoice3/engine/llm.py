@@ -19,7 +19,9 @@ every step writes the whole cache once inside onnxruntime; the host must not add
   copies nothing. Measured the fastest path on CPU (no per-step binding overhead).
 * ``"iobinding"``: ``present.*`` OrtValues are bound as the next step's inputs with
   ``SessionIOBinding``; no numpy conversion at all. Needed on onnxruntime < 1.19, where
-  ``run`` copies every output into a new numpy array (about 49 KB per cached position).
+  ``run`` copies every output into a new numpy array: 24 KiB per cached position with the
+  published dims (24 layers x key+value x 2 heads x 64 x 4 bytes), 24 MiB per step at 1000
+  positions (measured +3.8 ms/step on the tiny model, which has the published KV shapes).
 * ``"auto"`` (default): ``"numpy"`` on onnxruntime >= 1.19, ``"iobinding"`` before.
 """
 

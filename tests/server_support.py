@@ -41,16 +41,6 @@ READ_TIMEOUT_S = 60.0
 """Upper bound for one event to arrive (a hang guard, not a speed assertion)."""
 
 
-def write_clip(path: Path, seconds: float = 2.0, rate: int = 24000) -> Path:
-    """A speech-like test clip (harmonics with a syllable envelope), PCM16 WAV."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    t = np.arange(int(seconds * rate)) / rate
-    wave = sum(np.sin(2 * np.pi * 140 * k * t) / k for k in range(1, 6))
-    envelope = 0.6 + 0.4 * np.sin(2 * np.pi * 3 * t)
-    sf.write(path, (0.2 * envelope * wave).astype(np.float32), rate, subtype="PCM_16")
-    return path
-
-
 def make_settings(model_dir: Path, data_dir: Path, **changes: Any) -> Settings:
     """Settings of an in-process server on 127.0.0.1 with an ephemeral port."""
     values: dict[str, Any] = dict(uri="tcp://127.0.0.1:0", model_dir=model_dir,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,6 @@ from server_support import (
     faulty_factory,
     make_settings,
     running_server,
-    write_clip,
 )
 from wyoming.tts import (
     Synthesize,
@@ -29,6 +29,8 @@ from wyoming.tts import (
 
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.server.runtime import Engine, ModelState, default_engine_factory
+
+MakeClip = Callable[..., Path]
 
 
 async def test_describe_and_errors_while_loading(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -81,11 +83,11 @@ async def test_failed_model_is_reported(tmp_path: Path) -> None:
         assert "tokenizer.json" in error.text
 
 
-async def test_broken_catalog_entry(tiny_model_dir: Path, tmp_path: Path,
+async def test_broken_catalog_entry(tiny_model_dir: Path, tmp_path: Path, make_clip: MakeClip,
                                     caplog: pytest.LogCaptureFixture) -> None:
     """C16: a voice naming a missing clip is advertised not installed; the others work."""
     data_dir = tmp_path / "data"
-    write_clip(data_dir / "clips" / "mine.wav", seconds=3.0)
+    make_clip(data_dir / "clips" / "mine.wav", seconds=3.0)
     (tmp_path / "outside.wav").write_bytes((data_dir / "clips" / "mine.wav").read_bytes())
     (data_dir / "voices.yaml").write_text(
         "voices:\n"
@@ -128,12 +130,12 @@ async def test_broken_catalog_entry(tiny_model_dir: Path, tmp_path: Path,
         assert len(lines) == 1, (name, [r.getMessage() for r in caplog.records])
 
 
-async def test_engine_failure_mid_synthesis(tmp_path: Path) -> None:
+async def test_engine_failure_mid_synthesis(tmp_path: Path, make_clip: MakeClip) -> None:
     """An exception inside one synthesis: coded error, audio-stop, connection reusable, the
     other client's request unaffected."""
     model_dir = tmp_path / "model"
-    write_clip(model_dir / "voices" / "zh-female.wav")
-    write_clip(model_dir / "voices" / "en-male.wav")
+    make_clip(model_dir / "voices" / "zh-female.wav")
+    make_clip(model_dir / "voices" / "en-male.wav")
     settings = make_settings(model_dir, tmp_path, max_concurrent=2)
     async with running_server(settings, faulty_factory) as server, \
             client(server) as bad, client(server) as good:

@@ -122,10 +122,9 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_every_option_is_documented() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     help_text = build_parser().format_help()
     for opt in OPTIONS:
         assert opt.flag in help_text and opt.env in help_text
-        if readme.exists():
-            text = readme.read_text(encoding="utf-8")
-            assert opt.flag in text and opt.env in text, opt.flag
+        row = f"| `{opt.flag}"
+        assert row in readme and f"`{opt.env}`" in readme and f"`{opt.key}`" in readme, opt.flag

@@ -189,8 +189,13 @@ class ServerRuntime:
             self.phase = "ready"
         self.ready_event.set()
         installed = [name for name, slot in self.voices.items() if slot.installed]
-        _LOGGER.info("Model ready in %.1f s from %s; voices: %s", time.monotonic() - started,
-                     model_dir, ", ".join(installed) or "(none)")
+        default = self.default_voice_slot()
+        _LOGGER.info("Model ready in %.1f s from %s; voices: %s (default %s)",
+                     time.monotonic() - started, model_dir, ", ".join(installed) or "(none)",
+                     default.entry.name if default else "-")
+        if self.settings.voice and (default is None or default.entry.name != self.settings.voice):
+            _LOGGER.warning("Default voice %r is not available; using %s", self.settings.voice,
+                            default.entry.name if default else "none")
 
     def _fail(self, err: CosyVoiceError) -> None:
         _LOGGER.error("Model unavailable: %s", err)

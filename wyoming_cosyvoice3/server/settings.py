@@ -84,11 +84,12 @@ class Settings:
 
     @property
     def cache_dir(self) -> Path | None:
-        """Where prepared voice features are cached: ``<first data dir>/voice-cache``."""
-        if self.download_dir is not None:
-            return self.download_dir / "voice-cache"
+        """Where prepared voice features are cached: ``<first data dir>/voice-cache``
+        (``<download dir>/voice-cache`` without data dirs; None: no disk cache)."""
         if self.data_dirs:
             return self.data_dirs[0] / "voice-cache"
+        if self.download_dir is not None:
+            return self.download_dir / "voice-cache"
         return None
 
 

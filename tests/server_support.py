@@ -168,6 +168,8 @@ class SpyEngine:
         self.texts: list[str] = []
         self.voices: list[str] = []
         self.outcomes: list[str] = []
+        self.stop_flags: list[bool] = []
+        """``should_stop()`` when each request ended (True: the server asked it to stop)."""
         self.started = threading.Semaphore(0)
         self.lock = threading.Lock()
 
@@ -208,6 +210,7 @@ class SpyEngine:
         finally:
             with self.lock:
                 self.outcomes.append(outcome)
+                self.stop_flags.append(bool(should_stop and should_stop()))
 
 
 def spy_factory(holder: list[SpyEngine],

@@ -332,6 +332,7 @@ async def test_long_text_streams_audio_early(shared: Shared) -> None:
     # leaving cancelled the rest: the engine stops instead of speaking 3,000 characters
     assert await asyncio.to_thread(wait_until, lambda: shared.server.runtime.active == 0, 30)
     assert shared.spy.outcomes[calls_before:] in (["cancelled"], ["closed"])
+    assert shared.spy.stop_flags[calls_before:] == [True]
 
 
 async def test_disconnect_cancels_and_next_client_is_served(shared: Shared) -> None:
@@ -343,6 +344,7 @@ async def test_disconnect_cancels_and_next_client_is_served(shared: Shared) -> N
         await collect(cl, "audio-chunk")
     assert await asyncio.to_thread(wait_until, lambda: shared.server.runtime.active == 0, 30)
     assert shared.spy.outcomes[calls_before:] in (["cancelled"], ["closed"])
+    assert shared.spy.stop_flags[calls_before:] == [True]  # should_stop reported the hang-up
     async with client(shared.server) as cl:
         await cl.write_event(Synthesize(text="Next please.").event())
         response = await collect(cl, "audio-stop")
@@ -358,7 +360,8 @@ async def test_disconnect_during_streaming_text(shared: Shared) -> None:
         await cl.write_event(SynthesizeChunk(text="A first sentence that is spoken. And").event())
         await collect(cl, "audio-chunk")
     assert await asyncio.to_thread(wait_until, lambda: shared.server.runtime.active == 0, 30)
-    assert len(shared.spy.outcomes) == calls_before + 1
+    assert shared.spy.outcomes[calls_before:] in (["cancelled"], ["closed"])
+    assert shared.spy.stop_flags[calls_before:] == [True]
     info = await describe(shared.server)
     assert info.tts[0].voices[0].installed
 

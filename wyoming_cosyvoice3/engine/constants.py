@@ -78,7 +78,7 @@ ISTFT_HOP = 4
 HARMONIC_CHANNELS = 9
 """Noise channels of hift.onnx: fundamental + 8 harmonics (generator.py ``nb_harmonics``)."""
 MAGNITUDE_CLIP = 100.0
-"""Upper clip of the iSTFT magnitude (generator.py ``_istft``: ``torch.clip(magnitude, max=1e2)``)."""
+"""Upper clip of the iSTFT magnitude (generator.py ``_istft`` clips at 1e2)."""
 AUDIO_LIMIT = 0.99
 """Output clamp (generator.py ``audio_limit``)."""
 VOCODER_RIGHT_CONTEXT_FRAMES = 8

@@ -388,3 +388,50 @@ async def test_two_clients_and_a_describe(shared: Shared) -> None:
     for response, text in zip((got_a, got_b), texts, strict=True):
         check_audio_format(response)
         assert_same_audio(response.samples, expected_pcm(shared, [text], "en-male"))
+
+
+async def test_half_closed_client_gets_its_answers(shared: Shared) -> None:
+    """A client that sends its requests and then shuts down its sending side (TCP half-close)
+    still receives every answer; then the server ends the connection."""
+    assert shared.server.port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", shared.server.port)
+    for event in (Describe().event(), Synthesize(text="Half closed.").event()):
+        body = json.dumps(event.data).encode()
+        writer.write(json.dumps({"type": event.type, "data_length": len(body)}).encode()
+                     + b"\n" + body)
+    writer.write_eof()
+    await writer.drain()
+    types: list[str] = []
+    pcm_bytes = 0
+    for _ in range(10000):
+        line = await asyncio.wait_for(reader.readline(), 30)
+        if not line:
+            break
+        header = json.loads(line)
+        await reader.readexactly(header.get("data_length") or 0)
+        pcm_bytes += len(await reader.readexactly(header.get("payload_length") or 0))
+        types.append(header["type"])
+    writer.close()
+    assert types[0] == "info" and types[1] == "audio-start" and types[-1] == "audio-stop"
+    assert set(types[2:-1]) == {"audio-chunk"} and pcm_bytes > 0 and pcm_bytes % 2 == 0
+
+
+async def test_flood_of_requests_is_bounded(shared: Shared) -> None:
+    """More than 16 requests pending on one connection: one server-busy error, the rest are
+    answered in order, the connection stays usable."""
+    async with client(shared.server) as cl:
+        shared.release.clear()
+        try:
+            await cl.write_event(Synthesize(text="Hold on.").event())
+            first = await collect(cl, "audio-chunk")
+            for _ in range(40):
+                await cl.write_event(Describe().event())
+            await asyncio.sleep(0.2)
+        finally:
+            shared.release.set()
+        first.events.extend((await collect(cl, "audio-stop")).events)
+        check_audio_format(first)
+        answers = [(await read(cl)).type for _ in range(17)]
+        assert answers.count("info") == 16 and answers.count("error") == 1
+        await cl.write_event(Describe().event())
+        assert (await read(cl)).type == "info"

@@ -69,8 +69,15 @@ class RunningServer:
             _LOGGER.warning("Zeroconf discovery is unavailable: %s", err)
 
     async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-        """Cancel in-flight syntheses, close every connection and the listener."""
+        """Stop accepting connections, cancel in-flight syntheses (each client gets its
+        ``error`` and ``audio-stop``), then close every connection."""
         self.runtime.stopping.set()
+        listener = getattr(self.server, "_server", None)
+        if listener is not None:
+            listener.close()
+        if not await self.runtime.wait_idle(grace_s):
+            _LOGGER.warning("Syntheses still running after %.0f s; closing anyway", grace_s)
+        await asyncio.sleep(0.05)  # let handlers write their last events
         handlers = list(getattr(self.server, "_handlers", {}).keys())
         await self.server.stop()
         if handlers:

@@ -67,6 +67,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
         self._jobs: asyncio.Queue[Any] = asyncio.Queue()
         self._stream: StreamRequest | None = None
         self._warned_stray_chunk = False
+        self._busy_reported = False
 
     # --- plumbing -------------------------------------------------------------------------
 
@@ -90,12 +91,6 @@ class CosyVoiceEventHandler(AsyncEventHandler):
         _LOGGER.info("Error for %s: [%s] %s", self.peer, code, text)
         await self.send(Error(text=text, code=code).event())
 
-    def _enqueue(self, job: Any) -> bool:
-        if self._jobs.qsize() >= MAX_PENDING_JOBS:
-            return False
-        self._jobs.put_nowait(job)
-        return True
-
     # --- read loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -108,7 +103,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
                     event = await read_event(self.reader, limits.max_event_data_bytes,
                                              limits.max_event_payload_bytes)
                 except ProtocolError as err:
-                    self._enqueue(("error", err.code, str(err)))
+                    self._add_job(("error", err.code, str(err)))
                     if err.fatal:
                         break
                     continue
@@ -152,14 +147,21 @@ class CosyVoiceEventHandler(AsyncEventHandler):
             _LOGGER.debug("Ignoring event %s from %s", event.type, self.peer)
         return True
 
-    def _add_job(self, job: tuple[Any, ...]) -> None:
-        if not self._enqueue(job):
-            # refused in order would need a queue slot too: answer right away instead
-            _LOGGER.warning("Client %s has too many pending requests; refusing %s", self.peer,
-                            job[0])
+    def _add_job(self, job: tuple[Any, ...]) -> bool:
+        """Queue a job for the worker; refuse it (one ``server-busy`` error per burst) when
+        ``MAX_PENDING_JOBS`` are already waiting. Returns whether it was queued."""
+        if self._jobs.qsize() < MAX_PENDING_JOBS:
+            self._jobs.put_nowait(job)
+            self._busy_reported = False
+            return True
+        _LOGGER.warning("Client %s has too many pending requests; refusing %s", self.peer,
+                        job[0])
+        if not self._busy_reported:
+            self._busy_reported = True
             self._jobs.put_nowait(("error", "server-busy",
                                    f"more than {MAX_PENDING_JOBS} requests are pending on this "
                                    "connection; wait for the answers first"))
+        return False
 
     # --- streaming input ------------------------------------------------------------------
 
@@ -170,7 +172,8 @@ class CosyVoiceEventHandler(AsyncEventHandler):
             self._stop_stream()
         stream = StreamRequest(data=data, buffer=SentenceBuffer(), started=time.monotonic())
         self._stream = stream
-        self._add_job(("stream", stream))
+        if not self._add_job(("stream", stream)):
+            stream.abandon()  # refused: its chunks and stop are swallowed
 
     def _stream_chunk(self, data: dict[str, Any]) -> None:
         stream = self._stream

@@ -135,6 +135,7 @@ class ServerRuntime:
             max_workers=settings.max_concurrent, thread_name_prefix="cosyvoice3-synth"
         )
         self._semaphore: asyncio.Semaphore | None = None
+        self._idle: asyncio.Event | None = None
         self._waiting = 0
         self._cleanups: set[asyncio.Future[None]] = set()
         self.active = 0
@@ -274,7 +275,19 @@ class ServerRuntime:
     def _semaphore_for_loop(self) -> asyncio.Semaphore:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.settings.max_concurrent)
+            self._idle = asyncio.Event()
+            self._idle.set()
         return self._semaphore
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no synthesis holds a worker (True), or ``timeout_s`` passed (False)."""
+        if self._idle is None or self.active == 0:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     async def run_synthesis(
         self,
@@ -314,6 +327,8 @@ class ServerRuntime:
         finally:
             self._waiting -= 1
         self.active += 1
+        if self._idle is not None:
+            self._idle.clear()
         started = time.monotonic()
         work = _Work()
         try:
@@ -357,6 +372,8 @@ class ServerRuntime:
         finally:
             self.active -= 1
             semaphore.release()
+            if self.active == 0 and self._idle is not None:
+                self._idle.set()
 
     def shutdown(self) -> None:
         """Stop loading and the worker threads (queued calls are dropped)."""

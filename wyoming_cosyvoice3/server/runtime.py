@@ -159,7 +159,7 @@ class ServerRuntime:
     def _load(self) -> None:
         started = time.monotonic()
         try:
-            self.phase = "locating the model"
+            self.phase = "checking or downloading the model files"
             model_dir = self._model_locator(self.settings, self.stopping.is_set)
             self.model_dir = model_dir
             self.phase = "loading the model"

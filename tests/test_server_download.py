@@ -1,0 +1,70 @@
+"""First start without a model: the server downloads it (from a local hub mimic), answers
+``describe`` during the download, refuses synthesis with ``model-loading``, then serves; a
+second start works without any network."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from hub_mimic import HubMimic, closed_endpoint, repos_from_dir
+from server_support import check_audio_format, client, collect, describe, running_server
+from wyoming.tts import Synthesize
+
+from wyoming_cosyvoice3.download import EXPORT_REPO, UPSTREAM_REPO
+from wyoming_cosyvoice3.server.runtime import ModelState
+from wyoming_cosyvoice3.server.settings import Settings
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def test_first_start_downloads_then_serves(tiny_model_dir: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    data_dir = tmp_path / "data"
+    settings = Settings(uri="tcp://127.0.0.1:0", data_dirs=(data_dir,), warm_up=False, seed=1)
+    repos = repos_from_dir(tiny_model_dir, EXPORT_REPO, UPSTREAM_REPO)
+    with HubMimic(repos) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        hub.faults.stall_after["hift.onnx"] = 1000  # hold the download half-way
+        async with running_server(settings, wait_ready=False) as server:
+            assert await asyncio.to_thread(hub.faults.stalled.wait, 60)
+            info = await describe(server, timeout_s=1.0)
+            assert "downloading" in (info.tts[0].description or "")
+            assert [v.installed for v in info.tts[0].voices] == [False, False]
+            async with client(server) as cl:
+                await cl.write_event(Synthesize(text="Hello.").event())
+                error = (await collect(cl, "error")).errors[0]
+                assert error.code == "model-loading" and "try again" in error.text
+                hub.faults.stall_after.clear()
+                hub.faults.release.set()
+                assert await asyncio.to_thread(server.runtime.ready_event.wait, 120)
+                assert server.runtime.state is ModelState.READY, server.runtime.error
+                await cl.write_event(Synthesize(text="Downloaded and ready.").event())
+                response = await collect(cl, "audio-stop")
+            check_audio_format(response)
+            assert response.chunks
+    assert (data_dir / "hift.onnx").read_bytes() == (tiny_model_dir / "hift.onnx").read_bytes()
+
+    # second start: every file is present, the hub is gone
+    monkeypatch.setenv("HF_ENDPOINT", closed_endpoint())
+    async with running_server(settings) as server:
+        assert server.runtime.state is ModelState.READY, server.runtime.error
+        info = await describe(server)
+        assert [v.installed for v in info.tts[0].voices] == [True, True]
+
+
+async def test_missing_files_without_network(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """No model and no hub: describe still answers; synthesis names the missing files."""
+    monkeypatch.setenv("HF_ENDPOINT", closed_endpoint())
+    settings = Settings(uri="tcp://127.0.0.1:0", data_dirs=(tmp_path,), warm_up=False)
+    async with running_server(settings) as server:
+        assert server.runtime.state is ModelState.FAILED
+        info = await describe(server)
+        assert not any(v.installed for v in info.tts[0].voices)
+        async with client(server) as cl:
+            await cl.write_event(Synthesize(text="Hello.").event())
+            error = (await collect(cl, "error")).errors[0]
+    assert error.code == "model-files-missing"
+    assert "llm_int8.onnx" in error.text and "campplus.onnx" in error.text

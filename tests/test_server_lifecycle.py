@@ -159,3 +159,25 @@ async def test_engine_failure_mid_synthesis(tmp_path: Path, make_clip: MakeClip)
         await bad.write_event(Synthesize(text="Recovered.").event())
         again = await collect(bad, "audio-stop")
         assert not again.errors and again.chunks
+
+
+async def test_zeroconf_announces_the_bound_port(tmp_path: Path, make_clip: MakeClip,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """--zeroconf NAME registers ``_wyoming._tcp`` with the real listening port."""
+    import wyoming.zeroconf
+
+    announced: list[tuple[str | None, int]] = []
+
+    class Recorder:
+        def __init__(self, port: int, name: str | None = None, host: str | None = None):
+            announced.append((name, port))
+
+        async def register_server(self) -> None:
+            return None
+
+    monkeypatch.setattr(wyoming.zeroconf, "HomeAssistantZeroconf", Recorder)
+    model_dir = tmp_path / "model"
+    make_clip(model_dir / "voices" / "zh-female.wav")
+    settings = make_settings(model_dir, tmp_path, zeroconf="kitchen")
+    async with running_server(settings, faulty_factory) as server:
+        assert announced == [("kitchen", server.port)]

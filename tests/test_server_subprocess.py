@@ -15,6 +15,7 @@ from pathlib import Path
 
 from server_support import collect
 from wyoming.client import AsyncTcpClient
+from wyoming.event import async_read_event, async_write_event
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize
 
@@ -126,3 +127,39 @@ async def test_sigterm_cancels_in_flight_requests(tiny_model_dir: Path, tmp_path
     stderr = process.stderr.read().decode() if process.stderr else ""
     assert code == 0, stderr
     assert "Traceback" not in stderr
+
+
+async def test_stdio_uri(tiny_model_dir: Path) -> None:
+    """``--uri stdio://``: events on stdin/stdout, logs on stderr, ends with stdin."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSYVOICE3_")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "wyoming_cosyvoice3", "--uri", "stdio://", "--model-dir",
+        str(tiny_model_dir), "--no-warm-up", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, env=env,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        response: list[str] = []
+        for _ in range(int(STARTUP_LIMIT_S / 0.5)):  # until the model is loaded
+            await async_write_event(Synthesize(text="Over a pipe.").event(), process.stdin)
+            first = await asyncio.wait_for(async_read_event(process.stdout), 30)
+            assert first is not None
+            if first.type == "audio-start":
+                response = [first.type]
+                break
+            assert first.type == "error" and first.data["code"] == "model-loading"
+            await asyncio.sleep(0.5)
+        for _ in range(10000):
+            event = await asyncio.wait_for(async_read_event(process.stdout), 30)
+            assert event is not None
+            response.append(event.type)
+            if event.type == "audio-stop":
+                break
+        assert response[0] == "audio-start" and response[-1] == "audio-stop"
+        assert response.count("audio-chunk") > 2
+        process.stdin.close()
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -13,7 +13,8 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from wyoming.server import AsyncServer, AsyncStdioServer, AsyncTcpServer
+from wyoming.event import async_get_stdin, async_get_stdout
+from wyoming.server import AsyncServer, AsyncTcpServer
 
 from .. import __version__
 from .handler import make_handler_factory
@@ -91,9 +92,7 @@ class RunningServer:
 async def serve(settings: Settings) -> None:
     """Run the server until SIGTERM or SIGINT."""
     if settings.uri.startswith("stdio://"):
-        runtime = ServerRuntime(settings)
-        runtime.start_loading()
-        await AsyncStdioServer().run(make_handler_factory(runtime))
+        await serve_stdio(settings)
         return
     running = RunningServer(settings)
     stop = asyncio.Event()
@@ -107,6 +106,19 @@ async def serve(settings: Settings) -> None:
         _LOGGER.info("Stopping")
     finally:
         await running.stop()
+
+
+async def serve_stdio(settings: Settings) -> None:
+    """One connection over stdin/stdout (logs go to stderr); ends at the end of stdin, after
+    every request read so far was answered."""
+    runtime = ServerRuntime(settings)
+    runtime.start_loading()
+    reader = await async_get_stdin()
+    writer = await async_get_stdout()
+    try:
+        await make_handler_factory(runtime)(reader, writer).run()
+    finally:
+        runtime.shutdown()
 
 
 def setup_logging(settings: Settings) -> None:

@@ -14,7 +14,8 @@ and :meth:`Graph.run` maps the spec's names onto the session's names in order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,17 @@ ORT_DTYPES = {
 }
 
 CPU_PROVIDER = "CPUExecutionProvider"
+
+RunObserver = Callable[[str, Mapping[str, np.ndarray], float, float], None]
+"""Called after each :meth:`Graph.run`: (graph file, feeds, start, end in ``time.time()`` s)."""
+_run_observer: RunObserver | None = None
+
+
+def set_run_observer(observer: RunObserver | None) -> None:
+    """Install (or remove, None) the process-wide run observer; benchmark use only
+    (:mod:`.bench_hooks`). Unset, a run costs one ``is None`` test more."""
+    global _run_observer
+    _run_observer = observer
 LLM_FILES_BY_PRECISION = {"fp32": "llm.onnx", "int8": "llm_int8.onnx", "q4": "llm_q4.onnx"}
 
 
@@ -291,11 +303,15 @@ class Graph:
         wanted = list(self.spec.outputs) if output_names is None else list(output_names)
         real_feeds = {self._input_names.get(name, name): value for name, value in feeds.items()}
         real_outputs = [self._output_names.get(name, name) for name in wanted]
+        observer = _run_observer
+        started = time.time() if observer is not None else 0.0
         try:
             values = self.session.run(real_outputs, real_feeds)
         except ORT_ERRORS as exc:
             shapes = {name: tuple(np.shape(value)) for name, value in feeds.items()}
             raise SynthesisFailed(f"{self.spec.file} failed on inputs {shapes}: {exc}") from exc
+        if observer is not None:
+            observer(self.spec.file, feeds, started, time.time())
         return dict(zip(wanted, values, strict=True))
 
     def __repr__(self) -> str:

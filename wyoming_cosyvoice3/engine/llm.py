@@ -278,6 +278,7 @@ class LlmDecoder:
         max_tokens: int,
         deadline: float | None = None,
         times: StageTimes | None = None,
+        fixed_tokens: int | None = None,
     ) -> Iterator[int]:
         """Generate speech tokens for one text piece, yielding each as soon as it is sampled.
 
@@ -293,6 +294,8 @@ class LlmDecoder:
             deadline: ``time.monotonic()`` value after which no model step starts.
             times: ``llm_prefill_s``, ``llm_decode_s`` and ``llm_tokens`` are added to
                 (time spent by the consumer between tokens is not counted).
+            fixed_tokens: benchmarks only: decode exactly this many tokens (stop ids masked
+                throughout; still capped at ``max_tokens``).
 
         Yields:
             speech token ids int in [0, 6561).
@@ -303,6 +306,8 @@ class LlmDecoder:
             SynthesisFailed: the graph failed or produced non-finite logits.
         """
         min_len, max_len = decode_limits(len(prompt.tts_text_ids))
+        if fixed_tokens is not None:
+            min_len = max_len = fixed_tokens
         max_len = min(max_len, max_tokens)
         state = self.new_state()
         if max_len <= 0:

@@ -68,6 +68,10 @@ class SynthesisOptions:
         max_decode_tokens: hard cap on decoded speech tokens per piece, on top of 20x text.
         max_request_s: wall-clock limit of one request; exceeded raises SynthesisTimeout.
         output_dtype: ``float32`` samples in [-1, 1] or ``int16`` PCM.
+        fixed_tokens_per_char: benchmarks only: decode exactly ``max(1, round(rate x
+            characters))`` speech tokens per text piece, ignoring the stop token (random
+            weights never stop sensibly); ``None`` (default) decodes normally. Also set by
+            ``COSYVOICE3_BENCH_TOKENS_PER_CHAR`` (see :mod:`.bench_hooks`).
     """
 
     speed: float = 1.0
@@ -82,6 +86,7 @@ class SynthesisOptions:
     max_decode_tokens: int = 3000
     max_request_s: float = 300.0
     output_dtype: Literal["float32", "int16"] = "float32"
+    fixed_tokens_per_char: float | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value is out of range."""
@@ -97,6 +102,8 @@ class SynthesisOptions:
             raise ValueError("flow_left_context_tokens must be >= 0")
         if self.max_decode_tokens < 1 or self.max_request_s <= 0:
             raise ValueError("max_decode_tokens and max_request_s must be positive")
+        if self.fixed_tokens_per_char is not None and not self.fixed_tokens_per_char > 0:
+            raise ValueError("fixed_tokens_per_char must be None or > 0")
         if self.output_dtype not in ("float32", "int16"):
             raise ValueError(f"output_dtype must be float32 or int16, got {self.output_dtype!r}")
 

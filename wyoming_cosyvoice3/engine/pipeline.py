@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from . import bench_hooks
 from . import constants as C
 from .errors import SynthesisTimeout
 from .flow import FlowRunner, GrowingNoise, SpeedResampler
@@ -161,7 +162,10 @@ class CosyVoice3Engine:
         name: str = "voice",
     ) -> VoicePrompt:
         """Compute (or load from the cache) the features of a reference clip; see voice.py."""
-        return self.voices.prepare(Path(clip_path), transcript, instruction, name)
+        started = time.perf_counter()
+        voice = self.voices.prepare(Path(clip_path), transcript, instruction, name)
+        bench_hooks.record_voice(name, time.perf_counter() - started)
+        return voice
 
     def warm_up(self, voice: VoicePrompt) -> None:
         """Run one short synthesis so onnxruntime allocates its buffers before real requests."""
@@ -197,7 +201,7 @@ class CosyVoice3Engine:
         Raises:
             SynthesisCancelled, SynthesisTimeout, SynthesisFailed; ValueError for bad options.
         """
-        options = options or SynthesisOptions()
+        options = bench_hooks.apply_env(options or SynthesisOptions())
         options.validate()  # before the first chunk is asked for: bad options fail at the call
         return self._synthesize(text, voice, options, should_stop, result or SynthesisResult())
 
@@ -215,6 +219,7 @@ class CosyVoice3Engine:
         finally:
             req.result.total_s = req.now()
             req.result.audio_s = req.samples_out / C.OUTPUT_SAMPLE_RATE_HZ
+            bench_hooks.record_request(text, req.result)
             t = req.times
             logger.debug(
                 "request: %d pieces, %.2f s audio in %.2f s (RTF %.2f), first chunk %s; "
@@ -246,7 +251,9 @@ class CosyVoice3Engine:
             prompt = self.frontend.build_prompt(piece_text, voice)
             req.times.frontend_s += req.now() - started
             logger.debug("piece %d (%s): %r", index, prompt.mode, piece_text)
-            for samples, final in self._piece_audio(prompt, voice, req, index):
+            fixed = req.options.fixed_tokens_per_char
+            fixed_tokens = None if fixed is None else max(1, round(fixed * len(piece_text)))
+            for samples, final in self._piece_audio(prompt, voice, req, index, fixed_tokens):
                 chunk = self._chunk(samples, req, index, final and is_last_piece)
                 if chunk is not None:
                     yield chunk
@@ -255,7 +262,12 @@ class CosyVoice3Engine:
             yield self._make_chunk(np.zeros(0, dtype=np.float32), req, len(pieces) - 1, True)
 
     def _piece_audio(
-        self, prompt: LlmPrompt, voice: VoicePrompt, req: _Request, index: int
+        self,
+        prompt: LlmPrompt,
+        voice: VoicePrompt,
+        req: _Request,
+        index: int,
+        fixed_tokens: int | None = None,
     ) -> Iterator[tuple[npt.NDArray[np.float32], bool]]:
         """Decode one piece and yield ``(samples, final)`` per chunk (spec section 7)."""
         opts = req.options
@@ -273,6 +285,7 @@ class CosyVoice3Engine:
             max_tokens=opts.max_decode_tokens,
             deadline=req.deadline_monotonic,
             times=req.times,
+            fixed_tokens=fixed_tokens,
         )
         for token in tokens:
             if not piece.silent_filter.accept(token):

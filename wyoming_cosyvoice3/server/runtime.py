@@ -19,33 +19,22 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from ..engine.errors import CosyVoiceError, ModelNotReady, SynthesisCancelled, VoiceError
+from ..engine.errors import CosyVoiceError, ModelNotReady, SynthesisCancelled
 from ..engine.options import EngineOptions, SynthesisOptions
 from ..engine.types import AudioChunk, ShouldStop, SynthesisResult, VoicePrompt
 from .catalog import VoiceEntry, load_catalogs, resolve_clip, with_model_dir
+from .engine_port import (
+    Engine,
+    EngineFactory,
+    ModelLocator,
+    default_engine_factory,
+    default_model_locator,
+)
 from .settings import Settings
 
 _LOGGER = logging.getLogger(__name__)
-
-
-class Engine(Protocol):
-    """What the server needs from :class:`wyoming_cosyvoice3.engine.CosyVoice3Engine`."""
-
-    def prepare_voice(
-        self, clip_path: Path, transcript: str | None = None, instruction: str | None = None,
-        name: str = "voice",
-    ) -> VoicePrompt: ...
-
-    def synthesize(
-        self, text: str, voice: VoicePrompt, options: SynthesisOptions = ...,
-        should_stop: ShouldStop | None = None, result: SynthesisResult | None = None,
-    ) -> Iterator[AudioChunk]: ...
-
-
-EngineFactory = Callable[[Path, EngineOptions], Engine]
-ModelLocator = Callable[[Settings, ShouldStop], Path]
 
 
 class ModelState(enum.Enum):
@@ -73,35 +62,6 @@ class VoiceSlot:
     @property
     def installed(self) -> bool:
         return self.prompt is not None
-
-
-def default_engine_factory(model_dir: Path, options: EngineOptions) -> Engine:
-    """Load the real engine (imported lazily so the server module loads without it)."""
-    from ..engine.pipeline import CosyVoice3Engine
-
-    engine: Engine = CosyVoice3Engine.load(model_dir, options)
-    return engine
-
-
-def default_model_locator(settings: Settings, should_stop: ShouldStop | None = None) -> Path:
-    """``--model-dir`` as given, else the model downloaded into ``--download-dir``.
-
-    Downloading (``wyoming_cosyvoice3.download.ensure_model``) touches no network when every
-    file is already present; ``--local-files-only`` forbids the network altogether.
-    """
-    if settings.model_dir is not None:
-        return settings.model_dir
-    from ..download import ensure_model
-
-    download_dir = settings.download_dir or settings.data_dirs[0]
-    return Path(
-        ensure_model(
-            download_dir,
-            settings.llm_precision,
-            local_files_only=settings.local_files_only,
-            should_stop=should_stop,
-        )
-    )
 
 
 class ServerRuntime:
@@ -403,9 +363,11 @@ class _Work:
 __all__ = [
     "Engine",
     "EngineFactory",
+    "ModelLocator",
     "ModelState",
     "ServerBusy",
     "ServerRuntime",
-    "VoiceError",
     "VoiceSlot",
+    "default_engine_factory",
+    "default_model_locator",
 ]

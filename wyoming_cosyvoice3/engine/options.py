@@ -10,6 +10,7 @@ from typing import Literal
 from . import constants as C
 
 LlmPrecision = Literal["fp32", "int8", "q4"]
+FlowPrecision = Literal["fp32", "int8"]
 LLM_FILES: dict[str, str] = {"fp32": "llm.onnx", "int8": "llm_int8.onnx", "q4": "llm_q4.onnx"}
 """LLM graph file per precision (model card of the ONNX export)."""
 
@@ -28,6 +29,14 @@ class EngineOptions:
         voice_cache_dir: directory for cached voice features; ``None`` disables the disk cache.
         load_voice_encoders: load campplus and speech_tokenizer_v3 at start (True) or only
             while a new voice is prepared (False, saves memory on small boards).
+        flow_precision: DiT estimator loaded at start: ``fp32`` (the upstream file) or
+            ``int8`` (quantised once from it, see :mod:`.quantize`); a request asking for the
+            other precision loads it on first use. Set it to the preset's ``flow_precision``.
+        cache_dir: where derived files go (int8 estimator, extracted embedding tables);
+            ``None`` = the model directory if writable, else ``~/.cache/wyoming-cosyvoice3``.
+        mmap_embeddings: serve the text embedding from a memory-mapped table extracted once
+            from text_embedding_fp16.onnx (only when the graph is a plain Gather [+ Cast], so
+            the output is bit-identical; otherwise the graph is used).
     """
 
     llm_precision: LlmPrecision = "int8"
@@ -35,6 +44,9 @@ class EngineOptions:
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     voice_cache_dir: Path | None = None
     load_voice_encoders: bool = False
+    flow_precision: FlowPrecision = "fp32"
+    cache_dir: Path | None = None
+    mmap_embeddings: bool = True
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value is out of range."""
@@ -44,6 +56,8 @@ class EngineOptions:
             )
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.flow_precision not in ("fp32", "int8"):
+            raise ValueError(f"flow_precision must be fp32 or int8, got {self.flow_precision!r}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,14 @@ class SynthesisOptions:
             this many generated tokens before the new chunk (bounded cost); 0 keeps the whole
             history (spec-exact).
         cfg_steps: run CFG in the first ``cfg_steps`` Euler steps only; ``None`` = all steps.
+            Saves time only with an estimator that accepts batch 1; the upstream export has
+            batch 2 fixed (export_onnx.py ``dynamic_axes`` name only ``seq_len``).
+        flow_precision: DiT estimator weights: ``fp32`` (spec-exact) or ``int8`` (dynamic
+            per-channel MatMul quantisation, see :mod:`.quantize`).
+        flow_prompt_tokens: when > 0, the flow sees only the last this-many prompt tokens and
+            their 2x mel frames (the LLM still gets the whole prompt); 0 = whole prompt.
+        overlap_decoding: decode LLM tokens in a per-request producer thread while the flow
+            and vocoder work (same audio as sequential decoding for the same seed).
         max_decode_tokens: hard cap on decoded speech tokens per piece, on top of 20x text.
         max_request_s: wall-clock limit of one request; exceeded raises SynthesisTimeout.
         output_dtype: ``float32`` samples in [-1, 1] or ``int16`` PCM.
@@ -83,6 +105,9 @@ class SynthesisOptions:
     max_hop_tokens: int = 100
     flow_left_context_tokens: int = 0
     cfg_steps: int | None = None
+    flow_precision: FlowPrecision = "fp32"
+    flow_prompt_tokens: int = 0
+    overlap_decoding: bool = False
     max_decode_tokens: int = 3000
     max_request_s: float = 300.0
     output_dtype: Literal["float32", "int16"] = "float32"
@@ -100,6 +125,10 @@ class SynthesisOptions:
             raise ValueError("first_hop_tokens must be >= 1 and <= max_hop_tokens")
         if self.flow_left_context_tokens < 0:
             raise ValueError("flow_left_context_tokens must be >= 0")
+        if self.flow_prompt_tokens < 0:
+            raise ValueError("flow_prompt_tokens must be >= 0")
+        if self.flow_precision not in ("fp32", "int8"):
+            raise ValueError(f"flow_precision must be fp32 or int8, got {self.flow_precision!r}")
         if self.max_decode_tokens < 1 or self.max_request_s <= 0:
             raise ValueError("max_decode_tokens and max_request_s must be positive")
         if self.fixed_tokens_per_char is not None and not self.fixed_tokens_per_char > 0:

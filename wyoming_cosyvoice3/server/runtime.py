@@ -128,6 +128,7 @@ class ServerRuntime:
                 threads=self.settings.threads,
                 providers=self.settings.providers,
                 voice_cache_dir=self.settings.cache_dir,
+                cache_dir=self.settings.engine_cache_dir,
             )
             engine = self._engine_factory(model_dir, options)
             self.phase = "preparing voices"

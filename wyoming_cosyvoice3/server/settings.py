@@ -86,10 +86,18 @@ class Settings:
     def cache_dir(self) -> Path | None:
         """Where prepared voice features are cached: ``<first data dir>/voice-cache``
         (``<download dir>/voice-cache`` without data dirs; None: no disk cache)."""
+        return self._writable_dir("voice-cache")
+
+    @property
+    def engine_cache_dir(self) -> Path | None:
+        """Where the engine keeps files it derives from the model (``engine-cache``)."""
+        return self._writable_dir("engine-cache")
+
+    def _writable_dir(self, name: str) -> Path | None:
         if self.data_dirs:
-            return self.data_dirs[0] / "voice-cache"
+            return self.data_dirs[0] / name
         if self.download_dir is not None:
-            return self.download_dir / "voice-cache"
+            return self.download_dir / name
         return None
 
 

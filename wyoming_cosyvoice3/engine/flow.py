@@ -24,13 +24,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from . import constants as C
 from .errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed
+from .melops import GrowingNoise, SpeedResampler, resample_mel_linear
 from .options import StageTimes
 from .types import ShouldStop, VoiceFeatures
 
@@ -38,6 +39,16 @@ if TYPE_CHECKING:
     from .model import CosyVoice3Model
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "FlowRunner",
+    "GrowingNoise",
+    "SpeedResampler",
+    "cfg_combine",
+    "cosine_t_schedule",
+    "l2_normalise",
+    "resample_mel_linear",
+]
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -86,124 +97,27 @@ def l2_normalise(embedding: npt.NDArray[np.floating]) -> FloatArray:
     return (vec / max(norm, 1e-12)).astype(np.float32)
 
 
-def resample_mel_linear(
-    mel: FloatArray, n_out_frames: int, scale: float | None = None
-) -> FloatArray:
-    """Linear resampling along time, like ``F.interpolate(mode="linear", align_corners=False)``.
-
-    Output frame j reads the input at ``src = max(scale * (j + 0.5) - 0.5, 0)`` and mixes frames
-    ``floor(src)`` and ``floor(src) + 1`` (clamped to the last frame).
-
-    Args:
-        mel: float32 [80, F_in] (F_in >= 1).
-        n_out_frames: output frames.
-        scale: input frames per output frame; ``None`` uses ``F_in / n_out_frames`` (what
-            PyTorch does when given ``size``).
-
-    Returns:
-        float32 [80, n_out_frames].
-    """
-    n_in = mel.shape[1]
-    if n_out_frames <= 0 or n_in == 0:
-        return np.zeros((mel.shape[0], 0), dtype=np.float32)
-    step = n_in / n_out_frames if scale is None else scale
-    return _interpolate_frames(mel, np.arange(n_out_frames), step)
+def _check_estimator(estimator: Any) -> str:
+    """Check the estimator's input/output names; return the output name."""
+    est_in = set(estimator.spec.inputs)
+    missing = [n for n in _ESTIMATOR_INPUTS if n not in est_in]
+    if missing or len(estimator.spec.outputs) != 1:
+        raise GraphSignatureMismatch(
+            f"estimator {estimator.spec.file}: expected inputs {list(_ESTIMATOR_INPUTS)} "
+            f"and one output, found inputs {sorted(est_in)} and outputs "
+            f"{sorted(estimator.spec.outputs)}; use flow.decoder.estimator.fp32.onnx "
+            "from FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
+        )
+    return str(next(iter(estimator.spec.outputs)))
 
 
-def _interpolate_frames(mel: FloatArray, out_idx: npt.NDArray[np.int_], scale: float) -> FloatArray:
-    n_in = mel.shape[1]
-    src = np.maximum(scale * (out_idx.astype(np.float64) + 0.5) - 0.5, 0.0)
-    lo = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
-    hi = np.minimum(lo + 1, n_in - 1)
-    lam = (src - lo).astype(np.float32)
-    out = mel[:, lo] * (1.0 - lam) + mel[:, hi] * lam
-    return np.asarray(out, dtype=np.float32)
-
-
-class SpeedResampler:
-    """Per-request, per-utterance mel resampler for ``speed != 1`` that also works streamed.
-
-    Upstream (model.py ``CosyVoice3Model.token2wav``) supports speed only in one-shot mode. Here
-    a one-shot call (the first push is final) matches ``F.interpolate`` exactly (scale
-    ``F_in / int(F_in / speed)``); streamed pushes use the constant scale ``speed`` and emit an
-    output frame as soon as both input frames it mixes exist. Either way the utterance ends with
-    ``int(F_total / speed)`` frames.
-    """
-
-    def __init__(self, speed: float) -> None:
-        if speed <= 0:
-            raise ValueError(f"speed must be > 0, got {speed}")
-        self.speed = float(speed)
-        self._mel: FloatArray | None = None
-        self._emitted_frames = 0
-        self._pushed = False
-
-    def push(self, new_mel: FloatArray, final: bool) -> FloatArray:
-        """Add float32 [80, k] mel frames; return the resampled frames that became ready."""
-        first_push = not self._pushed
-        self._pushed = True
-        mel = new_mel if self._mel is None else np.concatenate([self._mel, new_mel], axis=1)
-        self._mel = mel
-        if self.speed == 1.0:
-            self._mel = mel[:, :0]
-            return new_mel
-        n_in = mel.shape[1]
-        if n_in == 0:
-            return mel
-        if final:
-            end = int(n_in / self.speed)
-            if first_push:
-                return resample_mel_linear(mel, end)
-        else:
-            # frame j needs input frame floor(src_j) + 1 <= n_in - 1
-            end = math.floor((n_in - 1.5) / self.speed - 0.5) + 1
-            end = min(max(end, 0), int(n_in / self.speed))
-        if end <= self._emitted_frames:
-            return mel[:, :0]
-        out = _interpolate_frames(mel, np.arange(self._emitted_frames, end), self.speed)
-        self._emitted_frames = end
-        return out
-
-
-class GrowingNoise:
-    """A per-request noise buffer that grows in fixed blocks, so its prefix never changes.
-
-    Streamed and one-shot synthesis of the same request read identical noise for every frame,
-    whatever lengths they ask for: upstream keeps one fixed buffer for the same reason
-    (flow_matching.py ``CausalConditionalCFM.rand_noise``; generator.py source noise).
-
-    Args:
-        rng: the request's generator for this buffer (not shared with sampling).
-        channels: values per frame (80 mel bins for the flow, 9 for the vocoder).
-        kind: ``"normal"`` (N(0,1)) or ``"uniform"`` (U[0,1)).
-        block_frames: frames drawn at a time.
-    """
-
-    def __init__(
-        self, rng: np.random.Generator, channels: int, kind: str, block_frames: int = 1000
-    ) -> None:
-        if kind not in ("normal", "uniform"):
-            raise ValueError(f"kind must be normal or uniform, got {kind!r}")
-        self._rng = rng
-        self.channels = channels
-        self.kind = kind
-        self.block_frames = block_frames
-        self._data = np.zeros((0, channels), dtype=np.float32)
-
-    def take(self, n_frames: int) -> FloatArray:
-        """float32 [n_frames, channels], the first ``n_frames`` frames of the buffer (a view)."""
-        if n_frames > self._data.shape[0]:
-            missing = n_frames - self._data.shape[0]
-            n_blocks = -(-missing // self.block_frames)
-            blocks = [self._data]
-            for _ in range(n_blocks):
-                shape = (self.block_frames, self.channels)
-                if self.kind == "normal":
-                    blocks.append(self._rng.standard_normal(shape, dtype=np.float32))
-                else:
-                    blocks.append(self._rng.random(shape, dtype=np.float32))
-            self._data = np.concatenate(blocks, axis=0)
-        return self._data[:n_frames]
+def _static_batch(estimator: Any) -> int | None:
+    """Declared batch of the estimator's ``x`` (2 in the upstream export), None if symbolic."""
+    try:
+        dim = estimator.input_shape("x")[0]
+    except (KeyError, IndexError, AttributeError):
+        return None
+    return dim if isinstance(dim, int) and dim > 0 else None
 
 
 class FlowRunner:
@@ -218,17 +132,9 @@ class FlowRunner:
     """
 
     def __init__(self, model: CosyVoice3Model) -> None:
+        self.model = model
         self.encoder = model.flow_encoder
         self.estimator = model.estimator
-        est_in = set(self.estimator.spec.inputs)
-        missing = [n for n in _ESTIMATOR_INPUTS if n not in est_in]
-        if missing or len(self.estimator.spec.outputs) != 1:
-            raise GraphSignatureMismatch(
-                f"estimator {self.estimator.spec.file}: expected inputs {list(_ESTIMATOR_INPUTS)} "
-                f"and one output, found inputs {sorted(est_in)} and outputs "
-                f"{sorted(self.estimator.spec.outputs)}; use flow.decoder.estimator.fp32.onnx "
-                "from FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
-            )
         enc_in, enc_out = set(self.encoder.spec.inputs), set(self.encoder.spec.outputs)
         if not set(_ENCODER_INPUTS) <= enc_in or not set(_ENCODER_OUTPUTS) <= enc_out:
             raise GraphSignatureMismatch(
@@ -237,17 +143,26 @@ class FlowRunner:
                 f"{sorted(enc_out)}; "
                 "use flow_encoder.onnx from Masterx/Fun-CosyVoice3-0.5B-2512-ONNX"
             )
-        self._velocity_name = next(iter(self.estimator.spec.outputs))
-        batch = self._static_batch()
-        # None = try batch 1 once; False after a failure. A graph property, not request state.
-        self._batch1_ok: bool | None = None if batch in (None, 1) else False
+        self._velocity_name = _check_estimator(self.estimator)
+        # per estimator graph: None = try batch 1 once; False after a failure (a graph
+        # property, not request state)
+        self._batch1_ok: dict[int, bool | None] = {}
 
-    def _static_batch(self) -> int | None:
-        try:
-            dim = self.estimator.input_shape("x")[0]
-        except (KeyError, IndexError, AttributeError):
-            return None
-        return dim if isinstance(dim, int) and dim > 0 else None
+    def estimator_for(self, precision: str | None) -> Any:
+        """The estimator graph of ``precision`` (None = the one loaded at start)."""
+        if precision is None or not hasattr(self.model, "estimator_for"):
+            return self.estimator
+        graph = self.model.estimator_for(precision)  # type: ignore[arg-type]
+        if graph is not self.estimator:
+            _check_estimator(graph)
+        return graph
+
+    def _batch1_state(self, estimator: Any) -> bool | None:
+        key = id(estimator)
+        if key not in self._batch1_ok:
+            batch = _static_batch(estimator)
+            self._batch1_ok[key] = None if batch in (None, 1) else False
+        return self._batch1_ok[key]
 
     # -- graph calls ------------------------------------------------------------------------
     def encode(
@@ -280,10 +195,13 @@ class FlowRunner:
         t: float,
         guided: bool,
         cfg_rate: float,
+        estimator: Any = None,
     ) -> FloatArray:
         """Velocity at time t: CFG batch 2 when ``guided``, otherwise conditional only."""
+        estimator = self.estimator if estimator is None else estimator
         n_frames = x.shape[1]
-        if not guided and self._batch1_ok is not False:
+        batch1 = self._batch1_state(estimator)
+        if not guided and batch1 is not False:
             feeds = {
                 "x": x[None],
                 "mask": np.ones((1, 1, n_frames), dtype=np.float32),
@@ -293,14 +211,14 @@ class FlowRunner:
                 "cond": cond[None],
             }
             try:
-                v = self.estimator.run(feeds, [self._velocity_name])[self._velocity_name]
+                v = estimator.run(feeds, [self._velocity_name])[self._velocity_name]
             except SynthesisFailed:
-                if self._batch1_ok:
+                if batch1:
                     raise
                 logger.debug("estimator rejects batch 1; using batch 2 for unguided steps")
-                self._batch1_ok = False
+                self._batch1_ok[id(estimator)] = False
             else:
-                self._batch1_ok = True
+                self._batch1_ok[id(estimator)] = True
                 return np.asarray(v, dtype=np.float32)[0]
         zeros = np.zeros_like(mu)
         feeds = {
@@ -311,7 +229,7 @@ class FlowRunner:
             "spks": np.stack([spks, np.zeros_like(spks) if guided else spks]),
             "cond": np.stack([cond, zeros if guided else cond]),
         }
-        v2 = np.asarray(self.estimator.run(feeds, [self._velocity_name])[self._velocity_name])
+        v2 = np.asarray(estimator.run(feeds, [self._velocity_name])[self._velocity_name])
         v2 = v2.astype(np.float32, copy=False)
         return cfg_combine(v2[0], v2[1], cfg_rate) if guided else v2[0]
 
@@ -326,6 +244,7 @@ class FlowRunner:
         cfg_rate: float,
         cfg_steps: int | None = None,
         should_stop: ShouldStop | None = None,
+        precision: str | None = None,
     ) -> FloatArray:
         """Euler ODE solve from noise to mel (flow_matching.py ``solve_euler``).
 
@@ -335,6 +254,7 @@ class FlowRunner:
             steps: Euler steps n; cfg_rate: CFG rate.
             cfg_steps: CFG only in the first ``cfg_steps`` steps (None = all).
             should_stop: checked before every Euler step.
+            precision: estimator precision ("fp32", "int8"); None = the one loaded at start.
 
         Returns:
             float32 [80, F], the mel at t = 1.
@@ -346,13 +266,14 @@ class FlowRunner:
         n_guided = steps if cfg_steps is None else max(0, min(cfg_steps, steps))
         if cfg_rate == 0.0:
             n_guided = 0  # (1 + 0) v_cond - 0 v_uncond == v_cond
+        estimator = self.estimator_for(precision)
         x = np.array(x0, dtype=np.float32, copy=True)
         for k in range(steps):
             if should_stop is not None and should_stop():
                 raise SynthesisCancelled("synthesis cancelled during the flow (Euler step)")
             t = float(t_span[k])
             dt = t_span[k + 1] - t_span[k]
-            v = self._velocity(x, mu, spks, cond, t, k < n_guided, cfg_rate)
+            v = self._velocity(x, mu, spks, cond, t, k < n_guided, cfg_rate, estimator)
             x += dt * v
         return x
 
@@ -369,6 +290,7 @@ class FlowRunner:
         times: StageTimes | None = None,
         *,
         generated_offset_tokens: int = 0,
+        precision: str | None = None,
     ) -> FloatArray:
         """Mel frames for the generated tokens (flow.py ``CausalMaskedDiffWithDiT.inference``).
 
@@ -387,6 +309,7 @@ class FlowRunner:
             times: ``flow_s`` and ``flow_calls`` are added to.
             generated_offset_tokens: index (in the whole generated sequence) of the first
                 generated token in ``tokens``; > 0 with a bounded left context.
+            precision: estimator precision ("fp32", "int8"); None = the one loaded at start.
 
         Returns:
             float32 [80, 2T - 2P - drop_lookahead_frames].
@@ -418,7 +341,7 @@ class FlowRunner:
         ).astype(np.float32)
         cond = np.zeros_like(mu)
         cond[:, :prompt_frames] = np.asarray(voice.prompt_mel, dtype=np.float32).T
-        mel = self.solve(x0, mu, spks, cond, steps, cfg_rate, cfg_steps, should_stop)
+        mel = self.solve(x0, mu, spks, cond, steps, cfg_rate, cfg_steps, should_stop, precision)
         elapsed = time.perf_counter() - start
         if times is not None:
             times.flow_s += elapsed

@@ -41,6 +41,7 @@ from . import constants as C
 from .errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed, SynthesisTimeout
 from .graphs import ORT_ERRORS
 from .options import StageTimes
+from .prefix_cache import PrefixCache
 from .sampling import decode_limits, sample_step
 from .types import LlmPrompt, ShouldStop
 
@@ -102,13 +103,16 @@ class LlmDecoder:
             ``speech_embedding`` graphs and ``dims`` are used; nothing is stored per request).
         kv_mode: ``"auto"``, ``"iobinding"`` or ``"numpy"`` (module docstring); both paths
             give bit-identical logits.
+        prefix_cache_entries: voices whose prefix KV is kept (:mod:`.prefix_cache`; 0 = off).
 
     Raises:
         GraphSignatureMismatch: the LLM graph lacks an input/output the dims imply.
         ValueError: unknown ``kv_mode``.
     """
 
-    def __init__(self, model: CosyVoice3Model, *, kv_mode: KvMode = "auto") -> None:
+    def __init__(
+        self, model: CosyVoice3Model, *, kv_mode: KvMode = "auto", prefix_cache_entries: int = 16
+    ) -> None:
         if kv_mode not in ("auto", "iobinding", "numpy"):
             raise ValueError(f"kv_mode must be 'auto', 'iobinding' or 'numpy', got {kv_mode!r}")
         self._model = model
@@ -125,6 +129,7 @@ class LlmDecoder:
         self._present_names = [f"present.{i}.{kind}" for i in layers for kind in ("key", "value")]
         self._output_names = ["logits", *self._present_names]
         self._check_names()
+        self.prefix_cache = PrefixCache(prefix_cache_entries)
 
     def _check_names(self) -> None:
         session = self._llm.session
@@ -199,7 +204,8 @@ class LlmDecoder:
         """Run the LLM on ``embeds`` after the positions already in ``state``; extend its cache.
 
         Works from any state, so a prompt can be fed in parts (a cached voice prefix, then the
-        request's part) with the same result as in one call.
+        request's part): mathematically the same as one call; numerically equal up to rounding
+        and, in the int8 graph, the per-call activation quantisation.
 
         Args:
             state: the request's state (modified: ``kv`` replaced, ``past_len`` advanced).
@@ -222,6 +228,19 @@ class LlmDecoder:
             logits = self._run_numpy(state, embeds, mask, positions)
         state.past_len = total
         return logits
+
+    def prefill_prompt(self, prompt: LlmPrompt) -> tuple[DecodeState, np.ndarray, int]:
+        """Prefill a whole prompt in two calls: the voice prefix (from :attr:`prefix_cache`
+        when present) and the request part. Returns (state, last logits float32 [V],
+        positions prefilled)."""
+        key = self.prefix_cache.key(prompt.prompt_text_ids)
+        state = self.prefix_cache.get(key)
+        if state is None:
+            state = self.new_state()
+            self.prefill(state, self.prefix_embeddings(prompt))
+            self.prefix_cache.put(key, state)
+        logits = self.prefill(state, self.request_embeddings(prompt))
+        return state, logits, state.past_len
 
     def step(self, state: DecodeState, token: int) -> np.ndarray:
         """Feed one generated speech token; returns the next logits float32 [V]."""
@@ -309,13 +328,11 @@ class LlmDecoder:
         if fixed_tokens is not None:
             min_len = max_len = fixed_tokens
         max_len = min(max_len, max_tokens)
-        state = self.new_state()
         if max_len <= 0:
             return
         self._check(should_stop, deadline, 0)
         started = time.perf_counter()
-        embeds = self.prompt_embeddings(prompt)
-        logits = self.prefill(state, embeds)
+        state, logits, n_prompt = self.prefill_prompt(prompt)
         prefill_s = time.perf_counter() - started
         if times is not None:
             times.llm_prefill_s += prefill_s
@@ -351,7 +368,7 @@ class LlmDecoder:
         _LOGGER.debug(
             "LLM: %d prompt positions prefilled in %.1f ms; %d tokens (min %d, max %d) "
             "in %.1f ms (%.2f ms/token)",
-            embeds.shape[1],
+            n_prompt,
             prefill_s * 1e3,
             n_tokens,
             min_len,

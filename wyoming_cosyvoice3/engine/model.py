@@ -16,6 +16,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
@@ -33,7 +34,10 @@ from .graphs import (
     GraphSpec,
     load_llm,
 )
-from .options import LLM_FILES, EngineOptions
+from .options import LLM_FILES, EngineOptions, FlowPrecision
+
+if TYPE_CHECKING:
+    from .embedding_table import TableEmbedding
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +128,46 @@ def read_dims(llm: Graph, flow_encoder: Graph, hift: Graph) -> ModelDims:
     )
 
 
+def _graph(item: Graph | TableEmbedding) -> Graph:
+    if not isinstance(item, Graph):
+        raise TypeError(f"expected an onnxruntime Graph, got {item!r}")
+    return item
+
+
+def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> Graph:
+    """Load the DiT estimator: the fp32 file itself, or its cached int8 version.
+
+    The int8 graph keeps the contract's spec (file name included, so errors and benchmark
+    records name the contract file); its session reads the quantised file.
+
+    Raises:
+        ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
+    """
+    source = model_dir / ESTIMATOR.file
+    path = source
+    if precision == "int8":
+        from .quantize import derived_files_dir, ensure_int8_estimator
+
+        path = ensure_int8_estimator(source, derived_files_dir(model_dir, options.cache_dir))
+    return Graph(path, ESTIMATOR, options.threads, options.providers)
+
+
+def _text_embedding(model_dir: Path, options: EngineOptions) -> TableEmbedding | None:
+    """The memory-mapped text embedding, or None (option off, not a plain lookup, no cache)."""
+    wanted = options.mmap_embeddings
+    if not (options.cache_dir is not None if wanted is None else wanted):
+        return None
+    from .embedding_table import load_table_embedding
+    from .quantize import derived_files_dir
+
+    try:
+        cache = derived_files_dir(model_dir, options.cache_dir)
+        return load_table_embedding(model_dir / TEXT_EMBEDDING.file, TEXT_EMBEDDING, cache)
+    except (OSError, ModelLoadError, ValueError) as exc:
+        log.warning("text embedding table not memory-mapped (%s); using the graph", exc)
+        return None
+
+
 @functools.lru_cache(maxsize=4)
 def _read_tokenizer(path: str, size: int, mtime_ns: int) -> Tokenizer:
     """Parse tokenizer.json once per (path, size, mtime): parsing the 10 MB file takes ~1 s.
@@ -161,6 +205,10 @@ class CosyVoice3Model:
     """Tokenizer, graphs and dimensions of one model directory (shared, read-only).
 
     Graph sessions are thread-safe for ``run``; per-request state never lives here.
+    ``estimator`` is the DiT estimator of ``options.flow_precision``; the other precision is
+    loaded on first use by :meth:`estimator_for`. ``text_embedding`` is a memory-mapped
+    :class:`~.embedding_table.TableEmbedding` when ``options.mmap_embeddings`` and the graph is
+    a plain lookup, else the graph.
     """
 
     def __init__(
@@ -169,21 +217,23 @@ class CosyVoice3Model:
         options: EngineOptions,
         tokenizer: Tokenizer,
         end_of_prompt_id: int,
-        graphs: dict[str, Graph],
+        graphs: dict[str, Graph | TableEmbedding],
     ) -> None:
         self.model_dir = model_dir
         self.options = options
         self.tokenizer = tokenizer
         self.end_of_prompt_id = end_of_prompt_id
-        self.text_embedding = graphs["text_embedding"]
-        self.speech_embedding = graphs["speech_embedding"]
-        self.llm = graphs["llm"]
-        self.flow_encoder = graphs["flow_encoder"]
-        self.estimator = graphs["estimator"]
-        self.hift = graphs["hift"]
+        self.text_embedding: Graph | TableEmbedding = graphs["text_embedding"]
+        self.speech_embedding = _graph(graphs["speech_embedding"])
+        self.llm = _graph(graphs["llm"])
+        self.flow_encoder = _graph(graphs["flow_encoder"])
+        self.estimator = _graph(graphs["estimator"])
+        self.hift = _graph(graphs["hift"])
         self.dims = read_dims(self.llm, self.flow_encoder, self.hift)
         self._voice_lock = threading.Lock()
         self._voice_encoders: tuple[Graph, Graph] | None = None
+        self._estimators: dict[str, Graph] = {options.flow_precision: self.estimator}
+        self._estimator_lock = threading.Lock()
 
     @classmethod
     def load(cls, model_dir: Path, options: EngineOptions | None = None) -> CosyVoice3Model:
@@ -209,14 +259,14 @@ class CosyVoice3Model:
         def graph(spec: GraphSpec) -> Graph:
             return Graph(model_dir / spec.file, spec, threads, providers)
 
-        graphs = {
-            "text_embedding": graph(TEXT_EMBEDDING),
+        graphs: dict[str, Graph | TableEmbedding] = {
             "speech_embedding": graph(SPEECH_EMBEDDING),
             "llm": load_llm(model_dir / LLM_FILES[options.llm_precision], threads, providers),
             "flow_encoder": graph(FLOW_ENCODER),
-            "estimator": graph(ESTIMATOR),
+            "estimator": load_estimator(model_dir, options, options.flow_precision),
             "hift": graph(HIFT),
         }
+        graphs["text_embedding"] = _text_embedding(model_dir, options) or graph(TEXT_EMBEDDING)
         model = cls(model_dir, options, tokenizer, eop, graphs)
         if model.dims.speech_vocab_rows <= C.FILL_TOKEN:
             raise GraphSignatureMismatch(
@@ -234,6 +284,24 @@ class CosyVoice3Model:
             model.llm.providers,
         )
         return model
+
+    def estimator_for(self, precision: FlowPrecision) -> Graph:
+        """The DiT estimator of ``precision`` ("fp32" or "int8"), loaded on first use
+        (thread-safe; the int8 file is quantised once, see :mod:`.quantize`).
+
+        Raises:
+            ValueError: unknown precision.
+            ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
+        """
+        if precision not in ("fp32", "int8"):
+            raise ValueError(f"flow_precision must be fp32 or int8, got {precision!r}")
+        with self._estimator_lock:
+            if precision not in self._estimators:
+                log.info("loading the %s DiT estimator on first use", precision)
+                self._estimators[precision] = load_estimator(
+                    self.model_dir, self.options, precision
+                )
+            return self._estimators[precision]
 
     def voice_encoders(self) -> tuple[Graph, Graph]:
         """(campplus, speech_tokenizer_v3), loaded on first use (thread-safe).

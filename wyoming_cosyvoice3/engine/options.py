@@ -35,8 +35,9 @@ class EngineOptions:
         cache_dir: where derived files go (int8 estimator, extracted embedding tables);
             ``None`` = the model directory if writable, else ``~/.cache/wyoming-cosyvoice3``.
         mmap_embeddings: serve the text embedding from a memory-mapped table extracted once
-            from text_embedding_fp16.onnx (only when the graph is a plain Gather [+ Cast], so
-            the output is bit-identical; otherwise the graph is used).
+            from text_embedding_fp16.onnx into ``cache_dir`` (only when the graph is a plain
+            Gather [+ Cast], so the output is bit-identical; otherwise the graph is used).
+            ``None`` (default) = on when ``cache_dir`` is set, so a bare engine writes nothing.
     """
 
     llm_precision: LlmPrecision = "int8"
@@ -46,7 +47,7 @@ class EngineOptions:
     load_voice_encoders: bool = False
     flow_precision: FlowPrecision = "fp32"
     cache_dir: Path | None = None
-    mmap_embeddings: bool = True
+    mmap_embeddings: bool | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value is out of range."""

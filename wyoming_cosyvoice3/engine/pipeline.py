@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,99 +24,27 @@ import numpy.typing as npt
 
 from . import bench_hooks
 from . import constants as C
-from .errors import SynthesisTimeout
-from .flow import FlowRunner, GrowingNoise, SpeedResampler
+from .flow import FlowRunner, SpeedResampler
 from .llm import LlmDecoder
 from .model import CosyVoice3Model
-from .options import EngineOptions, StageTimes, SynthesisOptions
-from .sampling import SilentRunFilter
+from .options import EngineOptions, SynthesisOptions
+from .producer import TokenProducer
+from .request import PieceState, RequestState, flow_prompt_features
 from .text.frontend import TextFrontend
-from .types import AudioChunk, LlmPrompt, ShouldStop, SynthesisResult, VoicePrompt
+from .types import (
+    AudioChunk,
+    LlmPrompt,
+    ShouldStop,
+    SynthesisResult,
+    VoiceFeatures,
+    VoicePrompt,
+)
 from .vocoder import HiftRunner, VocoderStream
 from .voice import VoiceFeatureExtractor
 
 logger = logging.getLogger(__name__)
 
-_FLOW_NOISE_BLOCK_FRAMES = 1000
-_VOCODER_NOISE_BLOCK_SAMPLES = 480 * 500
 WARM_UP_TEXT = "Hello."
-
-
-@dataclass
-class _Request:
-    """State of one ``synthesize`` call (never stored on the engine)."""
-
-    options: SynthesisOptions
-    should_stop: ShouldStop | None
-    result: SynthesisResult
-    start_s: float
-    deadline_monotonic: float
-    rng: np.random.Generator
-    flow_noise: GrowingNoise
-    vocoder_noise: GrowingNoise
-    samples_out: int = 0
-    chunks_out: int = 0
-    last_sent: bool = False
-
-    @classmethod
-    def create(
-        cls, options: SynthesisOptions, should_stop: ShouldStop | None, result: SynthesisResult
-    ) -> _Request:
-        # one seed -> three independent streams: RAS sampling, flow noise, vocoder noise
-        sampling_seq, flow_seq, voc_seq = np.random.SeedSequence(options.seed).spawn(3)
-        return cls(
-            options=options,
-            should_stop=should_stop,
-            result=result,
-            start_s=time.perf_counter(),
-            deadline_monotonic=time.monotonic() + options.max_request_s,
-            rng=np.random.default_rng(sampling_seq),
-            flow_noise=GrowingNoise(
-                np.random.default_rng(flow_seq), C.MEL_BINS, "normal", _FLOW_NOISE_BLOCK_FRAMES
-            ),
-            vocoder_noise=GrowingNoise(
-                np.random.default_rng(voc_seq),
-                C.HARMONIC_CHANNELS,
-                "uniform",
-                _VOCODER_NOISE_BLOCK_SAMPLES,
-            ),
-        )
-
-    @property
-    def times(self) -> StageTimes:
-        return self.result.times
-
-    def now(self) -> float:
-        """Seconds since the request started."""
-        return time.perf_counter() - self.start_s
-
-    def check(self) -> bool:
-        """Cancellation callable for the stages: True = stop; raises past the deadline."""
-        if self.should_stop is not None and self.should_stop():
-            return True
-        if time.monotonic() > self.deadline_monotonic:
-            raise SynthesisTimeout(
-                f"request exceeded max_request_s={self.options.max_request_s:g} s; raise it "
-                "or send shorter text"
-            )
-        return False
-
-    def event(self, stage: str, start_s: float) -> None:
-        """Record a timeline event from ``start_s`` (request-relative) until now."""
-        self.times.events.append((stage, start_s, self.now()))
-
-
-@dataclass
-class _Piece:
-    """State of one text piece (utterance) inside a request."""
-
-    index: int
-    hop_tokens: int
-    resampler: SpeedResampler
-    vocoder: VocoderStream
-    tokens: list[int] = field(default_factory=list)
-    offset_tokens: int = 0
-    silent_filter: SilentRunFilter = field(default_factory=SilentRunFilter)
 
 
 class CosyVoice3Engine:
@@ -167,10 +94,17 @@ class CosyVoice3Engine:
         bench_hooks.record_voice(name, time.perf_counter() - started)
         return voice
 
-    def warm_up(self, voice: VoicePrompt) -> None:
-        """Run one short synthesis so onnxruntime allocates its buffers before real requests."""
+    def warm_up(self, voice: VoicePrompt, options: SynthesisOptions | None = None) -> None:
+        """Run one short synthesis so onnxruntime allocates its buffers before real requests.
+
+        Pass the options requests will use (the server's preset): an estimator precision
+        not loaded yet is loaded (and quantised, once) here instead of in the first request,
+        and the voice's prefix KV is cached.
+        """
         started = time.perf_counter()
-        for _ in self.synthesize(WARM_UP_TEXT, voice, SynthesisOptions(max_decode_tokens=50)):
+        base = options or SynthesisOptions()
+        warm = base.replace(max_decode_tokens=min(base.max_decode_tokens, 50))
+        for _ in self.synthesize(WARM_UP_TEXT, voice, warm):
             pass
         logger.debug("warm-up done in %.2f s", time.perf_counter() - started)
 
@@ -213,7 +147,7 @@ class CosyVoice3Engine:
         should_stop: ShouldStop | None,
         result: SynthesisResult,
     ) -> Iterator[AudioChunk]:
-        req = _Request.create(options, should_stop, result)
+        req = RequestState.create(options, should_stop, result)
         try:
             yield from self._run(text, voice, req)
         finally:
@@ -239,76 +173,122 @@ class CosyVoice3Engine:
                 t.vocoder_s,
             )
 
-    def _run(self, text: str, voice: VoicePrompt, req: _Request) -> Iterator[AudioChunk]:
+    def _run(self, text: str, voice: VoicePrompt, req: RequestState) -> Iterator[AudioChunk]:
         started = req.now()
         pieces = self.frontend.split_pieces(text)
+        prompts = [self.frontend.build_prompt(piece, voice) for piece in pieces]
         req.times.frontend_s += req.now() - started
         req.event("frontend", started)
         req.result.pieces = len(pieces)
-        for index, piece_text in enumerate(pieces):
-            is_last_piece = index == len(pieces) - 1
-            started = req.now()
-            prompt = self.frontend.build_prompt(piece_text, voice)
-            req.times.frontend_s += req.now() - started
-            logger.debug("piece %d (%s): %r", index, prompt.mode, piece_text)
-            fixed = req.options.fixed_tokens_per_char
-            fixed_tokens = None if fixed is None else max(1, round(fixed * len(piece_text)))
-            for samples, final in self._piece_audio(prompt, voice, req, index, fixed_tokens):
-                chunk = self._chunk(samples, req, index, final and is_last_piece)
-                if chunk is not None:
-                    yield chunk
+        if not pieces:
+            return
+        fixed = req.options.fixed_tokens_per_char
+        fixed_tokens = [None if fixed is None else max(1, round(fixed * len(p))) for p in pieces]
+        flow_voice = flow_prompt_features(voice.features, req.options.flow_prompt_tokens)
+        producer: TokenProducer[tuple[int, int | None]] | None = None
+        if req.options.overlap_decoding:
+            producer = TokenProducer(
+                lambda stop: self._token_stream(prompts, fixed_tokens, req, stop)
+            ).start()
+            stream: Iterator[tuple[int, int | None]] = iter(producer)
+        else:
+            stream = self._token_stream(prompts, fixed_tokens, req, None)
+        try:
+            piece: PieceState | None = None
+            for index, token in stream:
+                if piece is None:
+                    piece = self._new_piece(index, req)
+                    logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
+                if token is not None:
+                    samples = self._accept(piece, token, flow_voice, req)
+                    final = False
+                else:  # end of the piece: flush every remaining token
+                    samples = self._flush(piece, flow_voice, req)
+                    final, piece = True, None
+                if samples is not None:
+                    is_last = final and index == len(pieces) - 1
+                    chunk = self._chunk(samples, req, index, is_last)
+                    if chunk is not None:
+                        yield chunk
+        finally:
+            if producer is not None:
+                producer.close()
         if req.chunks_out and not req.last_sent:
             # the last piece produced no audio: close the stream with an empty last chunk
             yield self._make_chunk(np.zeros(0, dtype=np.float32), req, len(pieces) - 1, True)
 
-    def _piece_audio(
+    def _token_stream(
         self,
-        prompt: LlmPrompt,
-        voice: VoicePrompt,
-        req: _Request,
-        index: int,
-        fixed_tokens: int | None = None,
-    ) -> Iterator[tuple[npt.NDArray[np.float32], bool]]:
-        """Decode one piece and yield ``(samples, final)`` per chunk (spec section 7)."""
+        prompts: list[LlmPrompt],
+        fixed_tokens: list[int | None],
+        req: RequestState,
+        stopped: ShouldStop | None,
+    ) -> Iterator[tuple[int, int | None]]:
+        """``(piece index, token)`` for every accepted LLM token of every piece, then
+        ``(piece index, None)`` at the end of each piece. Runs in the producer thread with
+        ``overlap_decoding``; records "llm" timeline spans (split where the consumer worked)."""
+
+        def should_stop() -> bool:
+            return (stopped is not None and stopped()) or req.check()
+
         opts = req.options
-        piece = _Piece(
+        for index, prompt in enumerate(prompts):
+            span = req.now()
+            tokens = self.llm.decode(
+                prompt,
+                req.rng,
+                should_stop=should_stop,
+                max_tokens=opts.max_decode_tokens,
+                deadline=req.deadline_monotonic,
+                times=req.times,
+                fixed_tokens=fixed_tokens[index],
+            )
+            for token in tokens:
+                handed = req.now()
+                yield index, token
+                if req.now() - handed > 1e-3:  # the consumer ran a chunk in between
+                    req.event("llm", span, handed)
+                    span = req.now()
+            req.event("llm", span)
+            yield index, None
+
+    def _new_piece(self, index: int, req: RequestState) -> PieceState:
+        return PieceState(
             index=index,
-            hop_tokens=opts.first_hop_tokens,
-            resampler=SpeedResampler(opts.speed),
+            hop_tokens=req.options.first_hop_tokens,
+            resampler=SpeedResampler(req.options.speed),
             vocoder=VocoderStream(self.hift, req.vocoder_noise),
         )
-        llm_start = req.now()
-        tokens = self.llm.decode(
-            prompt,
-            req.rng,
-            should_stop=req.check,
-            max_tokens=opts.max_decode_tokens,
-            deadline=req.deadline_monotonic,
-            times=req.times,
-            fixed_tokens=fixed_tokens,
-        )
-        for token in tokens:
-            if not piece.silent_filter.accept(token):
-                continue
-            piece.tokens.append(token)
-            pending = len(piece.tokens) - piece.offset_tokens
-            if opts.streaming and pending >= piece.hop_tokens + C.PRE_LOOKAHEAD_TOKENS:
-                req.event("llm", llm_start)
-                yield self._advance(piece, voice, req, final=False), False
-                llm_start = req.now()
-        req.event("llm", llm_start)
+
+    def _accept(
+        self, piece: PieceState, token: int, voice: VoiceFeatures, req: RequestState
+    ) -> npt.NDArray[np.float32] | None:
+        """Take one LLM token (silent-run filter); run a chunk once hop + lookahead are in."""
+        if not piece.silent_filter.accept(token):
+            return None
+        piece.tokens.append(token)
+        pending = len(piece.tokens) - piece.offset_tokens
+        if req.options.streaming and pending >= piece.hop_tokens + C.PRE_LOOKAHEAD_TOKENS:
+            return self._advance(piece, voice, req, final=False)
+        return None
+
+    def _flush(
+        self, piece: PieceState, voice: VoiceFeatures, req: RequestState
+    ) -> npt.NDArray[np.float32] | None:
+        """The piece's last chunk (None when the LLM produced no speech tokens)."""
         if not piece.tokens:
-            logger.debug("piece %d: no speech tokens; flow and vocoder skipped", index)
-            return
-        yield self._advance(piece, voice, req, final=True), True
+            logger.debug("piece %d: no speech tokens; flow and vocoder skipped", piece.index)
+            return None
+        return self._advance(piece, voice, req, final=True)
 
     def _advance(
-        self, piece: _Piece, voice: VoicePrompt, req: _Request, final: bool
+        self, piece: PieceState, features: VoiceFeatures, req: RequestState, final: bool
     ) -> npt.NDArray[np.float32]:
         """Run the flow for the next chunk of ``piece`` and the vocoder on the new frames.
 
         Non-final: the chunk covers ``hop`` tokens and the flow also sees the next 3
         (lookahead), whose 6 mu frames are dropped. Final: every remaining token.
+        ``features`` are the flow's voice features (``flow_prompt_tokens`` applied).
         """
         opts = req.options
         offset = piece.offset_tokens
@@ -320,7 +300,6 @@ class CosyVoice3Engine:
             advance = piece.hop_tokens
         left = opts.flow_left_context_tokens
         start = max(0, offset - left) if left > 0 else 0
-        features = voice.features
         flow_tokens = np.concatenate(
             [
                 np.asarray(features.speech_tokens, dtype=np.int64).reshape(-1),
@@ -340,6 +319,7 @@ class CosyVoice3Engine:
             should_stop=req.check,
             times=req.times,
             generated_offset_tokens=start,
+            precision=opts.flow_precision,
         )
         req.event("flow", began)
         new_mel = mel[:, C.TOKEN_MEL_RATIO * (offset - start) :]
@@ -363,7 +343,7 @@ class CosyVoice3Engine:
         return samples
 
     def _chunk(
-        self, samples: npt.NDArray[np.float32], req: _Request, index: int, is_last: bool
+        self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool
     ) -> AudioChunk | None:
         if len(samples) == 0 and not is_last:
             return None
@@ -372,7 +352,7 @@ class CosyVoice3Engine:
         return self._make_chunk(samples, req, index, is_last)
 
     def _make_chunk(
-        self, samples: npt.NDArray[np.float32], req: _Request, index: int, is_last: bool
+        self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool
     ) -> AudioChunk:
         elapsed = req.now()
         if req.result.first_chunk_s is None and len(samples):

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from . import constants as C
 from .errors import GraphSignatureMismatch, SynthesisCancelled
-from .flow import GrowingNoise
+from .melops import GrowingNoise
 from .options import StageTimes
 from .types import ShouldStop
 

@@ -1,0 +1,123 @@
+"""Per-request and per-piece state of one ``synthesize`` call (never stored on the engine).
+
+Split out of :mod:`.pipeline`. One seed gives three independent random streams: RAS sampling
+(used only by the LLM decoder, which may run in a producer thread), the flow noise and the
+vocoder noise (both used only by the consumer), so overlapping decoding with the flow leaves
+every stream's draws unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import constants as C
+from .errors import SynthesisTimeout
+from .melops import GrowingNoise, SpeedResampler
+from .options import StageTimes, SynthesisOptions
+from .sampling import SilentRunFilter
+from .types import ShouldStop, SynthesisResult, VoiceFeatures
+from .vocoder import VocoderStream
+
+FLOW_NOISE_BLOCK_FRAMES = 1000
+VOCODER_NOISE_BLOCK_SAMPLES = 480 * 500
+
+
+@dataclass
+class RequestState:
+    """State of one ``synthesize`` call."""
+
+    options: SynthesisOptions
+    should_stop: ShouldStop | None
+    result: SynthesisResult
+    start_s: float
+    deadline_monotonic: float
+    rng: np.random.Generator
+    flow_noise: GrowingNoise
+    vocoder_noise: GrowingNoise
+    samples_out: int = 0
+    chunks_out: int = 0
+    last_sent: bool = False
+
+    @classmethod
+    def create(
+        cls, options: SynthesisOptions, should_stop: ShouldStop | None, result: SynthesisResult
+    ) -> RequestState:
+        # one seed -> three independent streams: RAS sampling, flow noise, vocoder noise
+        sampling_seq, flow_seq, voc_seq = np.random.SeedSequence(options.seed).spawn(3)
+        return cls(
+            options=options,
+            should_stop=should_stop,
+            result=result,
+            start_s=time.perf_counter(),
+            deadline_monotonic=time.monotonic() + options.max_request_s,
+            rng=np.random.default_rng(sampling_seq),
+            flow_noise=GrowingNoise(
+                np.random.default_rng(flow_seq), C.MEL_BINS, "normal", FLOW_NOISE_BLOCK_FRAMES
+            ),
+            vocoder_noise=GrowingNoise(
+                np.random.default_rng(voc_seq),
+                C.HARMONIC_CHANNELS,
+                "uniform",
+                VOCODER_NOISE_BLOCK_SAMPLES,
+            ),
+        )
+
+    @property
+    def times(self) -> StageTimes:
+        return self.result.times
+
+    def now(self) -> float:
+        """Seconds since the request started."""
+        return time.perf_counter() - self.start_s
+
+    def check(self) -> bool:
+        """Cancellation callable for the stages: True = stop; raises past the deadline."""
+        if self.should_stop is not None and self.should_stop():
+            return True
+        if time.monotonic() > self.deadline_monotonic:
+            raise SynthesisTimeout(
+                f"request exceeded max_request_s={self.options.max_request_s:g} s; raise it "
+                "or send shorter text"
+            )
+        return False
+
+    def event(self, stage: str, start_s: float, end_s: float | None = None) -> None:
+        """Record a timeline event from ``start_s`` until ``end_s`` (default now), both
+        request-relative seconds."""
+        self.times.events.append((stage, start_s, self.now() if end_s is None else end_s))
+
+
+@dataclass
+class PieceState:
+    """State of one text piece (utterance) inside a request."""
+
+    index: int
+    hop_tokens: int
+    resampler: SpeedResampler
+    vocoder: VocoderStream
+    tokens: list[int] = field(default_factory=list)
+    offset_tokens: int = 0
+    silent_filter: SilentRunFilter = field(default_factory=SilentRunFilter)
+
+
+def flow_prompt_features(features: VoiceFeatures, prompt_tokens: int) -> VoiceFeatures:
+    """The voice features the flow sees with ``SynthesisOptions.flow_prompt_tokens``.
+
+    ``prompt_tokens`` <= 0 or >= the voice's L tokens: ``features`` unchanged (spec-exact).
+    Otherwise the last ``prompt_tokens`` speech tokens and the last ``2 * prompt_tokens``
+    prompt-mel frames (they stay aligned: the prompt mel has exactly 2L frames, spec section
+    2d); the speaker embedding is unchanged. The DiT runs on every prompt frame in every Euler
+    step (spec section 7), so this bounds the fixed cost of each chunk.
+    """
+    tokens = np.asarray(features.speech_tokens, dtype=np.int64).reshape(-1)
+    if prompt_tokens <= 0 or prompt_tokens >= len(tokens):
+        return features
+    frames = C.TOKEN_MEL_RATIO * prompt_tokens
+    return VoiceFeatures(
+        speech_tokens=tokens[-prompt_tokens:],
+        speaker_embedding=features.speaker_embedding,
+        prompt_mel=np.asarray(features.prompt_mel, dtype=np.float32)[-frames:],
+    )

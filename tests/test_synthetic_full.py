@@ -23,6 +23,8 @@ from wyoming_cosyvoice3.engine.graphs import (
     llm_spec,
     load_llm,
 )
+from wyoming_cosyvoice3.engine.model import CosyVoice3Model, ModelDims
+from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.engine.synthetic.full_build import param_counts
 from wyoming_cosyvoice3.engine.synthetic.full_config import (
     PUBLISHED_BYTES,
@@ -120,6 +122,23 @@ def test_mini_llm_signature_is_the_contract_for_its_depth(
     mini, tiny = _signature(mini_dir / file), _signature(tiny_model_dir / "llm.onnx")
     assert set(mini) == {name for name in tiny if not any(f".{i}." in name for i in range(2, 24))}
     assert all(mini[name] == tiny[name] for name in mini)
+
+
+def test_mini_directory_loads_with_the_engine_loader(
+    mini_dir: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The full-width graphs plus the tiny tokenizer, text table and voice encoders (same
+    contract) form a directory that CosyVoice3Model.load accepts in every precision."""
+    model_dir = tmp_path / "mixed"
+    model_dir.mkdir()
+    for source in (mini_dir, tiny_model_dir):
+        for path in source.iterdir():
+            if path.is_file() and not (model_dir / path.name).exists():
+                (model_dir / path.name).symlink_to(path)
+    for precision in ("fp32", "int8", "q4"):
+        model = CosyVoice3Model.load(model_dir, EngineOptions(llm_precision=precision))
+        assert model.dims == ModelDims(896, MINI.llm_layers, 2, 64, 6761, 80, 192)
+        assert model.estimator.path.resolve() == (mini_dir / ESTIMATOR.file).resolve()
 
 
 def _initializers(path: Path) -> dict[str, np.ndarray]:

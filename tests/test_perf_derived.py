@@ -1,0 +1,180 @@
+"""Files derived from the model once: the int8 DiT estimator and the memory-mapped text table."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from wyoming_cosyvoice3.engine import quantize
+from wyoming_cosyvoice3.engine.embedding_table import (
+    TableEmbedding,
+    load_table_embedding,
+    plain_gather_table,
+)
+from wyoming_cosyvoice3.engine.errors import SynthesisFailed
+from wyoming_cosyvoice3.engine.graphs import TEXT_EMBEDDING, Graph
+from wyoming_cosyvoice3.engine.model import CosyVoice3Model
+from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.engine.quantize import ensure_int8_estimator
+
+EST = "flow.decoder.estimator.fp32.onnx"
+
+
+def estimator_feeds(frames: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "x": rng.standard_normal((2, 80, frames), dtype=np.float32),
+        "mask": np.ones((2, 1, frames), dtype=np.float32),
+        "mu": rng.standard_normal((2, 80, frames), dtype=np.float32),
+        "t": np.array([0.3, 0.3], dtype=np.float32),
+        "spks": rng.standard_normal((2, 80), dtype=np.float32),
+        "cond": rng.standard_normal((2, 80, frames), dtype=np.float32),
+    }
+
+
+def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
+    noise = float(np.sum((ref.astype(np.float64) - test) ** 2))
+    return 10.0 * np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / max(noise, 1e-30))
+
+
+@pytest.fixture(scope="module")
+def int8_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the tiny estimator with its int8 version quantised once (child process)."""
+    folder = tmp_path_factory.mktemp("int8")
+    shutil.copy2(tiny_model_dir / EST, folder / EST)
+    ensure_int8_estimator(folder / EST, folder)
+    return folder
+
+
+def test_int8_estimator_is_written_once_atomically_and_reused(
+    int8_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (target,) = int8_dir.glob("flow.decoder.estimator.int8-*.onnx")
+    stat = (int8_dir / EST).stat()
+    assert target.name == f"flow.decoder.estimator.int8-{stat.st_size}-{stat.st_mtime_ns}.onnx"
+    assert not list(int8_dir.glob(".*tmp*"))
+
+    def fail(*args: object) -> None:
+        raise AssertionError("quantised again")
+
+    monkeypatch.setattr(quantize, "quantize_estimator", fail)
+    monkeypatch.setattr(quantize, "_quantize_in_child", fail)
+    before = target.stat().st_mtime_ns
+    assert ensure_int8_estimator(int8_dir / EST, int8_dir) == target
+    assert target.stat().st_mtime_ns == before
+
+
+def test_int8_estimator_is_redone_when_the_source_changes(int8_dir: Path, tmp_path: Path) -> None:
+    shutil.copy2(int8_dir / EST, tmp_path / EST)
+    first = ensure_int8_estimator(tmp_path / EST, tmp_path, in_process=True)
+    stat = (tmp_path / EST).stat()
+    os.utime(tmp_path / EST, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    second = ensure_int8_estimator(tmp_path / EST, tmp_path, in_process=True)
+    assert second != first and second.is_file() and not first.exists()
+
+
+def test_int8_estimator_quantises_matmul_weights_and_stays_close(
+    int8_dir: Path, tiny_model_dir: Path
+) -> None:
+    (target,) = int8_dir.glob("flow.decoder.estimator.int8-*.onnx")
+    ops = {node.op_type for node in onnx.load(str(target)).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops
+    feeds = estimator_feeds(40)
+    ref = ort.InferenceSession(str(tiny_model_dir / EST)).run(None, feeds)[0]
+    got = ort.InferenceSession(str(target)).run(None, feeds)[0]
+    assert got.shape == ref.shape
+    assert not np.array_equal(got, ref)
+    assert snr_db(ref, got) > 20.0
+
+
+def test_model_loads_int8_estimator_on_first_use(tiny_model_dir: Path, tmp_path: Path) -> None:
+    opts = EngineOptions(threads=1, cache_dir=tmp_path, mmap_embeddings=False)
+    model = CosyVoice3Model.load(tiny_model_dir, opts)
+    assert model.estimator_for("fp32") is model.estimator
+    assert not list(tmp_path.glob("*.onnx"))
+    int8 = model.estimator_for("int8")
+    assert int8 is model.estimator_for("int8") and int8 is not model.estimator
+    assert int8.path.parent == tmp_path and int8.spec.file == EST
+
+
+def test_quantiser_failure_is_a_model_load_error(tmp_path: Path) -> None:
+    (tmp_path / EST).write_bytes(b"not an onnx file")
+    with pytest.raises(quantize.ModelLoadError, match="int8"):
+        ensure_int8_estimator(tmp_path / EST, tmp_path)
+    assert not [p for p in tmp_path.iterdir() if p.name != EST]
+
+
+# -- memory-mapped text embedding -----------------------------------------------------------
+
+
+def test_table_embedding_equals_the_graph(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    table16 = rng.standard_normal((1000, 8)).astype(np.float16)
+    source = tmp_path / TEXT_EMBEDDING.file
+    onnx.save(_plain_model(table16), str(source))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    table = load_table_embedding(source, TEXT_EMBEDDING, cache)
+    assert isinstance(table, TableEmbedding)
+    assert isinstance(table.table, np.memmap)
+    graph = Graph(source, TEXT_EMBEDDING, threads=1)
+    ids = np.array([[0, 5, 999, -1, 42, 42]], dtype=np.int64)
+    want = graph.run({"input_ids": ids})["inputs_embeds"]
+    got = table.run({"input_ids": ids})["inputs_embeds"]
+    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape == (1, 6, 8)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(SynthesisFailed):
+        table.run({"input_ids": np.array([[1000]], dtype=np.int64)})
+    # a second load reuses the extracted file
+    (npy,) = cache.glob("*.npy")
+    before = npy.stat().st_mtime_ns
+    again = load_table_embedding(source, TEXT_EMBEDDING, cache)
+    assert again is not None and npy.stat().st_mtime_ns == before
+
+
+def test_model_falls_back_to_the_graph_when_it_is_not_a_plain_lookup(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # the tiny builder's text embedding folds ids with Mod before its Gather
+    bare = CosyVoice3Model.load(tiny_model_dir, EngineOptions(threads=1))
+    assert isinstance(bare.text_embedding, Graph)
+    cached = CosyVoice3Model.load(tiny_model_dir, EngineOptions(threads=1, cache_dir=tmp_path))
+    assert isinstance(cached.text_embedding, Graph)
+    assert not list(tmp_path.glob("*.npy"))
+
+
+def _plain_model(table: np.ndarray) -> onnx.ModelProto:
+    gather = helper.make_node("Gather", ["w", "input_ids"], ["g"], axis=0)
+    cast = helper.make_node("Cast", ["g"], ["inputs_embeds"], to=TensorProto.FLOAT)
+    return _graph_model([gather, cast], table)
+
+
+def _graph_model(nodes: list[onnx.NodeProto], table: np.ndarray) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "s"])],
+        [helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT, [1, "s", None])],
+        [numpy_helper.from_array(table, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_only_plain_gather_graphs_are_accepted() -> None:
+    table16 = np.arange(12, dtype=np.float16).reshape(3, 4)
+    gather = helper.make_node("Gather", ["w", "input_ids"], ["g"], axis=0)
+    cast = helper.make_node("Cast", ["g"], ["inputs_embeds"], to=TensorProto.FLOAT)
+    found = plain_gather_table(_graph_model([gather, cast], table16))
+    assert found is not None and found[1] == "float32"
+    np.testing.assert_array_equal(found[0], table16)
+    scaled = helper.make_node("Mul", ["g", "g"], ["inputs_embeds"])
+    assert plain_gather_table(_graph_model([gather, scaled], table16)) is None
+    axis1 = helper.make_node("Gather", ["w", "input_ids"], ["inputs_embeds"], axis=1)
+    assert plain_gather_table(_graph_model([axis1], table16.astype(np.float32))) is None

@@ -1,0 +1,188 @@
+"""Performance levers on the tiny synthetic model: each exact lever gives the same output as
+the plain path, each approximating lever does what its option says (no timing assertions)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from wyoming_cosyvoice3.engine import (
+    CosyVoice3Engine,
+    EngineOptions,
+    SynthesisCancelled,
+    SynthesisOptions,
+    VoicePrompt,
+)
+from wyoming_cosyvoice3.engine.options import PRESETS
+from wyoming_cosyvoice3.engine.request import flow_prompt_features
+from wyoming_cosyvoice3.engine.synthetic.audio import write_clip
+from wyoming_cosyvoice3.engine.types import VoiceFeatures
+
+TEXT = "The kitchen lights are on. The front door is locked for the night."
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> CosyVoice3Engine:
+    return CosyVoice3Engine.load(tiny_model_dir, EngineOptions(threads=1, llm_precision="fp32"))
+
+
+@pytest.fixture(scope="module")
+def voice(engine: CosyVoice3Engine, tmp_path_factory: pytest.TempPathFactory) -> VoicePrompt:
+    clip = write_clip(tmp_path_factory.mktemp("clip") / "ref.wav", seconds=3.0)
+    return engine.prepare_voice(clip, transcript="This is a reference clip.", name="perf")
+
+
+def audio(engine: CosyVoice3Engine, voice: VoicePrompt, **opts: Any) -> np.ndarray:
+    chunks = list(engine.synthesize(TEXT, voice, SynthesisOptions(**opts)))
+    assert chunks and chunks[-1].is_last
+    return np.concatenate([c.samples for c in chunks])
+
+
+def llm_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "cosyvoice3-llm"]
+
+
+# -- flow_prompt_tokens ---------------------------------------------------------------------
+
+
+def test_flow_prompt_features_keeps_the_last_tokens_and_their_frames() -> None:
+    tokens = np.arange(10, dtype=np.int64)
+    mel = np.arange(20 * 80, dtype=np.float32).reshape(20, 80)
+    emb = np.ones(192, dtype=np.float32)
+    full = VoiceFeatures(tokens, emb, mel)
+    trimmed = flow_prompt_features(full, 4)
+    np.testing.assert_array_equal(trimmed.speech_tokens, [6, 7, 8, 9])
+    np.testing.assert_array_equal(trimmed.prompt_mel, mel[12:])
+    assert trimmed.speaker_embedding is emb
+    assert flow_prompt_features(full, 0) is full
+    assert flow_prompt_features(full, 10) is full
+
+
+def test_flow_sees_only_the_trimmed_prompt_and_llm_the_whole(
+    engine: CosyVoice3Engine, voice: VoicePrompt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen_flow: list[np.ndarray] = []
+    seen_llm: list[np.ndarray] = []
+    mel_for_tokens, decode = engine.flow.mel_for_tokens, engine.llm.decode
+
+    def spy_flow(tokens: np.ndarray, features: VoiceFeatures, *a: Any, **k: Any) -> Any:
+        seen_flow.append(np.asarray(features.speech_tokens))
+        assert features.prompt_mel.shape[0] == 2 * len(features.speech_tokens)
+        np.testing.assert_array_equal(tokens[: len(features.speech_tokens)], seen_flow[-1])
+        return mel_for_tokens(tokens, features, *a, **k)
+
+    def spy_decode(prompt: Any, *a: Any, **k: Any) -> Any:
+        seen_llm.append(np.asarray(prompt.prompt_speech_tokens))
+        return decode(prompt, *a, **k)
+
+    monkeypatch.setattr(engine.flow, "mel_for_tokens", spy_flow)
+    monkeypatch.setattr(engine.llm, "decode", spy_decode)
+    all_tokens = np.asarray(voice.features.speech_tokens)
+    audio(engine, voice, flow_prompt_tokens=5, max_decode_tokens=40)
+    assert seen_flow and seen_llm
+    for tokens in seen_flow:
+        np.testing.assert_array_equal(tokens, all_tokens[-5:])
+    for tokens in seen_llm:
+        np.testing.assert_array_equal(tokens, all_tokens)
+
+
+# -- prefix KV cache ------------------------------------------------------------------------
+
+
+def test_prefix_cache_gives_the_same_tokens_as_no_cache(
+    tiny_model_dir: Path, voice: VoicePrompt
+) -> None:
+    eng = CosyVoice3Engine.load(tiny_model_dir, EngineOptions(threads=1, llm_precision="int8"))
+    prompt = eng.frontend.build_prompt("Turn on the hallway light please.", voice)
+
+    def tokens() -> list[int]:
+        rng = np.random.default_rng(7)
+        return list(eng.llm.decode(prompt, rng, max_tokens=60))
+
+    eng.llm.prefix_cache.max_entries = 0
+    eng.llm.prefix_cache.clear()
+    uncached = tokens()
+    eng.llm.prefix_cache.max_entries = 4
+    first, second = tokens(), tokens()
+    assert eng.llm.prefix_cache.hits >= 1 and len(eng.llm.prefix_cache) == 1
+    assert uncached == first == second
+    assert len(uncached) > 10
+
+
+def test_prefix_cache_state_is_not_changed_by_requests(engine: CosyVoice3Engine) -> None:
+    prompt_ids = np.array([5, 6, 7], dtype=np.int64)
+    state = engine.llm.new_state()
+    engine.llm.prefill(state, engine.llm.embed_text(prompt_ids))
+    engine.llm.prefix_cache.put(b"k", state)
+    fork = engine.llm.prefix_cache.get(b"k")
+    assert fork is not None
+    engine.llm.step(fork, 3)
+    again = engine.llm.prefix_cache.get(b"k")
+    assert again is not None and again.past_len == 3 and fork.past_len == 4
+
+
+# -- overlapped decoding (producer thread) --------------------------------------------------
+
+
+@pytest.mark.parametrize("speed", [1.0, 1.3])
+def test_overlapped_decoding_gives_identical_audio(
+    engine: CosyVoice3Engine, voice: VoicePrompt, speed: float
+) -> None:
+    opts = {"seed": 3, "speed": speed, "first_hop_tokens": 5, "max_decode_tokens": 60}
+    sequential = audio(engine, voice, **opts)
+    overlapped = audio(engine, voice, overlap_decoding=True, **opts)
+    assert len(sequential) > 0
+    np.testing.assert_array_equal(sequential, overlapped)
+    assert not llm_threads()
+
+
+def test_overlapped_decoding_stops_when_cancelled(
+    engine: CosyVoice3Engine, voice: VoicePrompt
+) -> None:
+    chunks = 0
+
+    def should_stop() -> bool:
+        return chunks >= 1
+
+    opts = SynthesisOptions(overlap_decoding=True, first_hop_tokens=3, max_decode_tokens=200)
+    with pytest.raises(SynthesisCancelled):
+        for _ in engine.synthesize(TEXT, voice, opts, should_stop=should_stop):
+            chunks += 1
+    assert chunks >= 1
+    assert not llm_threads()
+
+
+def test_overlapped_decoding_thread_ends_when_consumer_stops_early(
+    engine: CosyVoice3Engine, voice: VoicePrompt
+) -> None:
+    opts = SynthesisOptions(overlap_decoding=True, first_hop_tokens=3, max_decode_tokens=200)
+    stream = engine.synthesize(TEXT, voice, opts)
+    next(stream)
+    stream.close()  # type: ignore[attr-defined]
+    assert not llm_threads()
+
+
+# -- presets --------------------------------------------------------------------------------
+
+
+def test_quality_preset_is_spec_exact() -> None:
+    q = PRESETS["quality"]
+    assert (q.euler_steps, q.cfg_rate, q.cfg_steps) == (10, 0.7, None)
+    assert (q.flow_precision, q.flow_left_context_tokens, q.flow_prompt_tokens) == ("fp32", 0, 0)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_validates_and_synthesises(
+    engine: CosyVoice3Engine, voice: VoicePrompt, name: str
+) -> None:
+    opts = PRESETS[name].replace(max_decode_tokens=30, flow_precision="fp32")
+    opts.validate()
+    assert len(audio(engine, voice, **_fields(opts))) > 0
+
+
+def _fields(opts: SynthesisOptions) -> dict[str, Any]:
+    return {k: getattr(opts, k) for k in opts.__dataclass_fields__}

@@ -35,6 +35,7 @@ from wyoming_cosyvoice3.engine.synthetic.full_config import (
 from wyoming_cosyvoice3.engine.synthetic.full_flow import (
     build_estimator,
     build_flow_encoder,
+    estimator_flops_per_frame,
     estimator_params,
     flow_encoder_params,
 )
@@ -358,3 +359,10 @@ def test_weights_are_seeded_per_parameter() -> None:
     first = build_flow_encoder(MINI, 11).SerializeToString()
     assert build_flow_encoder(MINI, 11).SerializeToString() == first
     assert build_flow_encoder(MINI, 12).SerializeToString() != first
+
+
+def test_estimator_flops_per_frame_agree_with_the_spec_estimate() -> None:
+    """spec section 8: ~0.37 GFLOP per mel frame per estimator row (linear layers only);
+    the estimate here also counts the position convs and input/output projections."""
+    flops = estimator_flops_per_frame(get_full_config("full"))
+    assert 0.37e9 <= flops <= 0.37e9 * 1.05

@@ -11,9 +11,10 @@ needs from inside the engine is requested through the environment of the server 
 ``COSYVOICE3_BENCH_STATS_FILE=PATH``
     append one JSON line per synthesis request (``kind: "request"``: the :class:`StageTimes`,
     result figures, wall-clock start/end) and per voice preparation (``kind: "voice"``), each
-    with every graph run since the previous line (graph file, input shapes without the KV
-    cache, wall-clock start/end in ``time.time()`` seconds). The benchmark counts FLOPs from
-    these shapes and draws timelines from the times.
+    with every graph run since the previous line (file name of the graph the session runs,
+    input shapes without the KV cache, wall-clock start/end in ``time.time()`` seconds) and
+    ``graph_paths`` (file name -> full path, e.g. of a derived int8 estimator). The benchmark
+    counts FLOPs from these shapes and draws timelines from the times.
 
 Neither variable changes anything when unset (one ``is None`` test per graph run). Records are
 collected process-wide (not per request): meant for one request at a time, as the benchmark
@@ -53,21 +54,25 @@ class _Recorder:
         self.path = path
         self._lock = threading.Lock()
         self._runs: list[list[Any]] = []
+        self._paths: dict[str, str] = {}
 
     def observe(
-        self, graph_file: str, feeds: Mapping[str, np.ndarray], start_s: float, end_s: float
+        self, graph_path: str, feeds: Mapping[str, np.ndarray], start_s: float, end_s: float
     ) -> None:
+        graph_file = Path(graph_path).name
         shapes = {
             name: [int(d) for d in np.shape(value)]
             for name, value in feeds.items()
             if not name.startswith(_SKIPPED_INPUT_PREFIX)
         }
         with self._lock:
+            self._paths.setdefault(graph_file, graph_path)
             self._runs.append([graph_file, shapes, round(start_s, 6), round(end_s, 6)])
 
     def write(self, record: dict[str, Any]) -> None:
         with self._lock:
             record["graph_runs"], self._runs = self._runs, []
+            record["graph_paths"] = dict(self._paths)
             line = json.dumps(record, separators=(",", ":"))
             try:
                 with self.path.open("a", encoding="utf-8") as handle:

@@ -57,7 +57,8 @@ ORT_DTYPES = {
 CPU_PROVIDER = "CPUExecutionProvider"
 
 RunObserver = Callable[[str, Mapping[str, np.ndarray], float, float], None]
-"""Called after each :meth:`Graph.run`: (graph file, feeds, start, end in ``time.time()`` s)."""
+"""Called after each :meth:`Graph.run`: (path of the file the session runs, feeds, start and end
+in ``time.time()`` seconds). The path can differ from the spec's file (a derived int8 copy)."""
 _run_observer: RunObserver | None = None
 
 
@@ -311,7 +312,7 @@ class Graph:
             shapes = {name: tuple(np.shape(value)) for name, value in feeds.items()}
             raise SynthesisFailed(f"{self.spec.file} failed on inputs {shapes}: {exc}") from exc
         if observer is not None:
-            observer(self.spec.file, feeds, started, time.time())
+            observer(str(self.path), feeds, started, time.time())
         return dict(zip(wanted, values, strict=True))
 
     def __repr__(self) -> str:

@@ -1,0 +1,81 @@
+"""Benchmark-only engine hooks (wyoming_cosyvoice3.engine.bench_hooks), on the tiny model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from wyoming_cosyvoice3.engine import SynthesisOptions, bench_hooks, graphs
+from wyoming_cosyvoice3.engine.text.frontend import TextFrontend
+
+
+@pytest.fixture
+def recording(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "stats.jsonl"
+    bench_hooks.configure(path)
+    try:
+        yield path
+    finally:
+        bench_hooks.configure(None)
+
+
+def test_hooks_are_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(bench_hooks.TOKENS_PER_CHAR_ENV, raising=False)
+    options = SynthesisOptions()
+    assert bench_hooks.apply_env(options) is options
+    assert graphs._run_observer is None
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "abc", "nan"])
+def test_bad_tokens_per_char_is_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(bench_hooks.TOKENS_PER_CHAR_ENV, raw)
+    with pytest.raises(ValueError, match=bench_hooks.TOKENS_PER_CHAR_ENV):
+        bench_hooks.apply_env(SynthesisOptions())
+
+
+def test_env_sets_fixed_length_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(bench_hooks.TOKENS_PER_CHAR_ENV, "2.5")
+    assert bench_hooks.apply_env(SynthesisOptions()).fixed_tokens_per_char == 2.5
+    given = SynthesisOptions(fixed_tokens_per_char=1.0)
+    assert bench_hooks.apply_env(given).fixed_tokens_per_char == 1.0
+    with pytest.raises(ValueError):
+        SynthesisOptions(fixed_tokens_per_char=0.0).validate()
+
+
+def test_fixed_length_and_records(tiny_model_dir: Path, make_clip, tmp_path: Path,
+                                  recording: Path) -> None:
+    from wyoming_cosyvoice3.engine import CosyVoice3Engine
+
+    engine = CosyVoice3Engine.load(tiny_model_dir)
+    voice = engine.prepare_voice(make_clip(tmp_path / "v.wav", seconds=3.0),
+                                 transcript="A short prompt.", name="v")
+    text = "First sentence here. And a second, longer one follows it."
+    rate = 1.5
+    chunks = list(engine.synthesize(text, voice, SynthesisOptions(fixed_tokens_per_char=rate)))
+    assert chunks and chunks[-1].is_last
+    lines = [json.loads(line) for line in recording.read_text().splitlines()]
+    assert [r["kind"] for r in lines] == ["voice", "request"]
+    voice_record, request = lines
+    assert voice_record["name"] == "v" and voice_record["total_s"] > 0
+    voice_graphs = {run[0] for run in voice_record["graph_runs"]}
+    assert voice_graphs == {"campplus.onnx", "speech_tokenizer_v3.onnx"}
+    pieces = TextFrontend(engine.model.tokenizer, engine.model.end_of_prompt_id).split_pieces(text)
+    assert request["times"]["llm_tokens"] == sum(max(1, round(rate * len(p))) for p in pieces)
+    assert request["chars"] == len(text) and request["pieces"] == len(pieces)
+    assert request["wall_end_s"] - request["wall_start_s"] == pytest.approx(request["total_s"],
+                                                                            abs=1e-3)
+    runs = request["graph_runs"]
+    llm_runs = [r for r in runs if r[0].startswith("llm")]
+    # per piece: a prefill (maybe in two parts: cached voice prefix, then the request part) and
+    # one step per token except the last
+    tokens = request["times"]["llm_tokens"]
+    assert tokens <= len(llm_runs) <= tokens + len(pieces)
+    steps = [shapes for _, shapes, _, _ in llm_runs if shapes["inputs_embeds"][1] == 1]
+    assert len(steps) >= tokens - len(pieces)
+    assert all("past_key_values.0.key" not in shapes for _, shapes, _, _ in runs)
+    assert all(start <= end for _, _, start, end in runs)
+    for name, path in request["graph_paths"].items():
+        assert Path(path).name == name and Path(path).is_file()

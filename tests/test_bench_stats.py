@@ -1,0 +1,137 @@
+"""Run figures, medians, report tables and Wyoming client helpers of the benchmark."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from wyoming_cosyvoice3.bench import report, throughput
+from wyoming_cosyvoice3.bench.client import text_deltas
+from wyoming_cosyvoice3.bench.costmodel import CostModel
+from wyoming_cosyvoice3.bench.stats import (
+    RunTrace,
+    graph_summary,
+    median_run_index,
+    medians,
+    records_in_window,
+    run_metrics,
+    stage_split,
+)
+from wyoming_cosyvoice3.bench.throughput import Throughput
+
+RATES = Throughput(fp32_flops=100e9, int8_ops=400e9, fp32_bytes=20e9, int8_bytes=20e9,
+                   threads=2)
+# 1 GFLOP per estimator frame, 1 GB of fp32 weights; LLM int8: 1 GOP per token, 0.4 GB
+ESTIMATOR = CostModel("estimator", (0.0, 0.5e9, 0.0), (0.0, 0.0, 0.0), 2, 10**9, 0)
+LLM = CostModel("llm", (0.0, 0.0, 0.0), (0.0, 1e9, 0.0), 0, 0, 4 * 10**8)
+
+
+def _record(start: float, end: float, runs: list) -> dict:
+    return {"kind": "request", "wall_start_s": start, "wall_end_s": end,
+            "times": {"llm_prefill_s": 0.5, "llm_decode_s": 2.0, "llm_tokens": 100,
+                      "flow_s": 3.0, "flow_calls": 3, "vocoder_s": 0.6, "vocoder_calls": 3,
+                      "frontend_s": 0.01, "events": [["llm", 0.0, 1.0]]},
+            "graph_runs": runs}
+
+
+def test_graph_minimum_is_the_larger_of_compute_and_weight_streaming() -> None:
+    runs = [["flow.decoder.estimator.fp32.onnx", {"x": [2, 80, 1000]}, 100.0, 101.5],
+            ["llm_int8.onnx", {"inputs_embeds": [1, 1, 896], "attention_mask": [1, 50]},
+             101.5, 101.6],
+            ["speech_embedding.onnx", {"input_ids": [1, 1]}, 101.6, 101.61]]
+    costs = {"flow.decoder.estimator.fp32.onnx": ESTIMATOR, "llm_int8.onnx": LLM,
+             "speech_embedding.onnx": "lookup-only"}
+    summary = graph_summary([_record(100.0, 102.0, runs)], costs, RATES)
+    est = summary["flow.decoder.estimator.fp32.onnx"]
+    # compute 1000 GFLOP / 100 GFLOP/s = 10 s > 1 GB / 20 GB/s = 0.05 s
+    assert est["fp32_ops"] == pytest.approx(1000e9) and est["min_s"] == pytest.approx(10.0)
+    assert est["seconds"] == pytest.approx(1.5)
+    # LLM step: compute 1 GOP / 400 GOP/s = 2.5 ms < 0.4 GB / 20 GB/s = 20 ms (memory-bound)
+    assert summary["llm_int8.onnx"]["min_s"] == pytest.approx(0.02)
+    assert summary["speech_embedding.onnx"]["min_s"] == 0.0
+    early = graph_summary([_record(100.0, 102.0, runs)], costs, RATES, until_wall_s=101.55)
+    assert set(early) == {"flow.decoder.estimator.fp32.onnx"}
+
+
+def test_run_metrics_join_client_and_server() -> None:
+    trace = RunTrace("balanced", "sentence", "streaming", wall_start_s=100.0, total_s=4.0,
+                     chunks=[(1.0, 24000), (3.0, 24000), (3.5, 48000)])
+    runs = [["flow.decoder.estimator.fp32.onnx", {"x": [2, 80, 100]}, 100.1, 100.9]]
+    metrics = run_metrics(trace, [_record(100.0, 104.0, runs)],
+                          {"flow.decoder.estimator.fp32.onnx": ESTIMATOR}, RATES)
+    assert metrics["first_chunk_s"] == 1.0 and metrics["audio_s"] == 4.0
+    assert metrics["rtf"] == pytest.approx(1.0)
+    assert metrics["stalls"] == 1 and metrics["stall_s"] == pytest.approx(1.0)
+    assert metrics["min_s"] == pytest.approx(1.0)  # 100 GFLOP at 100 GFLOP/s
+    assert metrics["physical_ratio"] == pytest.approx(4.0)
+    assert metrics["first_chunk_physical_ratio"] == pytest.approx(1.0)
+    assert metrics["llm_ms_per_token"] == pytest.approx(20.0)
+    assert metrics["flow_s_per_chunk"] == pytest.approx(1.0)
+
+
+def test_records_in_window_and_stage_split() -> None:
+    records = [_record(1.0, 2.0, []), _record(5.0, 6.0, []), {"kind": "voice",
+               "wall_start_s": 5.0, "wall_end_s": 5.5}, _record(9.0, 10.0, [])]
+    chosen = records_in_window(records, 4.0, 8.0)
+    assert chosen == [records[1]]
+    split = stage_split(records[:2])
+    assert split["llm_tokens"] == 200 and split["llm_ms_per_token"] == pytest.approx(20.0)
+
+
+def test_medians_and_median_run() -> None:
+    runs = [{"total_s": 3.0, "first_chunk_s": None, "rtf": 1.0, "error": None},
+            {"total_s": 1.0, "first_chunk_s": 0.5, "rtf": 2.0, "error": None},
+            {"total_s": 2.0, "first_chunk_s": 0.7, "rtf": 3.0, "error": None}]
+    m = medians(runs)
+    assert m["total_s"] == 2.0 and m["first_chunk_s"] == pytest.approx(0.6)
+    assert m["error"] is None and m["n"] == 3
+    assert median_run_index(runs) == 2
+
+
+def test_markdown_section_is_replaced_in_place() -> None:
+    doc = "# Title\n\nintro\n"
+    once = report.replace_section(doc, "full", "table 1")
+    assert once.startswith(doc.rstrip()) and "table 1" in once
+    twice = report.replace_section(once + "\nafter\n", "full", "table 2")
+    assert "table 1" not in twice and "table 2" in twice and twice.endswith("after\n")
+    assert twice.count("<!-- bench:full:begin -->") == 1
+    both = report.replace_section(twice, "tiny", "smoke")
+    assert "table 2" in both and "smoke" in both
+
+
+def test_results_table_renders_missing_values() -> None:
+    median = dict.fromkeys(["first_chunk_s", "total_s", "audio_s", "rtf", "stalls", "stall_s",
+                            "llm_prefill_s", "llm_ms_per_token", "flow_s_per_chunk",
+                            "flow_calls", "vocoder_s", "min_s", "physical_ratio",
+                            "first_chunk_physical_ratio"])
+    median["n"] = 3.0
+    median["rtf"] = 0.123
+    table = report.results_table([{"preset": "fast", "workload": "sentence", "mode": "one-shot",
+                                   "median": median}])
+    row = table.splitlines()[-1]
+    assert row.startswith("| fast | sentence | one-shot | 3 | - |") and "0.12" in row
+
+
+def test_text_deltas_cover_the_text() -> None:
+    text = "Hello there, general Kenobi."
+    pieces = text_deltas(text, 4)
+    assert "".join(pieces) == text and max(map(len, pieces)) == 4
+    with pytest.raises(ValueError):
+        text_deltas(text, 0)
+
+
+def test_throughput_graphs_compute_what_they_claim() -> None:
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((4, 32), dtype=np.float32)
+    fp32 = ort.InferenceSession(throughput._fp32_graph(32, 16, np.random.default_rng(1)))
+    weight = np.random.default_rng(1).standard_normal((32, 16), dtype=np.float32) * 0.02
+    np.testing.assert_allclose(fp32.run(None, {"a": a})[0], a @ weight, rtol=1e-4, atol=1e-5)
+    int8 = ort.InferenceSession(throughput._int8_graph(32, 16, np.random.default_rng(1)))
+    w8 = np.random.default_rng(1).integers(-63, 64, size=(32, 16), dtype=np.int8)
+    expected = a @ (w8.astype(np.float32) * 0.01)
+    got = int8.run(None, {"a": a})[0]
+    # only the activations are quantised (8 bits): error well below 2 % of the range
+    assert np.abs(got - expected).max() < 0.02 * np.abs(expected).max()
+    best = Throughput.best(RATES, Throughput(1.0, 1e12, 1.0, 1.0, 2))
+    assert best.fp32_flops == RATES.fp32_flops and best.int8_ops == 1e12

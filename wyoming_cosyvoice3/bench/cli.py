@@ -1,0 +1,242 @@
+"""``python -m benchmarks.run``: benchmark the real Wyoming server, preset by preset.
+
+For each preset: start ``wyoming-cosyvoice3`` (``python -m wyoming_cosyvoice3``) on 127.0.0.1
+with the model dir and a 5 s voice prompt, send one warm-up request, then for each workload
+(60-character sentence, ~30 s paragraph) and mode (one-shot ``synthesize``, streaming text)
+``--runs`` measured requests through a Wyoming client; stop the server. Before and after, the
+MatMul throughput of the machine is measured; operation counts come from the model's graphs.
+Writes ``OUT/results.json``, ``OUT/server-<preset>.{log,jsonl}``, timeline PNGs and the
+``--label`` section of ``--markdown`` (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import client, report
+from .costmodel import load_cost_models
+from .run_helpers import (
+    PARAGRAPH,
+    SENTENCE,
+    STAND_IN_TRANSCRIPT,
+    build_markdown,
+    cut_voice_clip,
+    draw_timelines,
+    read_records,
+)
+from .server import VOICE_NAME, ServerProcess, write_voice_catalog
+from .stats import (
+    RunTrace,
+    graph_summary,
+    median_run_index,
+    medians,
+    records_in_window,
+    run_metrics,
+)
+from .throughput import Throughput, measure
+
+_LOGGER = logging.getLogger("benchmarks")
+WORKLOADS = {"sentence": SENTENCE, "paragraph": PARAGRAPH}
+MODES = ("one-shot", "streaming")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..engine.options import PRESETS
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", type=Path, required=True, help="model directory to serve")
+    p.add_argument("--voice-clip", type=Path, default=None,
+                   help="WAV to cut the voice prompt from (default: MODEL_DIR/voices/en-male.wav)")
+    p.add_argument("--voice-seconds", type=float, default=5.0, help="prompt length (default 5)")
+    p.add_argument("--voice-transcript", default=STAND_IN_TRANSCRIPT,
+                   help="transcript of the prompt (zero-shot); random weights only care "
+                   "about its length")
+    p.add_argument("--cross-lingual", action="store_true", help="no transcript")
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="output directory")
+    p.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="sentence,paragraph")
+    p.add_argument("--modes", default=",".join(MODES), help="one-shot,streaming")
+    p.add_argument("--runs", type=int, default=3, help="measured runs per cell (default 3)")
+    p.add_argument("--cell-budget-s", type=float, default=900.0,
+                   help="stop repeating a cell once another run would pass this many seconds "
+                   "(at least one run is always made; default 900)")
+    p.add_argument("--tokens-per-char", type=float, default=25 / 15,
+                   help="fixed speech tokens per character (default 25/15: 15 characters/s)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="server --threads and microbenchmark threads (0: physical cores)")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra server flag, repeatable (e.g. --server-arg=--llm-precision=fp32)")
+    p.add_argument("--delta-chars", type=int, default=10, help="streaming delta size")
+    p.add_argument("--delta-interval-s", type=float, default=0.05, help="time between deltas")
+    p.add_argument("--request-timeout-s", type=float, default=1800.0,
+                   help="longest wait for one event")
+    p.add_argument("--throughput-seconds", type=float, default=1.5,
+                   help="timing budget per MatMul microbenchmark")
+    p.add_argument("--label", default="results", help="BENCHMARKS.md section label")
+    p.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"),
+                   help="markdown file to update ('' to skip)")
+    p.add_argument("--plots-dir", type=Path, default=Path("docs/bench"),
+                   help="where timeline PNGs go (named <label>-<workload>-<mode>.png)")
+    p.add_argument("--report-only", action="store_true",
+                   help="only redraw plots and markdown from OUT/results.json")
+    p.add_argument("--debug", action="store_true")
+    return p
+
+
+def _threads(requested: int) -> int:
+    if requested > 0:
+        return requested
+    try:
+        import psutil
+
+        return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+    except ImportError:
+        return os.cpu_count() or 1
+
+
+async def _request(mode: str, port: int, text: str, trace: RunTrace,
+                   args: argparse.Namespace) -> RunTrace:
+    if mode == "one-shot":
+        return await client.one_shot("127.0.0.1", port, text, VOICE_NAME, trace,
+                                     args.request_timeout_s)
+    return await client.streaming("127.0.0.1", port, text, VOICE_NAME, trace,
+                                  args.request_timeout_s, args.delta_chars, args.delta_interval_s)
+
+
+def _run_preset(preset: str, args: argparse.Namespace, data_dir: Path,
+                workloads: Sequence[str], modes: Sequence[str]) -> dict[str, Any]:
+    extra = [*args.server_arg]
+    if args.threads:
+        extra += ["--threads", str(args.threads)]
+    server = ServerProcess(args.model_dir, data_dir, preset, args.out / f"server-{preset}.jsonl",
+                           args.out / f"server-{preset}.log", args.tokens_per_char, extra)
+    _LOGGER.info("[%s] starting the server", preset)
+    traces: list[RunTrace] = []
+    try:
+        server.start()
+        _LOGGER.info("[%s] ready in %.1f s (RSS %.2f GB); warm-up request", preset,
+                     server.load_s, server.rss_bytes() / 1e9)
+        asyncio.run(_request("one-shot", server.port, SENTENCE,
+                             RunTrace(preset, "warm-up", "one-shot", 0.0), args))
+        for workload in workloads:
+            for mode in modes:
+                cell_start = time.monotonic()
+                for index in range(args.runs):
+                    trace = RunTrace(preset, workload, mode, 0.0)
+                    asyncio.run(_request(mode, server.port, WORKLOADS[workload], trace, args))
+                    traces.append(trace)
+                    _LOGGER.info("[%s] %s %s run %d: first chunk %s s, total %.2f s, "
+                                 "audio %.2f s%s", preset, workload, mode, index + 1,
+                                 f"{trace.first_chunk_s:.2f}" if trace.first_chunk_s else "-",
+                                 trace.total_s, trace.audio_s,
+                                 f", error: {trace.error}" if trace.error else "")
+                    spent = time.monotonic() - cell_start
+                    if spent + spent / (index + 1) > args.cell_budget_s:
+                        break
+        steady = server.rss_bytes()
+    finally:
+        server.stop()
+    records = read_records(server.stats_file)
+    voice = [r for r in records if r.get("kind") == "voice" and r.get("name") == VOICE_NAME]
+    return {
+        "preset": preset,
+        "load_s": server.load_s,
+        "feature_extraction_s": voice[0]["total_s"] if voice else None,
+        "voice_records": voice,
+        "peak_rss_bytes": server.peak_rss_bytes,
+        "steady_rss_bytes": steady,
+        "traces": traces,
+        "records": records,
+        "command": shlex.join(server.command()),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
+                        format="%(asctime)s %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        _write_outputs(json.loads((args.out / "results.json").read_text(encoding="utf-8")), args)
+        return 0
+    presets = [p for p in args.presets.split(",") if p]
+    workloads = [w for w in args.workloads.split(",") if w]
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [w for w in workloads if w not in WORKLOADS] + [m for m in modes if m not in MODES]
+    if unknown or args.runs < 1:
+        print(f"unknown workloads/modes {unknown} or --runs < 1", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    machine = report.machine_info()
+    data_dir = args.out / "data"
+    clip = cut_voice_clip(args.voice_clip or args.model_dir / "voices" / "en-male.wav",
+                          data_dir / "bench-voice.wav", args.voice_seconds)
+    write_voice_catalog(data_dir, clip, None if args.cross_lingual else args.voice_transcript)
+    threads = _threads(args.threads)
+    _LOGGER.info("measuring MatMul throughput (%d threads)", threads)
+    rates_start = measure(threads, args.throughput_seconds)
+    servers = [_run_preset(p, args, data_dir, workloads, modes) for p in presets]
+    rates_end = measure(threads, args.throughput_seconds)
+    rates = Throughput.best(rates_start, rates_end)
+    graph_paths = {name: Path(path) for s in servers for r in s["records"]
+                   for name, path in r.get("graph_paths", {}).items()}
+    costs = load_cost_models(graph_paths, args.out / "flop-cache.json")
+    for server in servers:
+        voice_graphs = graph_summary(server["voice_records"], costs, rates)
+        server["feature_extraction_min_s"] = sum(g["min_s"] for g in voice_graphs.values())
+    machine["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    cells: list[dict[str, Any]] = []
+    for server in servers:
+        for workload in workloads:
+            for mode in modes:
+                traces = [t for t in server["traces"] if (t.workload, t.mode) == (workload, mode)]
+                runs = []
+                for trace in traces:
+                    window = records_in_window(server["records"], trace.wall_start_s,
+                                               trace.wall_start_s + trace.total_s)
+                    metrics = run_metrics(trace, window, costs, rates)
+                    metrics["trace"] = {"wall_start_s": trace.wall_start_s,
+                                        "chunks": trace.chunks, "rate": trace.sample_rate_hz}
+                    metrics["records"] = [{k: v for k, v in r.items() if k != "graph_runs"}
+                                          for r in window]
+                    runs.append(metrics)
+                if runs:
+                    cells.append({"preset": server["preset"], "workload": workload,
+                                  "mode": mode, "runs": runs, "median": medians(runs),
+                                  "median_run": median_run_index(runs)})
+    command = "python -m benchmarks.run " + shlex.join(argv)
+    result = {
+        "command": command, "machine": machine, "elapsed_s": time.monotonic() - started,
+        "rates": {"start": rates_start.to_json(), "end": rates_end.to_json(),
+                  "used": rates.to_json()},
+        "cost_models": {k: v if isinstance(v, str) else v.to_json() for k, v in costs.items()},
+        "tokens_per_char": args.tokens_per_char,
+        "texts": {w: WORKLOADS[w] for w in workloads},
+        "servers": [{k: v for k, v in s.items() if k not in ("traces", "records")}
+                    for s in servers],
+        "cells": cells,
+    }
+    (args.out / "results.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    _write_outputs(result, args)
+    _LOGGER.info("done in %.1f min; results in %s", (time.monotonic() - started) / 60, args.out)
+    return 0
+
+
+def _write_outputs(result: dict[str, Any], args: argparse.Namespace) -> None:
+    plots = draw_timelines(result["cells"], args.plots_dir, args.label)
+    if str(args.markdown):
+        body = build_markdown(result, plots, args.markdown.parent)
+        report.update_markdown(args.markdown, args.label, body)
+    print(report.results_table(result["cells"]))

@@ -1,0 +1,269 @@
+"""Fitted cost models of the contract graphs: operations per run from the run's input shapes.
+
+Each graph belongs to a :class:`Family` that names its size variables (LLM: new positions S
+and total positions T; DiT estimator: batch B and mel frames F; HiFT: mel frames F; ...) and a
+polynomial basis in them (attention makes the LLM cost bilinear in S and T and the DiT cost
+quadratic in F). :func:`fit_cost_model` counts the graph (:func:`.flops.count_ops`) at a few
+sizes, solves for the coefficients and checks them exactly at further sizes, so a benchmark
+with thousands of graph runs needs only a handful of shape inferences. :func:`load_cost_models`
+caches the fits per model file (name, size, modification time).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .flops import FlopCountError, OpCount, StrippedGraph, count_ops, load_stripped
+
+_LOGGER = logging.getLogger(__name__)
+
+
+DimRule = Callable[[int, str, int, Mapping[str, int]], "int | None"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """How a graph's cost depends on its inputs.
+
+    Attributes:
+        name: family id.
+        extract: observed input shapes (spec names) -> size variables.
+        dim: (input index, input name, axis, variables) -> size, or None for "declared or 1".
+        basis: variables -> basis values; the cost is a linear combination of them.
+        points: variable values used to fit (the first ``len(basis)``) and check (the rest).
+    """
+
+    name: str
+    extract: Callable[[Mapping[str, Sequence[int]]], dict[str, int]]
+    dim: DimRule
+    basis: Callable[[Mapping[str, int]], tuple[float, ...]]
+    points: tuple[dict[str, int], ...]
+
+
+def _poly(var: str) -> Callable[[Mapping[str, int]], tuple[float, ...]]:
+    return lambda v: (1.0, float(v[var]), float(v[var]) ** 2)
+
+
+def _llm_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int | None:
+    if name in ("inputs_embeds", "position_ids") and axis == 1:
+        return v["S"]
+    if name == "attention_mask" and axis == 1:
+        return v["T"]
+    if fnmatch.fnmatch(name, "past_key_values.*") and axis == 2:
+        return v["T"] - v["S"]
+    return None
+
+
+def _estimator_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int | None:
+    if axis == 0:
+        return v["B"]
+    if name in ("x", "mask", "mu", "cond") and axis == 2:
+        return v["F"]
+    return None
+
+
+FAMILIES: dict[str, Family] = {
+    "llm": Family(
+        "llm",
+        lambda s: {"S": s["inputs_embeds"][1], "T": s["attention_mask"][1]},
+        _llm_dim,
+        lambda v: (1.0, float(v["S"]), float(v["S"] * v["T"])),
+        ({"S": 1, "T": 16}, {"S": 1, "T": 64}, {"S": 8, "T": 8}, {"S": 8, "T": 40},
+         {"S": 16, "T": 16}),
+    ),
+    "estimator": Family(
+        "estimator",
+        lambda s: {"B": s["x"][0], "F": s["x"][2]},
+        _estimator_dim,
+        lambda v: (float(v["B"]), float(v["B"] * v["F"]), float(v["B"] * v["F"] ** 2)),
+        ({"B": 2, "F": 32}, {"B": 2, "F": 64}, {"B": 2, "F": 96}, {"B": 2, "F": 128}),
+    ),
+    "flow_encoder": Family(
+        "flow_encoder",
+        lambda s: {"N": s["token"][1]},
+        lambda _i, name, axis, v: v["N"] if name == "token" and axis == 1 else None,
+        _poly("N"),
+        ({"N": 16}, {"N": 32}, {"N": 48}, {"N": 64}),
+    ),
+    "hift": Family(
+        "hift",
+        lambda s: {"F": s["speech_feat"][2]},
+        lambda _i, name, axis, v: (
+            v["F"] if name == "speech_feat" and axis == 2
+            else 480 * v["F"] if name == "noise" and axis == 1 else None
+        ),
+        _poly("F"),
+        ({"F": 16}, {"F": 32}, {"F": 48}, {"F": 64}),
+    ),
+    "campplus": Family(
+        "campplus",
+        lambda s: {"T": next(iter(s.values()))[1]},
+        lambda i, _n, axis, v: v["T"] if i == 0 and axis == 1 else None,
+        _poly("T"),
+        ({"T": 128}, {"T": 256}, {"T": 384}, {"T": 512}),
+    ),
+    "speech_tokenizer": Family(
+        "speech_tokenizer",
+        lambda s: {"T": next(iter(s.values()))[2]},
+        lambda i, _n, axis, v: v["T"] if i == 0 and axis == 2 else None,
+        _poly("T"),
+        ({"T": 128}, {"T": 256}, {"T": 384}, {"T": 512}),
+    ),
+}
+
+
+def family_of(graph_file: str) -> Family | None:
+    """The family of a contract file name; None for lookup-only graphs (embeddings)."""
+    if graph_file.startswith("llm"):
+        return FAMILIES["llm"]
+    if graph_file.startswith("flow.decoder.estimator"):
+        return FAMILIES["estimator"]
+    for key in ("flow_encoder", "hift", "campplus", "speech_tokenizer"):
+        if graph_file.startswith(key):
+            return FAMILIES[key]
+    return None
+
+
+def concrete_dims(model: Any, family: Family, variables: Mapping[str, int]) -> dict[str, list[int]]:
+    """Input name -> shape of ``model`` for ``variables`` under ``family``'s rules."""
+    result: dict[str, list[int]] = {}
+    for index, inp in enumerate(model.graph.input):
+        dims = []
+        for axis, dim in enumerate(inp.type.tensor_type.shape.dim):
+            ruled = family.dim(index, inp.name, axis, variables)
+            declared = int(dim.dim_value) if dim.HasField("dim_value") else None
+            if declared is not None and declared > 0 and (ruled is None or axis == 0):
+                dims.append(declared)  # static dims (e.g. a fixed CFG batch) win
+            else:
+                dims.append(ruled if ruled is not None else 1)
+        result[inp.name] = dims
+    return result
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Fitted cost of one graph file.
+
+    Attributes:
+        family: family name.
+        fp32_coef / int8_coef: coefficients over the family basis.
+        batch_static: the graph's static batch (estimator), else 0.
+        weight_bytes_fp32 / weight_bytes_int8: weights read once per run.
+    """
+
+    family: str
+    fp32_coef: tuple[float, ...]
+    int8_coef: tuple[float, ...]
+    batch_static: int
+    weight_bytes_fp32: int
+    weight_bytes_int8: int
+
+    def ops(self, observed: Mapping[str, Sequence[int]]) -> OpCount:
+        """Operations of a run with these observed input shapes (spec names)."""
+        family = FAMILIES[self.family]
+        variables = family.extract(observed)
+        if self.batch_static and "B" in variables:
+            variables = {**variables, "B": self.batch_static}  # a static batch is always run
+        basis = np.array(family.basis(variables))
+        return OpCount(float(basis @ np.array(self.fp32_coef)),
+                       float(basis @ np.array(self.int8_coef)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CostModel:
+        return cls(data["family"], tuple(data["fp32_coef"]), tuple(data["int8_coef"]),
+                   int(data["batch_static"]), int(data["weight_bytes_fp32"]),
+                   int(data["weight_bytes_int8"]))
+
+
+def fit_cost_model(stripped: StrippedGraph, family: Family, rel_tol: float = 1e-6) -> CostModel:
+    """Count ``stripped`` at the family's points and fit the basis coefficients.
+
+    Raises:
+        FlopCountError: counting failed, or the check points deviate by more than ``rel_tol``.
+    """
+    model = stripped.model
+    batch_dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    batch_static = int(batch_dim.dim_value) if family.name == "estimator" else 0
+    rows, fp32, int8 = [], [], []
+    for point in family.points:
+        if batch_static:
+            point = {**point, "B": batch_static}
+        count = count_ops(model, concrete_dims(model, family, point))
+        rows.append(family.basis(point))
+        fp32.append(count.fp32)
+        int8.append(count.int8)
+    n = len(rows[0])
+    matrix = np.array(rows, dtype=np.float64)
+    coefs = []
+    for values in (fp32, int8):
+        target = np.array(values, dtype=np.float64)
+        coef = np.linalg.lstsq(matrix[:n], target[:n], rcond=None)[0]
+        check = matrix[n:] @ coef
+        scale = np.maximum(np.abs(target[n:]), 1.0)
+        if np.any(np.abs(check - target[n:]) / scale > rel_tol):
+            raise FlopCountError(
+                f"{family.name}: operation counts are not a {family.name} polynomial "
+                f"(fit {check.tolist()} vs counted {target[n:].tolist()})"
+            )
+        coefs.append(tuple(float(c) for c in coef))
+    return CostModel(family.name, coefs[0], coefs[1], batch_static,
+                     stripped.weight_bytes_fp32, stripped.weight_bytes_int8)
+
+
+def _file_key(path: Path) -> str:
+    stat = path.stat()
+    return f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def load_cost_models(
+    graph_paths: Mapping[str, Path], cache_file: Path | None = None
+) -> dict[str, CostModel | str]:
+    """Cost models of the graphs ``graph_paths`` (file name -> path), fits cached in
+    ``cache_file``.
+
+    Returns:
+        file name -> :class:`CostModel`, or why there is none (lookup-only graphs such as the
+        embeddings have no matrix products; a file that is gone; a failed count).
+    """
+    cache: dict[str, Any] = {}
+    if cache_file is not None and cache_file.is_file():
+        try:
+            cache = json.loads(cache_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            cache = {}
+    result: dict[str, CostModel | str] = {}
+    for name, path in sorted(graph_paths.items()):
+        family = family_of(name)
+        if family is None:
+            result[name] = "lookup-only graph (no matrix products)"
+            continue
+        if not Path(path).is_file():
+            result[name] = f"{path} not found"
+            continue
+        key = _file_key(Path(path))
+        if key in cache:
+            result[name] = CostModel.from_json(cache[key])
+            continue
+        _LOGGER.info("counting operations of %s", name)
+        try:
+            model = fit_cost_model(load_stripped(Path(path)), family)
+        except (FlopCountError, OSError, ValueError) as err:
+            result[name] = f"not counted: {err}"
+            continue
+        result[name] = model
+        cache[key] = model.to_json()
+    if cache_file is not None:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        cache_file.write_text(json.dumps(cache, indent=1), encoding="utf-8")
+    return result

@@ -1,0 +1,75 @@
+"""Timeline PNGs: per workload, one panel per preset showing its median run.
+
+Lanes (top to bottom): the server's stages (text frontend, LLM decoding, flow, vocoder) as bars
+over time, the ``audio-chunk`` arrivals at the client as ticks, and the simulated player
+(green while playing, red while stalled). Time 0 is the moment the request was sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+STAGES = ("frontend", "llm", "flow", "vocoder")
+COLORS = {"frontend": "#9467bd", "llm": "#1f77b4", "flow": "#ff7f0e", "vocoder": "#2ca02c"}
+LANES = (*STAGES, "audio-chunk", "player")
+
+
+def timeline_of(trace_start_wall_s: float, records: Sequence[Mapping[str, Any]]
+                ) -> list[tuple[str, float, float]]:
+    """Stage events of the records as (stage, start_s, end_s) relative to the request."""
+    out = []
+    for record in records:
+        offset = float(record["wall_start_s"]) - trace_start_wall_s
+        for stage, start_s, end_s in record.get("times", {}).get("events", []):
+            out.append((str(stage), offset + float(start_s), offset + float(end_s)))
+    return out
+
+
+def plot_workload(path: Path, title: str, panels: Sequence[Mapping[str, Any]]) -> None:
+    """Write one PNG.
+
+    Args:
+        path: output file (.png).
+        title: figure title (workload and mode).
+        panels: one per preset: ``{"label", "stages": [(stage, start, end)], "chunks":
+            [(arrival_s, samples)], "rate", "play": (start, end) | None, "gaps": [(a, b)],
+            "subtitle"}``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 0.6 + 1.9 * len(panels)),
+                             squeeze=False)
+    end = max([1.0] + [p["play"][1] for p in panels if p.get("play")]
+              + [e for p in panels for _, _, e in p["stages"]])
+    for ax, panel in zip(axes[:, 0], panels, strict=True):
+        rows = {lane: i for i, lane in enumerate(reversed(LANES))}
+        for stage, start_s, end_s in panel["stages"]:
+            if stage in rows:
+                ax.broken_barh([(start_s, max(end_s - start_s, end * 1e-3))],
+                               (rows[stage] - 0.4, 0.8), color=COLORS.get(stage, "grey"))
+        arrivals = [t for t, n in panel["chunks"] if n > 0]
+        if arrivals:
+            ax.vlines(arrivals, rows["audio-chunk"] - 0.4, rows["audio-chunk"] + 0.4,
+                      color="black", linewidth=0.5)
+        play = panel.get("play")
+        if play:
+            ax.broken_barh([(play[0], play[1] - play[0])], (rows["player"] - 0.4, 0.8),
+                           color="#8fd18f")
+            gaps = [(a, b - a) for a, b in panel.get("gaps", [])]
+            if gaps:
+                ax.broken_barh(gaps, (rows["player"] - 0.4, 0.8), color="#d62728")
+        ax.set_yticks(list(rows.values()), list(rows.keys()), fontsize=8)
+        ax.set_xlim(0, end * 1.02)
+        ax.set_title(f"{panel['label']}: {panel.get('subtitle', '')}", fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("seconds since the request was sent")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

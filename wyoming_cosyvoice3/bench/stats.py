@@ -1,0 +1,181 @@
+"""Figures of one benchmark run and medians over runs.
+
+A run joins what the client saw (:class:`RunTrace`: when each ``audio-chunk`` arrived) with
+what the server recorded for the same time window (the JSON lines of
+:mod:`wyoming_cosyvoice3.engine.bench_hooks`: stage times and every graph run with its input
+shapes). The physical limit of a run is the sum, over its graph runs, of the larger of its
+compute time (operations / measured MatMul rate) and its weight-streaming time (weight bytes /
+measured streaming rate): no implementation on this machine can run those graphs faster.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .costmodel import CostModel
+from .player import simulate_playback
+from .throughput import Throughput
+
+WINDOW_SLACK_S = 0.5
+"""Server records that end up to this long after the client finished still belong to the run."""
+
+
+@dataclass
+class RunTrace:
+    """What the client measured for one request.
+
+    Attributes:
+        preset / workload / mode: the cell (mode ``one-shot`` or ``streaming``).
+        wall_start_s: ``time.time()`` when the first event of the request was sent.
+        total_s: request sent -> last event (``audio-stop`` / ``synthesize-stopped``) received.
+        chunks: (arrival_s after the request, samples) of each ``audio-chunk``.
+        sample_rate_hz: rate of the audio (24000).
+        error: the server's ``error`` text, if any.
+    """
+
+    preset: str
+    workload: str
+    mode: str
+    wall_start_s: float
+    total_s: float = 0.0
+    chunks: list[tuple[float, int]] = field(default_factory=list)
+    sample_rate_hz: int = 24000
+    error: str | None = None
+
+    @property
+    def first_chunk_s(self) -> float | None:
+        return next((t for t, n in self.chunks if n > 0), None)
+
+    @property
+    def audio_s(self) -> float:
+        return sum(n for _, n in self.chunks) / self.sample_rate_hz
+
+
+def records_in_window(
+    records: Iterable[Mapping[str, Any]], start_s: float, end_s: float
+) -> list[Mapping[str, Any]]:
+    """Server ``request`` records that overlap the wall-clock window [start_s, end_s + slack]."""
+    return [
+        r for r in records
+        if r.get("kind") == "request"
+        and r["wall_end_s"] >= start_s and r["wall_start_s"] <= end_s + WINDOW_SLACK_S
+    ]
+
+
+def run_min_seconds(model: CostModel, shapes: Mapping[str, Sequence[int]],
+                    rates: Throughput) -> tuple[float, float, float]:
+    """(fp32 operations, int8 operations, minimum seconds) of one graph run."""
+    ops = model.ops(shapes)
+    compute_s = ops.fp32 / rates.fp32_flops + ops.int8 / rates.int8_ops
+    memory_s = (model.weight_bytes_fp32 / rates.fp32_bytes
+                + model.weight_bytes_int8 / rates.int8_bytes)
+    return ops.fp32, ops.int8, max(compute_s, memory_s)
+
+
+def graph_summary(
+    records: Iterable[Mapping[str, Any]],
+    costs: Mapping[str, CostModel | str],
+    rates: Throughput,
+    until_wall_s: float | None = None,
+) -> dict[str, dict[str, float]]:
+    """Per graph file: runs, measured seconds, operations and minimum seconds.
+
+    Args:
+        records: server records (their ``graph_runs``).
+        costs: cost model (or why there is none) per graph file.
+        rates: measured throughput.
+        until_wall_s: only graph runs that ended by this wall-clock time (first chunk).
+    """
+    out: dict[str, dict[str, float]] = {}
+    for record in records:
+        for graph_file, shapes, start_s, end_s in record.get("graph_runs", []):
+            if until_wall_s is not None and end_s > until_wall_s:
+                continue
+            row = out.setdefault(graph_file, {"runs": 0, "seconds": 0.0, "fp32_ops": 0.0,
+                                              "int8_ops": 0.0, "min_s": 0.0})
+            row["runs"] += 1
+            row["seconds"] += end_s - start_s
+            model = costs.get(graph_file)
+            if isinstance(model, CostModel):
+                fp32, int8, min_s = run_min_seconds(model, shapes, rates)
+                row["fp32_ops"] += fp32
+                row["int8_ops"] += int8
+                row["min_s"] += min_s
+    return out
+
+
+def stage_split(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Summed :class:`StageTimes` figures of the records, with per-token and per-chunk means."""
+    keys = ("frontend_s", "llm_prefill_s", "llm_decode_s", "llm_tokens", "flow_s",
+            "flow_calls", "vocoder_s", "vocoder_calls")
+    total = dict.fromkeys(keys, 0.0)
+    for record in records:
+        times = record.get("times", {})
+        for key in keys:
+            total[key] += float(times.get(key, 0.0))
+    total["llm_ms_per_token"] = (1e3 * total["llm_decode_s"] / total["llm_tokens"]
+                                 if total["llm_tokens"] else 0.0)
+    total["flow_s_per_chunk"] = (total["flow_s"] / total["flow_calls"]
+                                 if total["flow_calls"] else 0.0)
+    return total
+
+
+def run_metrics(
+    trace: RunTrace,
+    records: Sequence[Mapping[str, Any]],
+    costs: Mapping[str, CostModel | str],
+    rates: Throughput,
+) -> dict[str, Any]:
+    """All figures of one run (flat dict of numbers, plus ``graphs`` and ``stall_gaps``)."""
+    playback = simulate_playback([(t, n / trace.sample_rate_hz) for t, n in trace.chunks])
+    audio_s = trace.audio_s
+    first = trace.first_chunk_s
+    graphs = graph_summary(records, costs, rates)
+    min_s = sum(g["min_s"] for g in graphs.values())
+    first_min_s = None
+    if first is not None:
+        early = graph_summary(records, costs, rates, until_wall_s=trace.wall_start_s + first)
+        first_min_s = sum(g["min_s"] for g in early.values())
+    metrics: dict[str, Any] = {
+        "first_chunk_s": first,
+        "total_s": trace.total_s,
+        "audio_s": audio_s,
+        "rtf": trace.total_s / audio_s if audio_s > 0 else None,
+        "stalls": playback.stalls,
+        "stall_s": playback.stall_s,
+        "fp32_gops": sum(g["fp32_ops"] for g in graphs.values()) / 1e9,
+        "int8_gops": sum(g["int8_ops"] for g in graphs.values()) / 1e9,
+        "min_s": min_s,
+        "physical_ratio": trace.total_s / min_s if min_s > 0 else None,
+        "first_chunk_min_s": first_min_s,
+        "first_chunk_physical_ratio": (first / first_min_s
+                                       if first is not None and first_min_s else None),
+        "server_requests": len(records),
+        "error": trace.error,
+    }
+    metrics.update(stage_split(records))
+    metrics["graphs"] = graphs
+    metrics["stall_gaps"] = playback.gaps
+    return metrics
+
+
+def medians(runs: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Median of every numeric top-level figure over ``runs`` (None when no run has it)."""
+    keys = [k for k, v in (runs[0].items() if runs else [])
+            if isinstance(v, (int, float)) or v is None]
+    out: dict[str, float | None] = {}
+    for key in keys:
+        values = [float(r[key]) for r in runs
+                  if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+        out[key] = statistics.median(values) if values else None
+    out["n"] = float(len(runs))
+    return out
+
+
+def median_run_index(runs: Sequence[Mapping[str, Any]], key: str = "total_s") -> int:
+    """Index of the run whose ``key`` is the median (lower median for even counts)."""
+    order = sorted(range(len(runs)), key=lambda i: float(runs[i].get(key) or 0.0))
+    return order[(len(order) - 1) // 2]

@@ -119,6 +119,14 @@ async def collect(cl: AsyncTcpClient, until: str, timeout_s: float = READ_TIMEOU
     raise AssertionError("too many events")
 
 
+async def one_shot_error(cl: AsyncTcpClient, timeout_s: float = READ_TIMEOUT_S) -> Error:
+    """Read the answer to a failed one-shot ``synthesize``: exactly ``error`` + ``audio-stop``
+    (the audio-stop releases Home Assistant, which skips errors); return the error."""
+    response = await collect(cl, "audio-stop", timeout_s)
+    assert response.types == ["error", "audio-stop"], response.types
+    return response.errors[0]
+
+
 def check_audio_format(response: Response) -> None:
     """C13: one audio-start; every chunk 24000/2/1 with a payload multiple of 2; no WAV bytes."""
     starts = [AudioStart.from_event(e) for _, e in response.events if AudioStart.is_type(e.type)]

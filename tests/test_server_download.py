@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 from hub_mimic import HubMimic, closed_endpoint, repos_from_dir
-from server_support import check_audio_format, client, collect, describe, running_server
+from server_support import (
+    check_audio_format,
+    client,
+    collect,
+    describe,
+    one_shot_error,
+    running_server,
+)
 from wyoming.tts import Synthesize
 
 from wyoming_cosyvoice3.download import EXPORT_REPO, UPSTREAM_REPO
@@ -34,7 +41,7 @@ async def test_first_start_downloads_then_serves(tiny_model_dir: Path, tmp_path:
             assert [v.installed for v in info.tts[0].voices] == [False, False]
             async with client(server) as cl:
                 await cl.write_event(Synthesize(text="Hello.").event())
-                error = (await collect(cl, "error")).errors[0]
+                error = await one_shot_error(cl)
                 assert error.code == "model-loading" and "try again" in error.text
                 hub.faults.stall_after.clear()
                 hub.faults.release.set()
@@ -65,6 +72,6 @@ async def test_missing_files_without_network(tmp_path: Path,
         assert not any(v.installed for v in info.tts[0].voices)
         async with client(server) as cl:
             await cl.write_event(Synthesize(text="Hello.").event())
-            error = (await collect(cl, "error")).errors[0]
+            error = await one_shot_error(cl)
     assert error.code == "model-files-missing"
     assert "llm_int8.onnx" in error.text and "campplus.onnx" in error.text

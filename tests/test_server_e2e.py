@@ -19,6 +19,7 @@ from server_support import (
     collect,
     describe,
     make_settings,
+    one_shot_error,
     read,
     running_server,
     spy_factory,
@@ -170,8 +171,7 @@ async def test_blank_text_is_a_coded_error(shared: Shared, text: str) -> None:
     """C1 (blank): empty-text error; the same connection then synthesises."""
     async with client(shared.server) as cl:
         await cl.write_event(Synthesize(text=text).event())
-        response = await collect(cl, "error")
-        assert response.errors[0].code == "empty-text"
+        assert (await one_shot_error(cl)).code == "empty-text"
         await cl.write_event(Synthesize(text="Okay.").event())
         check_audio_format(await collect(cl, "audio-stop"))
 
@@ -196,13 +196,13 @@ async def test_bad_requests_keep_the_connection(shared: Shared) -> None:
     """C9 (typed data) and unknown events: coded errors, then normal service."""
     async with client(shared.server) as cl:
         await cl.write_event(Event(type="synthesize", data={}))
-        assert (await collect(cl, "error")).errors[0].code == "invalid-text"
+        assert (await one_shot_error(cl)).code == "invalid-text"
         await cl.write_event(Event(type="synthesize", data={"text": 5}))
-        assert (await collect(cl, "error")).errors[0].code == "invalid-text"
+        assert (await one_shot_error(cl)).code == "invalid-text"
         await cl.write_event(Event(type="synthesize", data={"text": "Hi.", "text_format": "ssml"}))
-        assert (await collect(cl, "error")).errors[0].code == "text-format-not-supported"
+        assert (await one_shot_error(cl)).code == "text-format-not-supported"
         await cl.write_event(Event(type="synthesize", data={"text": "x" * 10001}))
-        assert (await collect(cl, "error")).errors[0].code == "text-too-long"
+        assert (await one_shot_error(cl)).code == "text-too-long"
         await cl.write_event(Event(type="select-program", data={"name": "x"}))
         await cl.write_event(Event(type="not-an-event"))
         await cl.write_event(Synthesize(text="Still here.").event())
@@ -252,7 +252,8 @@ async def test_broken_wire_input_closes_cleanly(shared: Shared, raw: bytes, code
 
 
 async def test_bad_data_block_is_skipped(shared: Shared) -> None:
-    """Data that is not a JSON object: error, the connection goes on (the framing is intact)."""
+    """A synthesize whose data is not a JSON object: answered like a failed one-shot request
+    (error + audio-stop), and the connection goes on (the framing is intact)."""
     assert shared.server.port is not None
     body = b"[1, 2]"
     raw = (json.dumps({"type": "synthesize", "data_length": len(body)}).encode() + b"\n" + body
@@ -261,12 +262,12 @@ async def test_bad_data_block_is_skipped(shared: Shared) -> None:
     writer.write(raw)
     await writer.drain()
     types = []
-    for _ in range(2):
+    for _ in range(3):
         header = json.loads(await asyncio.wait_for(reader.readline(), 10))
         await reader.readexactly(header.get("data_length", 0))
         types.append(header["type"])
     writer.close()
-    assert types == ["error", "info"]
+    assert types == ["error", "audio-stop", "info"]
 
 
 @pytest.mark.parametrize(
@@ -297,7 +298,7 @@ async def test_unknown_voice_is_a_coded_error(shared: Shared, voice: dict) -> No
     """C10: coded invalid-voice error naming the valid voices; connection stays usable."""
     async with client(shared.server) as cl:
         await cl.write_event(Event(type="synthesize", data={"text": "Hi.", "voice": voice}))
-        error = (await collect(cl, "error")).errors[0]
+        error = await one_shot_error(cl)
         assert error.code == "invalid-voice"
         if "speaker" not in voice and voice != {"name": 7}:
             assert "zh-female" in error.text and "en-male" in error.text

@@ -17,6 +17,7 @@ from server_support import (
     describe,
     faulty_factory,
     make_settings,
+    one_shot_error,
     running_server,
 )
 from wyoming.tts import (
@@ -50,7 +51,7 @@ async def test_describe_and_errors_while_loading(tiny_model_dir: Path, tmp_path:
             assert [v.installed for v in program.voices] == [False, False]
             async with client(server) as cl:
                 await cl.write_event(Synthesize(text="Hello.").event())
-                assert (await collect(cl, "error")).errors[0].code == "model-loading"
+                assert (await one_shot_error(cl)).code == "model-loading"
                 await cl.write_event(SynthesizeStart().event())
                 await cl.write_event(SynthesizeChunk(text="Hello.").event())
                 await cl.write_event(SynthesizeStop().event())
@@ -78,7 +79,7 @@ async def test_failed_model_is_reported(tmp_path: Path) -> None:
         assert "unavailable" in (info.tts[0].description or "")
         async with client(server) as cl:
             await cl.write_event(Synthesize(text="Hello.").event())
-            error = (await collect(cl, "error")).errors[0]
+            error = await one_shot_error(cl)
         assert error.code == "model-files-missing"
         assert "tokenizer.json" in error.text
 
@@ -121,7 +122,7 @@ async def test_broken_catalog_entry(tiny_model_dir: Path, tmp_path: Path, make_c
                                                 voice=SynthesizeVoice("mine")).event())
                 check_audio_format(await collect(cl, "audio-stop"))
                 await cl.write_event(Synthesize(text="Hi.", voice=SynthesizeVoice("ghost")).event())
-                error = (await collect(cl, "error")).errors[0]
+                error = await one_shot_error(cl)
                 assert error.code == "invalid-voice"
                 assert "does-not-exist.wav" in error.text and "mine" in error.text
     for name in ("ghost", "escape", "bad name!", "nolang"):

@@ -148,6 +148,8 @@ async def test_stdio_uri(tiny_model_dir: Path) -> None:
                 response = [first.type]
                 break
             assert first.type == "error" and first.data["code"] == "model-loading"
+            stop = await asyncio.wait_for(async_read_event(process.stdout), 30)
+            assert stop is not None and stop.type == "audio-stop"
             await asyncio.sleep(0.5)
         for _ in range(10000):
             event = await asyncio.wait_for(async_read_event(process.stdout), 30)

@@ -284,3 +284,15 @@ def resolve_clip(entry: VoiceEntry) -> Path:
             "put the clip inside a data dir and use a path relative to it"
         )
     raise ValueError(f"clip {entry.clip!r} not found (looked in {searched})")
+
+
+def check_clip_size(path: Path, max_bytes: int) -> None:
+    """Refuse a clip file larger than ``max_bytes`` (``--max-clip-bytes``) before reading it.
+
+    Raises:
+        ValueError: the file is larger (the message names it and the setting).
+    """
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise ValueError(f"clip {path} has {size} bytes, more than the limit of {max_bytes} "
+                         "(use a shorter clip, 3-10 s is plenty, or raise --max-clip-bytes)")

@@ -5,7 +5,12 @@ The read loop never waits for synthesis: it turns events into jobs (``describe``
 so text chunks of a stream keep arriving while earlier sentences are spoken, and a reset
 connection is noticed at once (its ``should_stop`` flag stops the engine within one model
 step). Every failure becomes a coded ``error`` event and the connection stays usable; only an
-unreadable byte stream (broken header, oversized event) closes it.
+unreadable byte stream (broken header, oversized or stalled event) closes it.
+
+Limits (see :mod:`.limits`): a connection over ``max_connections`` gets
+``too-many-connections`` and is closed; a connection that sends nothing while nothing is
+being answered for ``idle_timeout_s`` gets ``idle-timeout`` and is closed; a client that reads
+nothing for ``write_timeout_s`` is dropped (its synthesis stops and frees its worker).
 
 Half-closing clients (TCP ``shutdown(SHUT_WR)`` after their last event) still get their
 answers: end of input lets accepted jobs finish. A client that fully closed is detected by
@@ -16,14 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import threading
 import time
 from typing import Any
 
-import numpy as np
-from wyoming.audio import AudioChunk as WyomingAudioChunk
-from wyoming.audio import AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.info import Describe
@@ -36,21 +37,23 @@ from wyoming.tts import (
     SynthesizeStopped,
 )
 
-from ..engine.constants import OUTPUT_SAMPLE_RATE_HZ
-from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled
-from ..engine.types import AudioChunk
+from ..engine.errors import CosyVoiceError
 from .info import build_info
-from .output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
-from .protocol import ProtocolError, read_event
-from .requests import check_text, check_text_format, parse_voice, select_voice
+from .limits import IDLE_TIMEOUT, SERVER_BUSY, TOO_MANY_CONNECTIONS
+from .output import ClientGone, pcm16
+from .protocol import IdleTimeout, ProtocolError, read_event
+from .requests import SpeakRequest, VoiceRequest, parse_request, select_voice
 from .runtime import ServerRuntime, VoiceSlot
+from .speech import run_one_shot
 from .streaming_text import SentenceBuffer
 from .streams import StreamRequest, run_stream
 
 _LOGGER = logging.getLogger(__name__)
 
-MAX_PENDING_JOBS = 16
-"""Requests one connection may have waiting behind the current one."""
+MAX_ERROR_TEXT_CHARS = 2000
+"""Error texts are cut to this length."""
+REFUSAL_LINGER_S = 1.0
+"""How long a refused connection is kept open so that the client reads its error."""
 
 
 class CosyVoiceEventHandler(AsyncEventHandler):
@@ -61,11 +64,15 @@ class CosyVoiceEventHandler(AsyncEventHandler):
     ) -> None:
         super().__init__(reader, writer)
         self.runtime = runtime
+        self.limits = runtime.settings.limits
         self.peer = str(writer.get_extra_info("peername") or "client")
         self.gone = threading.Event()
         """Set when the client is gone: every synthesis of this connection stops."""
         self._jobs: asyncio.Queue[Any] = asyncio.Queue()
         self._stream: StreamRequest | None = None
+        self._running: Any = None
+        """The job the worker is answering (None between jobs)."""
+        self._last_activity = time.monotonic()
         self._warned_stray_chunk = False
         self._busy_reported = False
 
@@ -76,34 +83,87 @@ class CosyVoiceEventHandler(AsyncEventHandler):
         return self.gone.is_set() or self.runtime.stopping.is_set()
 
     async def send(self, event: Event) -> None:
-        """Write one event; raise :class:`ClientGone` when the client has disconnected."""
+        """Write one event; raise :class:`ClientGone` when the client has disconnected or has
+        not read for ``write_timeout_s`` (then the connection is aborted)."""
         if self.gone.is_set() or self.writer.transport.is_closing():
             self.gone.set()
             raise ClientGone
         try:
-            await self.write_event(event)
+            await asyncio.wait_for(self.write_event(event), self.limits.write_timeout_s)
+        except asyncio.TimeoutError:
+            _LOGGER.warning("Client %s read nothing for %.0f s; dropping it", self.peer,
+                            self.limits.write_timeout_s)
+            self.gone.set()
+            self.writer.transport.abort()
+            raise ClientGone from None
         except (ConnectionError, OSError) as err:
             self.gone.set()
             raise ClientGone from err
+        self._last_activity = time.monotonic()
 
     async def send_error(self, code: str, text: str) -> None:
         """Send a coded ``error`` event (logged at INFO: it is the client's problem)."""
+        text = text[:MAX_ERROR_TEXT_CHARS].encode("utf-8", "replace").decode("utf-8")
         _LOGGER.info("Error for %s: [%s] %s", self.peer, code, text)
         await self.send(Error(text=text, code=code).event())
 
-    # --- read loop ------------------------------------------------------------------------
+    def choose_voice(self, voice: VoiceRequest) -> VoiceSlot:
+        """Check that the model is ready and pick the request's voice (coded errors)."""
+        self.runtime.require_ready()
+        return select_voice(voice, self.runtime.voices, self.runtime.default_voice_slot())
+
+    # --- connection -----------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Serve the connection, or refuse it when ``max_connections`` are already open."""
+        if not self.runtime.connections.try_open():
+            await self._refuse()
+            return
+        try:
+            await self._serve()
+        finally:
+            self.runtime.connections.close()
+
+    async def _refuse(self) -> None:
+        self.runtime.note_refused_connection(self.peer)
+        try:
+            await asyncio.wait_for(self.write_event(Error(
+                text=f"the server already has {self.limits.max_connections} connections; "
+                "try again later (or raise --max-connections)",
+                code=TOO_MANY_CONNECTIONS).event()), REFUSAL_LINGER_S)
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+            # read what the client already sent, so that closing does not reset the
+            # connection before the client has read the error
+            await asyncio.wait_for(self._discard_input(), REFUSAL_LINGER_S)
+        except (asyncio.TimeoutError, ConnectionError, OSError):
+            pass
+        finally:
+            self.writer.close()
+
+    async def _discard_input(self) -> None:
+        for _ in range(64):
+            if not await self.reader.read(1 << 16):
+                return
+
+    async def _serve(self) -> None:
         """Read events until the client leaves; answer them in order on a worker task."""
         worker = asyncio.create_task(self._work(), name=f"cosyvoice3 worker {self.peer}")
-        limits = self.runtime.settings.limits
+        limits = self.limits
         try:
             while not self.gone.is_set():
+                timeout_s = self._last_activity + limits.idle_timeout_s - time.monotonic()
                 try:
-                    event = await read_event(self.reader, limits.max_event_data_bytes,
-                                             limits.max_event_payload_bytes)
+                    event = await read_event(
+                        self.reader, limits.max_event_data_bytes, limits.max_event_payload_bytes,
+                        limits.max_event_header_bytes, max(0.01, timeout_s),
+                    )
+                except IdleTimeout:
+                    if self._idle_expired():
+                        break
+                    continue
                 except ProtocolError as err:
-                    self._add_job(("error", err.code, str(err)))
+                    self._broken_event(err)
                     if err.fatal:
                         break
                     continue
@@ -112,6 +172,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
                     break
                 if event is None:
                     break
+                self._last_activity = time.monotonic()
                 if not await self.handle_event(event):
                     break
         finally:
@@ -128,12 +189,58 @@ class CosyVoiceEventHandler(AsyncEventHandler):
                 await self.disconnect()
                 self.writer.close()
 
+    def _idle_expired(self) -> bool:
+        """On a read timeout: True (and the idle error queued) when the connection has been
+        idle for ``idle_timeout_s``: nothing to answer, or only an open stream waiting for
+        text, and no event in or out for that long."""
+        limit_s = self.limits.idle_timeout_s
+        if time.monotonic() - self._last_activity < limit_s or not self._jobs.empty():
+            return False
+        running = self._running
+        if running is not None and not (isinstance(running, StreamRequest)
+                                        and running.waiting_for_text):
+            self._last_activity = time.monotonic()  # busy answering: idleness starts later
+            return False
+        message = f"no event for {limit_s:g} s; closing the connection"
+        _LOGGER.info("Client %s was idle for %.0f s; closing", self.peer, limit_s)
+        if self._stream is not None:
+            self._stream.expire(IDLE_TIMEOUT, message)  # ends its response first
+            self._stream = None
+        else:
+            self._add_job(("error", IDLE_TIMEOUT, message))
+        return True
+
+    def _broken_event(self, err: ProtocolError) -> None:
+        """An event that could not be read: answer it like the request it was meant to be."""
+        kind = err.event_type
+        if kind is not None and SynthesizeStart.is_type(kind):
+            self._start_stream(SpeakRequest(received=time.monotonic(), problem=_coded(err)))
+        elif kind is not None and self._stream is not None and (
+            SynthesizeChunk.is_type(kind) or SynthesizeStop.is_type(kind)
+        ):
+            self._stream.add_problem(err.code, str(err))
+            if SynthesizeStop.is_type(kind):
+                self._stop_stream()
+        elif kind is not None and Synthesize.is_type(kind) and self._stream is None:
+            self._add_job(("synthesize", SpeakRequest(received=time.monotonic(),
+                                                      problem=_coded(err))))
+        else:
+            self._add_job(("error", err.code, str(err)))
+            if kind is not None and SynthesizeStop.is_type(kind):
+                self._add_job(("stopped",))
+            elif kind is not None and Describe.is_type(kind):
+                self._add_job(("describe",))
+
+    # --- events ---------------------------------------------------------------------------
+
     async def handle_event(self, event: Event) -> bool:
         """Turn one event into a job (or stream input). Never blocks on synthesis."""
+        max_chars = self.limits.max_text_chars
         if Describe.is_type(event.type):
             self._add_job(("describe",))
         elif SynthesizeStart.is_type(event.type):
-            self._start_stream(event.data)
+            self._start_stream(parse_request(event.data, max_chars, time.monotonic(),
+                                             with_text=False))
         elif SynthesizeChunk.is_type(event.type):
             self._stream_chunk(event.data)
         elif SynthesizeStop.is_type(event.type):
@@ -142,15 +249,17 @@ class CosyVoiceEventHandler(AsyncEventHandler):
             if self._stream is not None:
                 _LOGGER.debug("Ignoring the compatibility synthesize inside a stream")
             else:
-                self._add_job(("synthesize", event.data, time.monotonic()))
+                self._add_job(("synthesize", parse_request(event.data, max_chars,
+                                                           time.monotonic())))
         else:
             _LOGGER.debug("Ignoring event %s from %s", event.type, self.peer)
         return True
 
     def _add_job(self, job: tuple[Any, ...]) -> bool:
         """Queue a job for the worker; refuse it (one ``server-busy`` error per burst) when
-        ``MAX_PENDING_JOBS`` are already waiting. Returns whether it was queued."""
-        if self._jobs.qsize() < MAX_PENDING_JOBS:
+        ``max_pending_requests`` are already waiting. Returns whether it was queued."""
+        limit = self.limits.max_pending_requests
+        if self._jobs.qsize() < limit:
             self._jobs.put_nowait(job)
             self._busy_reported = False
             return True
@@ -158,19 +267,19 @@ class CosyVoiceEventHandler(AsyncEventHandler):
                         job[0])
         if not self._busy_reported:
             self._busy_reported = True
-            self._jobs.put_nowait(("error", "server-busy",
-                                   f"more than {MAX_PENDING_JOBS} requests are pending on this "
-                                   "connection; wait for the answers first"))
+            self._jobs.put_nowait(("error", SERVER_BUSY,
+                                   f"more than {limit} requests are pending on this "
+                                   "connection; wait for the answers first (or raise "
+                                   "--max-pending-requests)"))
         return False
 
-    # --- streaming input ------------------------------------------------------------------
-
-    def _start_stream(self, data: dict[str, Any]) -> None:
+    def _start_stream(self, request: SpeakRequest) -> None:
         if self._stream is not None:
             _LOGGER.warning("synthesize-start inside an open stream from %s: ending the first",
                             self.peer)
             self._stop_stream()
-        stream = StreamRequest(data=data, buffer=SentenceBuffer(), started=time.monotonic())
+        stream = StreamRequest(request=request, buffer=SentenceBuffer(),
+                               max_chars=self.limits.max_text_chars)
         self._stream = stream
         if not self._add_job(("stream", stream)):
             stream.abandon()  # refused: its chunks and stop are swallowed
@@ -182,7 +291,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
                 _LOGGER.warning("Ignoring synthesize-chunk outside a stream from %s", self.peer)
                 self._warned_stray_chunk = True
             return
-        stream.add_text(data, self.runtime.settings.limits.max_text_chars)
+        stream.add_text(data)
 
     def _stop_stream(self) -> None:
         stream, self._stream = self._stream, None
@@ -198,6 +307,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
             job = await self._jobs.get()
             if job is None:
                 return
+            self._running = job[1] if job[0] == "stream" else job
             try:
                 await self._run_job(job)
             except ClientGone:
@@ -209,6 +319,9 @@ class CosyVoiceEventHandler(AsyncEventHandler):
                                           "see its log")
                 except ClientGone:
                     self.gone.set()
+            finally:
+                self._running = None
+                self._last_activity = time.monotonic()
             if self.gone.is_set():
                 self._drain_jobs()
                 return
@@ -228,84 +341,16 @@ class CosyVoiceEventHandler(AsyncEventHandler):
         elif kind == "stopped":
             await self.send(SynthesizeStopped().event())
         elif kind == "synthesize":
-            await self._one_shot(job[1], job[2])
+            await run_one_shot(self, job[1])
         elif kind == "stream":
             await run_stream(self, job[1])
 
-    # --- synthesis ------------------------------------------------------------------------
 
-    def choose_voice(self, data: dict[str, Any]) -> VoiceSlot:
-        """Check that the model is ready and pick the request's voice (coded errors)."""
-        self.runtime.require_ready()
-        return select_voice(parse_voice(data), self.runtime.voices,
-                            self.runtime.default_voice_slot())
-
-    async def speak(self, text: str, slot: VoiceSlot, stats: RequestStats, t0: float,
-                    extra_stop: threading.Event | None = None) -> None:
-        """Synthesise ``text`` and send its audio-chunk events (audio-start already sent).
-
-        Raises:
-            ClientGone: the client disconnected (the engine was stopped).
-            CosyVoiceError: the engine failed (not for unspeakable text, which sends nothing).
-        """
-        samples_per_chunk = self.runtime.settings.samples_per_chunk
-        seed = self.runtime.settings.seed
-        options = self.runtime.synthesis_options(
-            seed if seed is not None else secrets.randbelow(2**31)
-        )
-
-        def stop() -> bool:
-            return self.should_stop() or (extra_stop is not None and extra_stop.is_set())
-
-        async def on_chunk(chunk: AudioChunk) -> None:
-            pcm = pcm16(np.asarray(chunk.samples))
-            step = samples_per_chunk * SAMPLE_WIDTH_BYTES
-            for offset in range(0, len(pcm), step):
-                piece = pcm[offset:offset + step]
-                await self.send(WyomingAudioChunk(rate=OUTPUT_SAMPLE_RATE_HZ,
-                                                  width=SAMPLE_WIDTH_BYTES, channels=CHANNELS,
-                                                  audio=piece).event())
-                if stats.first_chunk_s is None:
-                    stats.first_chunk_s = time.monotonic() - t0
-                stats.audio_samples += len(piece) // SAMPLE_WIDTH_BYTES
-
-        stats.sentences += 1
-        if slot.prompt is None:
-            raise CosyVoiceError(f"voice {slot.entry.name!r} is not prepared")
-        try:
-            stats.compute_s += await self.runtime.run_synthesis(
-                text, slot.prompt, options, stop, on_chunk
-            )
-        except EmptyText:
-            _LOGGER.debug("Nothing speakable in %r", text[:80])
-        except SynthesisCancelled:
-            if self.gone.is_set() or (extra_stop is not None and extra_stop.is_set()):
-                raise ClientGone from None
-            raise
-
-    async def _one_shot(self, data: dict[str, Any], t0: float) -> None:
-        stats = RequestStats(kind="synthesize")
-        try:
-            text = check_text(data, self.runtime.settings.limits.max_text_chars)
-            check_text_format(data)
-            slot = self.choose_voice(data)
-        except CosyVoiceError as err:
-            await self.send_error(err.code, str(err))
-            return
-        stats.voice, stats.chars = slot.entry.name, len(text)
-        await self.send(AudioStart(rate=OUTPUT_SAMPLE_RATE_HZ, width=SAMPLE_WIDTH_BYTES,
-                                   channels=CHANNELS).event())
-        outcome = "done"
-        try:
-            await self.speak(text, slot, stats, t0)
-        except ClientGone:
-            stats.log("cancelled (client gone)")
-            raise
-        except CosyVoiceError as err:
-            outcome = f"failed [{err.code}]"
-            await self.send_error(err.code, str(err))
-        await self.send(AudioStop().event())
-        stats.log(outcome)
+def _coded(err: ProtocolError) -> CosyVoiceError:
+    """A protocol error as the coded error a request reports."""
+    coded = CosyVoiceError(str(err))
+    coded.code = err.code
+    return coded
 
 
 def make_handler_factory(runtime: ServerRuntime) -> Any:

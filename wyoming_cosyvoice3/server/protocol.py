@@ -4,13 +4,15 @@
 announcing 10 GB makes it wait for, and buffer, 10 GB) and turns every malformed header into
 a silent disconnect. This reader applies the same wire format (one JSON header line, then
 ``data_length`` bytes of JSON data, then ``payload_length`` bytes of payload) but bounds every
-size and reports what was wrong as a :class:`ProtocolError` with a Wyoming error code.
+size (header line, data, payload), bounds how long a begun event may stall, and reports what
+was wrong as a :class:`ProtocolError` with a Wyoming error code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from typing import Any
 
 from wyoming.event import Event
@@ -23,12 +25,20 @@ class ProtocolError(Exception):
         code: Wyoming error code (``malformed-event`` or ``event-too-large``).
         fatal: True when the byte stream can no longer be followed (the connection must be
             closed after the error event); False when the bad event was skipped whole.
+        event_type: the skipped event's type when it could be read (a broken ``synthesize``
+            is answered like a failed request: ``error`` then ``audio-stop``).
     """
 
-    def __init__(self, code: str, message: str, fatal: bool) -> None:
+    def __init__(self, code: str, message: str, fatal: bool,
+                 event_type: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.fatal = fatal
+        self.event_type = event_type
+
+
+class IdleTimeout(Exception):
+    """No event began within the timeout (nothing was consumed: reading may simply go on)."""
 
 
 def _length(header: dict[str, Any], key: str, limit: int) -> int:
@@ -37,31 +47,92 @@ def _length(header: dict[str, Any], key: str, limit: int) -> int:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ProtocolError("malformed-event", f"'{key}' must be a non-negative integer, "
-                            f"got {value!r}", fatal=True)
+                            f"got {short_repr(value)}", fatal=True)
     if value > limit:
         raise ProtocolError("event-too-large", f"'{key}' of {value} bytes exceeds the limit "
                             f"of {limit} bytes", fatal=True)
     return value
 
 
+def short_repr(value: Any, max_chars: int = 80) -> str:
+    """``repr(value)`` cut to ``max_chars`` (error texts never echo megabytes back)."""
+    text = repr(value)
+    return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
+
+
+async def _timed(awaitable: Awaitable[bytes], timeout_s: float | None, what: str) -> bytes:
+    """Await a read that has already consumed part of an event: a stall is fatal."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except asyncio.TimeoutError as err:
+        raise ProtocolError("idle-timeout", f"the client stopped sending in the middle of an "
+                            f"event ({what}) for {timeout_s:g} s", fatal=True) from err
+
+
+async def _read_header(
+    reader: asyncio.StreamReader, max_header_bytes: int, timeout_s: float | None
+) -> bytes | None:
+    """The header line with its newline; None at the end of the stream.
+
+    Raises:
+        IdleTimeout: nothing arrived within ``timeout_s`` (nothing consumed).
+        ProtocolError: the line is longer than ``max_header_bytes`` (fatal).
+    """
+    try:
+        line = await asyncio.wait_for(reader.readuntil(b"\n"), timeout_s)
+    except asyncio.TimeoutError as err:
+        raise IdleTimeout from err
+    except asyncio.IncompleteReadError:
+        return None  # the stream ended, possibly inside a header
+    except asyncio.LimitOverrunError as err:
+        # longer than the reader's buffer limit: take it in pieces, up to max_header_bytes
+        buffer = bytearray()
+        consumed = err.consumed
+        for _ in range(max_header_bytes + 1):  # each pass takes at least one byte
+            if len(buffer) + consumed > max_header_bytes:
+                break
+            try:
+                buffer += await _timed(reader.readexactly(consumed), timeout_s, "header")
+                buffer += await _timed(reader.readuntil(b"\n"), timeout_s, "header")
+            except asyncio.IncompleteReadError:
+                return None
+            except asyncio.LimitOverrunError as more:
+                consumed = more.consumed
+                continue
+            break
+        line = bytes(buffer)
+    if len(line) > max_header_bytes or not line.endswith(b"\n"):
+        raise ProtocolError("event-too-large", "event header line longer than "
+                            f"{max_header_bytes} bytes", fatal=True)
+    return line
+
+
 async def read_event(
-    reader: asyncio.StreamReader, max_data_bytes: int, max_payload_bytes: int
+    reader: asyncio.StreamReader,
+    max_data_bytes: int,
+    max_payload_bytes: int,
+    max_header_bytes: int = 1 << 16,
+    timeout_s: float | None = None,
 ) -> Event | None:
     """Read one event.
+
+    Args:
+        reader: the connection's stream.
+        max_data_bytes / max_payload_bytes / max_header_bytes: size limits.
+        timeout_s: how long to wait for an event to begin (then :class:`IdleTimeout`) and for
+            each further part of a begun event (then a fatal ``idle-timeout`` error); None
+            waits forever.
 
     Returns:
         The event, or None at the end of the stream (also when it ends inside an event).
 
     Raises:
-        ProtocolError: the header or data is malformed or too large.
+        IdleTimeout: no event began within ``timeout_s``.
+        ProtocolError: the header or data is malformed, too large, or stalled.
         ConnectionError: the connection was reset.
     """
-    try:
-        line = await reader.readline()
-    except ValueError as err:  # longer than the reader's line limit
-        raise ProtocolError("event-too-large", f"event header line too long: {err}",
-                            fatal=True) from err
-    if not line or not line.endswith(b"\n"):
+    line = await _read_header(reader, max_header_bytes, timeout_s)
+    if line is None:
         return None
     try:
         header = json.loads(line)
@@ -73,8 +144,10 @@ async def read_event(
     data_length = _length(header, "data_length", max_data_bytes)
     payload_length = _length(header, "payload_length", max_payload_bytes)
     try:
-        data_bytes = await reader.readexactly(data_length) if data_length else b""
-        payload = await reader.readexactly(payload_length) if payload_length else None
+        data_bytes = (await _timed(reader.readexactly(data_length), timeout_s, "data")
+                      if data_length else b"")
+        payload = (await _timed(reader.readexactly(payload_length), timeout_s, "payload")
+                   if payload_length else None)
     except asyncio.IncompleteReadError:
         return None
 
@@ -84,16 +157,16 @@ async def read_event(
                             fatal=False)
     data = header.get("data") or {}
     if not isinstance(data, dict):
-        raise ProtocolError("malformed-event", f"'data' of {event_type} must be an object",
-                            fatal=False)
+        raise ProtocolError("malformed-event", f"'data' of {short_repr(event_type)} must be an "
+                            "object", fatal=False, event_type=event_type)
     if data_bytes:
         try:
             extra = json.loads(data_bytes)
         except (ValueError, RecursionError) as err:
-            raise ProtocolError("malformed-event", f"data of {event_type} is not JSON: {err}",
-                                fatal=False) from err
+            raise ProtocolError("malformed-event", f"data of {short_repr(event_type)} is not JSON: "
+                                f"{err}", fatal=False, event_type=event_type) from err
         if not isinstance(extra, dict):
-            raise ProtocolError("malformed-event", f"data of {event_type} must be an object",
-                                fatal=False)
+            raise ProtocolError("malformed-event", f"data of {short_repr(event_type)} must be an "
+                                "object", fatal=False, event_type=event_type)
         data = {**data, **extra}
     return Event(type=event_type, data=data, payload=payload)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.errors import CosyVoiceError, EmptyText, TextError, TextTooLong, VoiceNotFound
+from .limits import MAX_VOICE_FIELD_CHARS
+from .protocol import short_repr
 from .runtime import VoiceSlot
 
 
@@ -28,6 +30,41 @@ class VoiceRequest:
     name: str | None = None
     language: str | None = None
     speaker: str | None = None
+
+
+@dataclass(frozen=True)
+class SpeakRequest:
+    """A one-shot ``synthesize`` or a ``synthesize-start``, checked when it arrives, so that
+    a queued request keeps only what it needs (never the client's whole event data).
+
+    Attributes:
+        text: the text to speak (one-shot; "" for a stream or when ``problem`` is set).
+        voice: the requested voice.
+        received: ``time.monotonic()`` when the event arrived.
+        problem: why the request cannot be served (sent as its coded ``error``), or None.
+    """
+
+    text: str = ""
+    voice: VoiceRequest = VoiceRequest()
+    received: float = 0.0
+    problem: CosyVoiceError | None = None
+
+
+def parse_request(
+    data: Mapping[str, Any], max_chars: int, received: float, with_text: bool = True
+) -> SpeakRequest:
+    """Check a ``synthesize`` (``with_text``) or ``synthesize-start`` event's data.
+
+    Never raises: a bad field becomes :attr:`SpeakRequest.problem` (the first one found, in
+    the order text, text_format, voice).
+    """
+    try:
+        text = check_text(data, max_chars) if with_text else ""
+        check_text_format(data)
+        voice = parse_voice(data)
+    except CosyVoiceError as err:
+        return SpeakRequest(received=received, problem=err)
+    return SpeakRequest(text=text, voice=voice, received=received)
 
 
 def check_text(data: Mapping[str, Any], max_chars: int) -> str:
@@ -67,7 +104,8 @@ def check_text_format(data: Mapping[str, Any]) -> None:
     if text_format is None or text_format == "text":
         return
     raise TextFormatNotSupported(
-        f"text_format {text_format!r} is not supported; send plain text (text_format 'text')"
+        f"text_format {short_repr(text_format)} is not supported; send plain text "
+        "(text_format 'text')"
     )
 
 
@@ -75,20 +113,24 @@ def parse_voice(data: Mapping[str, Any]) -> VoiceRequest:
     """Read ``data['voice']``: absent, ``{}``, ``{name, speaker?}``, ``{language}`` or a name.
 
     Raises:
-        VoiceNotFound: a field has the wrong type.
+        VoiceNotFound: a field has the wrong type or is longer than ``MAX_VOICE_FIELD_CHARS``.
     """
     voice = data.get("voice")
     if voice is None:
         return VoiceRequest()
     if isinstance(voice, str):
-        return VoiceRequest(name=voice or None)
+        voice = {"name": voice}
     if not isinstance(voice, dict):
-        raise VoiceNotFound(f"'voice' must be an object like {{\"name\": ...}}, got {voice!r}")
+        raise VoiceNotFound("'voice' must be an object like {\"name\": ...}, got "
+                            f"{short_repr(voice)}")
     fields: dict[str, str | None] = {}
     for key in ("name", "language", "speaker"):
         value = voice.get(key)
         if value is not None and not isinstance(value, str):
-            raise VoiceNotFound(f"voice '{key}' must be a string, got {value!r}")
+            raise VoiceNotFound(f"voice '{key}' must be a string, got {short_repr(value)}")
+        if value is not None and len(value) > MAX_VOICE_FIELD_CHARS:
+            raise VoiceNotFound(f"voice '{key}' is longer than {MAX_VOICE_FIELD_CHARS} "
+                                "characters")
         fields[key] = value or None
     return VoiceRequest(**fields)
 
@@ -119,7 +161,8 @@ def select_voice(
     if request.name is not None:
         slot = voices.get(request.name)
         if slot is None:
-            raise VoiceNotFound(f"unknown voice {request.name!r}; installed voices: {valid}")
+            raise VoiceNotFound(f"unknown voice {short_repr(request.name)}; installed voices: "
+                                f"{valid}")
         if not slot.installed:
             reason = slot.problem or "it is not prepared yet"
             raise VoiceNotFound(

@@ -24,7 +24,7 @@ from typing import Any
 from ..engine.errors import CosyVoiceError, ModelNotReady, SynthesisCancelled
 from ..engine.options import EngineOptions, SynthesisOptions
 from ..engine.types import AudioChunk, ShouldStop, SynthesisResult, VoicePrompt
-from .catalog import VoiceEntry, load_catalogs, resolve_clip, with_model_dir
+from .catalog import VoiceEntry, check_clip_size, load_catalogs, resolve_clip, with_model_dir
 from .engine_port import (
     Engine,
     EngineFactory,
@@ -32,6 +32,7 @@ from .engine_port import (
     default_engine_factory,
     default_model_locator,
 )
+from .limits import ConnectionCounter
 from .settings import Settings
 
 _LOGGER = logging.getLogger(__name__)
@@ -95,11 +96,13 @@ class ServerRuntime:
             max_workers=settings.max_concurrent, thread_name_prefix="cosyvoice3-synth"
         )
         self._semaphore: asyncio.Semaphore | None = None
-        self._idle: asyncio.Event | None = None
         self._waiting = 0
         self._cleanups: set[asyncio.Future[None]] = set()
         self.active = 0
         """Syntheses holding a worker right now (for tests and logs)."""
+        self.connections = ConnectionCounter(settings.limits.max_connections)
+        """Open client connections (``max_connections``)."""
+        self.refused_connections = 0
         self._loader: threading.Thread | None = None
         self.stopping = threading.Event()
         """Set on shutdown: stops a running download and every synthesis."""
@@ -176,6 +179,7 @@ class ServerRuntime:
                 continue  # already logged when the catalog was read
             try:
                 clip = resolve_clip(entry)
+                check_clip_size(clip, self.settings.limits.max_clip_bytes)
                 slot.prompt = engine.prepare_voice(clip, entry.transcript, entry.instruction,
                                                    entry.name)
             except (ValueError, OSError, CosyVoiceError) as err:
@@ -198,6 +202,15 @@ class ServerRuntime:
             _LOGGER.warning("Warm-up failed (requests will still be tried): %s", err)
             return
         _LOGGER.debug("Warm-up took %.2f s", time.monotonic() - started)
+
+    def note_refused_connection(self, peer: str) -> None:
+        """Count (and log, sparsely) a connection refused for ``max_connections``."""
+        self.refused_connections += 1
+        count = self.refused_connections
+        if count & (count - 1) == 0:  # 1st, 2nd, 4th, 8th...: a flood does not flood the log
+            _LOGGER.warning("Refused connection from %s: %d connections are open (refused so "
+                            "far: %d; raise --max-connections?)", peer, self.connections.open,
+                            count)
 
     # --- voices ---------------------------------------------------------------------------
 
@@ -236,19 +249,19 @@ class ServerRuntime:
     def _semaphore_for_loop(self) -> asyncio.Semaphore:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.settings.max_concurrent)
-            self._idle = asyncio.Event()
-            self._idle.set()
         return self._semaphore
 
     async def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no synthesis holds a worker (True), or ``timeout_s`` passed (False)."""
-        if self._idle is None or self.active == 0:
-            return True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        """Wait until no synthesis holds or waits for a worker (True), or ``timeout_s``
+        passed (False)."""
+        deadline = time.monotonic() + timeout_s
+        for _ in range(int(timeout_s / 0.01) + 1):
+            if self.active == 0 and self._waiting == 0:
+                return True
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.01)
+        return self.active == 0 and self._waiting == 0
 
     async def run_synthesis(
         self,
@@ -288,13 +301,11 @@ class ServerRuntime:
         finally:
             self._waiting -= 1
         self.active += 1
-        if self._idle is not None:
-            self._idle.clear()
         started = time.monotonic()
         work = _Work()
         try:
             if should_stop():
-                raise SynthesisCancelled("the client went away before synthesis started")
+                raise SynthesisCancelled("the request was cancelled before synthesis started")
             work.pending = loop.run_in_executor(
                 self.executor, _start, engine, text, voice, options, should_stop, result
             )
@@ -333,8 +344,6 @@ class ServerRuntime:
         finally:
             self.active -= 1
             semaphore.release()
-            if self.active == 0 and self._idle is not None:
-                self._idle.set()
 
     def shutdown(self) -> None:
         """Stop loading and the worker threads (queued calls are dropped)."""

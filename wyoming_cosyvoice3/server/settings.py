@@ -13,12 +13,13 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from ..engine.options import LLM_FILES, PRESETS
+from .limits import Limits
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -31,28 +32,6 @@ DEFAULT_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 class SettingsError(ValueError):
     """A setting has an unusable value; the message names the flag, variable or key."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds that keep one client from exhausting the server (each exceeded one is a coded error).
-
-    Attributes:
-        max_text_chars: characters of one ``synthesize`` text, and of all text buffered by one
-            streaming request (``synthesize-chunk`` pieces summed).
-        max_event_data_bytes: size of an event's JSON data block (``data_length``).
-        max_event_payload_bytes: size of an event's binary payload (``payload_length``); a TTS
-            server receives no audio, so this is small.
-        max_queued_requests: syntheses waiting for a free worker, over all connections; one more
-            is refused with ``server-busy``.
-        max_request_s: wall-clock seconds one synthesis may take (text piece or whole request).
-    """
-
-    max_text_chars: int = 10000
-    max_event_data_bytes: int = 1 << 20
-    max_event_payload_bytes: int = 1 << 20
-    max_queued_requests: int = 16
-    max_request_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -206,16 +185,33 @@ OPTIONS: tuple[_Option, ...] = (
             convert=None, kind="bool-false"),
     _Option("--debug", "debug", "log at DEBUG level", convert=None, kind="bool-true"),
     _Option("--log-format", "log_format", "logging format string"),
-    _Option("--max-text-chars", "max_text_chars", "longest text accepted per request "
-            "(default 10000)", convert=_positive_int),
+    # limits (see limits.Limits; each exceeded one is a coded error)
+    _Option("--max-text-chars", "max_text_chars", "longest text accepted per request, also "
+            "per stream (default 10000)", convert=_positive_int),
+    _Option("--max-pending-requests", "max_pending_requests", "requests one connection may "
+            "have waiting for their answer (default 16)", convert=_positive_int),
     _Option("--max-queued-requests", "max_queued_requests", "syntheses allowed to wait for a "
             "worker before server-busy errors (default 16)", convert=_non_negative_int),
     _Option("--max-request-seconds", "max_request_s", "wall-clock limit of one synthesis "
             "(default 600)", convert=_positive_float),
+    _Option("--max-connections", "max_connections", "simultaneous client connections "
+            "(default 32)", convert=_positive_int),
+    _Option("--idle-timeout-seconds", "idle_timeout_s", "close a connection that has sent "
+            "nothing and waited for nothing this long (default 120)", convert=_positive_float),
+    _Option("--write-timeout-seconds", "write_timeout_s", "drop a client that reads nothing "
+            "for this long (default 60)", convert=_positive_float),
+    _Option("--max-event-header-bytes", "max_event_header_bytes", "longest event header "
+            "line (default 65536)", convert=_positive_int),
+    _Option("--max-event-data-bytes", "max_event_data_bytes", "largest event data block "
+            "(default 1048576)", convert=_positive_int),
+    _Option("--max-event-payload-bytes", "max_event_payload_bytes", "largest event payload "
+            "(default 1048576)", convert=_positive_int),
+    _Option("--max-clip-bytes", "max_clip_bytes", "largest reference clip file of a "
+            "catalog voice (default 67108864)", convert=_positive_int),
 )
 """Every setting, in the order of ``--help``."""
 
-_LIMIT_FIELDS = frozenset({"max_text_chars", "max_queued_requests", "max_request_s"})
+_LIMIT_FIELDS = frozenset(f.name for f in fields(Limits))
 
 
 def build_parser() -> argparse.ArgumentParser:

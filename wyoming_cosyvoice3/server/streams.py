@@ -11,22 +11,25 @@ such as Home Assistant, which waits for ``synthesize-stopped``, is never left ha
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from wyoming.audio import AudioStart, AudioStop
+from wyoming.audio import AudioStop
 from wyoming.tts import SynthesizeStopped
 
-from ..engine.constants import OUTPUT_SAMPLE_RATE_HZ
 from ..engine.errors import CosyVoiceError, TextError, TextTooLong
-from .output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats
-from .requests import check_chunk_text, check_text_format
+from .output import ClientGone, RequestStats
+from .requests import SpeakRequest, check_chunk_text
+from .speech import INTERNAL_ERROR, audio_start, speak
 from .streaming_text import SentenceBuffer
 
 if TYPE_CHECKING:
     from .handler import CosyVoiceEventHandler
+
+_LOGGER = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,40 +53,62 @@ class StreamRequest:
     """Per-request state of one streaming request (created at ``synthesize-start``).
 
     Attributes:
-        data: the ``synthesize-start`` data (``voice``, ``text_format``).
+        request: the checked ``synthesize-start`` (voice; ``problem`` when it was bad).
         buffer: text received but not yet a complete sentence.
+        max_chars: the text limit of this stream (``max_text_chars``).
         items: sentences / errors for the worker, ended by None.
         cancelled: set when the client left mid-stream; stops the current synthesis.
+        waiting_for_text: True while the worker has spoken everything and waits for more
+            text (the connection then counts as idle).
     """
 
-    data: dict[str, Any]
+    request: SpeakRequest
     buffer: SentenceBuffer
-    started: float
+    max_chars: int
     items: asyncio.Queue[StreamText | StreamError | None] = field(
         default_factory=asyncio.Queue
     )
     cancelled: threading.Event = field(default_factory=threading.Event)
-    overflowed: bool = False
+    failed: bool = False
     finished: bool = False
+    waiting_for_text: bool = False
 
-    def add_text(self, data: dict[str, Any], max_chars: int) -> None:
+    @property
+    def max_items(self) -> int:
+        """Most items the stream can ever queue: each sentence holds at least one of the
+        ``max_chars`` characters, plus one error and the end marker."""
+        return self.max_chars + 2
+
+    def add_text(self, data: dict[str, Any]) -> None:
         """Take one ``synthesize-chunk``; queue the sentences it completes."""
-        if self.finished or self.overflowed:
+        if self.finished or self.failed:
             return
         try:
             text = check_chunk_text(data)
         except TextError as err:
-            self.items.put_nowait(StreamError(err.code, str(err)))
+            self.add_problem(err.code, str(err))
             return
-        if self.buffer.total_chars + len(text) > max_chars:
-            self.overflowed = True
-            message = (f"the streamed text exceeds the limit of {max_chars} characters; the "
-                       "rest of this response is dropped (raise --max-text-chars)")
-            self.items.put_nowait(StreamError(TextTooLong.code, message))
+        if self.buffer.total_chars + len(text) > self.max_chars:
+            self.add_problem(TextTooLong.code, f"the streamed text exceeds the limit of "
+                             f"{self.max_chars} characters; the rest of this response is "
+                             "dropped (raise --max-text-chars)")
             return
         now = time.monotonic()
         for sentence in self.buffer.add(text):
             self.items.put_nowait(StreamText(sentence, now))
+
+    def add_problem(self, code: str, text: str) -> None:
+        """Report the first problem of this stream in order with its audio; the text after
+        it is dropped (the response ends with the error)."""
+        if not self.finished and not self.failed:
+            self.failed = True
+            self.items.put_nowait(StreamError(code, text))
+
+    def expire(self, code: str, text: str) -> None:
+        """The client sent nothing for too long: report ``code``, drop the unspoken tail and
+        end the response (``audio-stop`` + ``synthesize-stopped``)."""
+        self.add_problem(code, text)
+        self.finish()
 
     def finish(self) -> None:
         """``synthesize-stop``: queue the unfinished tail, then the end marker."""
@@ -91,7 +116,7 @@ class StreamRequest:
             return
         self.finished = True
         tail = self.buffer.flush()
-        if tail and not self.overflowed:
+        if tail and not self.failed:
             self.items.put_nowait(StreamText(tail, time.monotonic()))
         self.items.put_nowait(None)
 
@@ -113,17 +138,21 @@ async def run_stream(handler: CosyVoiceEventHandler, stream: StreamRequest) -> N
     failed = False
     slot = None
     try:
-        check_text_format(stream.data)
-        slot = handler.choose_voice(stream.data)
+        if stream.request.problem is not None:
+            raise stream.request.problem
+        slot = handler.choose_voice(stream.request.voice)
         stats.voice = slot.entry.name
     except CosyVoiceError as err:
         await handler.send_error(err.code, str(err))
         failed = True
-    await handler.send(AudioStart(rate=OUTPUT_SAMPLE_RATE_HZ, width=SAMPLE_WIDTH_BYTES,
-                                  channels=CHANNELS).event())
+    await handler.send(audio_start().event())
     outcome = "failed" if failed else "done"
-    while True:
-        item = await stream.items.get()
+    for _ in range(stream.max_items):  # ends at the None marker
+        stream.waiting_for_text = True
+        try:
+            item = await stream.items.get()
+        finally:
+            stream.waiting_for_text = False
         if item is None:
             break
         if stream.cancelled.is_set():
@@ -137,13 +166,18 @@ async def run_stream(handler: CosyVoiceEventHandler, stream: StreamRequest) -> N
             continue
         stats.chars += len(item.text)
         try:
-            await handler.speak(item.text, slot, stats, item.queued_at, stream.cancelled)
+            await speak(handler, item.text, slot, stats, item.queued_at, stream.cancelled)
         except ClientGone:
             stats.log("cancelled (client gone)")
             raise
         except CosyVoiceError as err:
             await handler.send_error(err.code, str(err))
             failed, outcome = True, f"failed [{err.code}]"
+        except Exception:  # a bug must not leave the client without synthesize-stopped
+            _LOGGER.exception("Synthesis for %s failed unexpectedly", handler.peer)
+            await handler.send_error(INTERNAL_ERROR, "the server failed unexpectedly; see its "
+                                     "log")
+            failed, outcome = True, f"failed [{INTERNAL_ERROR}]"
     if stream.cancelled.is_set():
         outcome = "abandoned (no synthesize-stop)"
     await handler.send(AudioStop().event())

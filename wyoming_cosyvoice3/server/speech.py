@@ -1,0 +1,132 @@
+"""Speaking one text on a connection, and the one-shot ``synthesize`` request.
+
+A one-shot response is ``audio-start``, ``audio-chunk``..., ``audio-stop``. When it fails the
+client gets a coded ``error`` and then ``audio-stop`` as well: Home Assistant's one-shot client
+(``homeassistant/components/wyoming/tts.py``, ``async_get_tts_audio``) skips ``error`` events
+and reads until ``audio-stop`` or the end of the connection, so an ``error`` alone would leave
+it waiting; with the ``audio-stop`` it returns at once with the audio received so far (none
+when the request failed before audio), while other clients still read the coded error.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+from wyoming.audio import AudioChunk as WyomingAudioChunk
+from wyoming.audio import AudioStart, AudioStop
+
+from ..engine.constants import OUTPUT_SAMPLE_RATE_HZ
+from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, SynthesisTimeout
+from ..engine.types import AudioChunk
+from .output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
+from .requests import SpeakRequest
+from .runtime import VoiceSlot
+
+if TYPE_CHECKING:
+    from .handler import CosyVoiceEventHandler
+
+_LOGGER = logging.getLogger(__name__)
+
+INTERNAL_ERROR = "internal-error"
+
+
+def audio_start() -> AudioStart:
+    """The one audio format of every response: 24000 Hz, 16 bit, mono."""
+    return AudioStart(rate=OUTPUT_SAMPLE_RATE_HZ, width=SAMPLE_WIDTH_BYTES, channels=CHANNELS)
+
+
+async def speak(
+    handler: CosyVoiceEventHandler, text: str, slot: VoiceSlot, stats: RequestStats, t0: float,
+    extra_stop: threading.Event | None = None,
+) -> None:
+    """Synthesise ``text`` and send its audio-chunk events (audio-start already sent).
+
+    The wall-clock limit (``max_request_s``) counts from the first ``should_stop`` call, made
+    when the request got its worker; the engine enforces the same limit, this is a backstop.
+
+    Raises:
+        ClientGone: the client disconnected (the engine was stopped).
+        CosyVoiceError: the engine failed (not for unspeakable text, which sends nothing);
+            SynthesisTimeout past the time limit.
+    """
+    runtime = handler.runtime
+    samples_per_chunk = runtime.settings.samples_per_chunk
+    seed = runtime.settings.seed
+    limit_s = runtime.settings.limits.max_request_s
+    options = runtime.synthesis_options(seed if seed is not None else secrets.randbelow(2**31))
+    deadline: list[float] = []
+
+    def stop() -> bool:
+        if not deadline:
+            deadline.append(time.monotonic() + limit_s)
+        return (handler.should_stop() or (extra_stop is not None and extra_stop.is_set())
+                or time.monotonic() > deadline[0])
+
+    async def on_chunk(chunk: AudioChunk) -> None:
+        pcm = pcm16(np.asarray(chunk.samples))
+        step = samples_per_chunk * SAMPLE_WIDTH_BYTES
+        for offset in range(0, len(pcm), step):
+            piece = pcm[offset:offset + step]
+            await handler.send(WyomingAudioChunk(rate=OUTPUT_SAMPLE_RATE_HZ,
+                                                 width=SAMPLE_WIDTH_BYTES, channels=CHANNELS,
+                                                 audio=piece).event())
+            if stats.first_chunk_s is None:
+                stats.first_chunk_s = time.monotonic() - t0
+            stats.audio_samples += len(piece) // SAMPLE_WIDTH_BYTES
+
+    stats.sentences += 1
+    if slot.prompt is None:
+        raise CosyVoiceError(f"voice {slot.entry.name!r} is not prepared")
+    try:
+        stats.compute_s += await runtime.run_synthesis(text, slot.prompt, options, stop,
+                                                       on_chunk)
+    except EmptyText:
+        _LOGGER.debug("Nothing speakable in %r", text[:80])
+    except SynthesisCancelled:
+        if handler.gone.is_set() or (extra_stop is not None and extra_stop.is_set()):
+            raise ClientGone from None
+        if deadline and time.monotonic() > deadline[0] and not runtime.stopping.is_set():
+            raise SynthesisTimeout(
+                f"the synthesis took longer than {limit_s:g} s; shorten the text or raise "
+                "--max-request-seconds"
+            ) from None
+        raise
+
+
+async def run_one_shot(handler: CosyVoiceEventHandler, request: SpeakRequest) -> None:
+    """Answer one ``synthesize``: audio, or a coded ``error``; always ending with ``audio-stop``.
+
+    Raises:
+        ClientGone: the client disconnected.
+    """
+    stats = RequestStats(kind="synthesize")
+    try:
+        if request.problem is not None:
+            raise request.problem
+        slot = handler.choose_voice(request.voice)
+    except CosyVoiceError as err:
+        await handler.send_error(err.code, str(err))
+        await handler.send(AudioStop().event())
+        return
+    stats.voice, stats.chars = slot.entry.name, len(request.text)
+    await handler.send(audio_start().event())
+    outcome = "done"
+    try:
+        await speak(handler, request.text, slot, stats, request.received)
+    except ClientGone:
+        stats.log("cancelled (client gone)")
+        raise
+    except CosyVoiceError as err:
+        outcome = f"failed [{err.code}]"
+        await handler.send_error(err.code, str(err))
+    except Exception:  # a bug must not leave the client without its audio-stop
+        _LOGGER.exception("Synthesis for %s failed unexpectedly", handler.peer)
+        outcome = f"failed [{INTERNAL_ERROR}]"
+        await handler.send_error(INTERNAL_ERROR, "the server failed unexpectedly; see its log")
+    await handler.send(AudioStop().event())
+    stats.log(outcome)

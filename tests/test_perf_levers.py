@@ -186,3 +186,57 @@ def test_every_preset_validates_and_synthesises(
 
 def _fields(opts: SynthesisOptions) -> dict[str, Any]:
     return {k: getattr(opts, k) for k in opts.__dataclass_fields__}
+
+
+# -- windowed vocoder -----------------------------------------------------------------------
+
+
+class _RecordingHift:
+    """Wraps a graph's ``run`` and records the mel frames of every call."""
+
+    def __init__(self, graph: Any) -> None:
+        self.graph, self.spec, self.frames = graph, graph.spec, []
+
+    def run(self, feeds: dict[str, np.ndarray], output_names: Any = None) -> Any:
+        self.frames.append(int(feeds["speech_feat"].shape[2]))
+        return self.graph.run(feeds, output_names)
+
+
+def _stream(engine: CosyVoice3Engine, mel: np.ndarray, window: int, hops: list[int]) -> Any:
+    from wyoming_cosyvoice3.engine import constants as C
+    from wyoming_cosyvoice3.engine.melops import GrowingNoise
+    from wyoming_cosyvoice3.engine.vocoder import HiftRunner, VocoderStream
+
+    graph = _RecordingHift(engine.model.hift)
+    noise = GrowingNoise(np.random.default_rng(1), C.HARMONIC_CHANNELS, "uniform", 4800)
+    stream = VocoderStream(HiftRunner(graph), noise, window_frames=window)  # type: ignore[arg-type]
+    out, start = [], 0
+    for i, hop in enumerate(hops):
+        out.append(stream.push(mel[:, start : start + hop], i == len(hops) - 1))
+        start += hop
+    return np.concatenate(out), graph.frames
+
+
+def test_vocoder_window_bounds_each_call_and_keeps_the_length(engine: CosyVoice3Engine) -> None:
+    rng = np.random.default_rng(0)
+    mel = (rng.standard_normal((80, 120)) - 4.0).astype(np.float32)
+    hops = [20, 20, 40, 40]
+    exact, exact_frames = _stream(engine, mel, 0, hops)
+    windowed, frames = _stream(engine, mel, 10, hops)
+    assert exact_frames == [20, 40, 80, 120]
+    # each call: <= 10 emitted frames of context + the 8 held back + the new frames
+    assert all(f <= 10 + 8 + hop for f, hop in zip(frames, hops, strict=True))
+    assert len(windowed) == len(exact) == 480 * 120
+    # the first call is identical (no earlier context to drop)
+    first = 480 * (20 - 8)
+    np.testing.assert_array_equal(windowed[:first], exact[:first])
+    assert not np.array_equal(windowed, exact)
+
+
+def test_vocoder_window_longer_than_the_utterance_is_exact(engine: CosyVoice3Engine) -> None:
+    rng = np.random.default_rng(2)
+    mel = (rng.standard_normal((80, 60)) - 4.0).astype(np.float32)
+    exact, _ = _stream(engine, mel, 0, [20, 20, 20])
+    windowed, _ = _stream(engine, mel, 1000, [20, 20, 20])
+    # only the seam cross-fades blend two runs that agree up to float rounding
+    np.testing.assert_allclose(windowed, exact, atol=1e-5)

@@ -86,7 +86,7 @@ class TableEmbedding:
         started = time.time() if observer is not None else 0.0
         out = {"inputs_embeds": self.lookup(feeds["input_ids"])}
         if observer is not None:
-            observer(self.spec.file, feeds, started, time.time())
+            observer(str(self.path), feeds, started, time.time())
         return out
 
     def __repr__(self) -> str:

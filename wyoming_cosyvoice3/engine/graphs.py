@@ -138,10 +138,14 @@ def count_llm_layers(input_names: list[str]) -> int:
     )
 
 
-def session_options(threads: int) -> ort.SessionOptions:
+def session_options(threads: int, spin_wait: bool = True) -> ort.SessionOptions:
     """SessionOptions used for every graph: all graph optimisations, sequential execution,
-    ``threads`` intra-op threads (0 = onnxruntime's choice), one inter-op thread."""
+    ``threads`` intra-op threads (0 = onnxruntime's choice), one inter-op thread; idle worker
+    threads spin before sleeping unless ``spin_wait`` is False
+    (``session.intra_op.allow_spinning``, see ``EngineOptions.spin_wait``)."""
     options = ort.SessionOptions()
+    if not spin_wait:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.intra_op_num_threads = max(0, int(threads))
@@ -162,7 +166,9 @@ def resolve_providers(requested: tuple[str, ...]) -> list[str]:
     return chosen
 
 
-def open_session(path: Path, threads: int, providers: tuple[str, ...]) -> ort.InferenceSession:
+def open_session(
+    path: Path, threads: int, providers: tuple[str, ...], spin_wait: bool = True
+) -> ort.InferenceSession:
     """Load ``path`` into an InferenceSession.
 
     Raises:
@@ -173,7 +179,9 @@ def open_session(path: Path, threads: int, providers: tuple[str, ...]) -> ort.In
         raise ModelFilesMissing(str(path.parent), [path.name])
     try:
         return ort.InferenceSession(
-            str(path), sess_options=session_options(threads), providers=resolve_providers(providers)
+            str(path),
+            sess_options=session_options(threads, spin_wait),
+            providers=resolve_providers(providers),
         )
     except ORT_ERRORS as exc:
         raise ModelLoadError(
@@ -221,6 +229,7 @@ class Graph:
         threads: int = 0,
         providers: tuple[str, ...] = (CPU_PROVIDER,),
         session: ort.InferenceSession | None = None,
+        spin_wait: bool = True,
     ) -> None:
         """Load ``path`` (or adopt ``session``) and check it against ``spec``.
 
@@ -230,7 +239,7 @@ class Graph:
         """
         self.path = Path(path)
         self.spec = spec
-        self.session = session or open_session(self.path, threads, providers)
+        self.session = session or open_session(self.path, threads, providers, spin_wait)
         self._input_names, self._output_names = self._check()
 
     def _mismatch(self, problem: str) -> GraphSignatureMismatch:
@@ -319,13 +328,18 @@ class Graph:
         return f"Graph({self.spec.file!r}, providers={self.providers})"
 
 
-def load_llm(path: Path, threads: int = 0, providers: tuple[str, ...] = (CPU_PROVIDER,)) -> Graph:
+def load_llm(
+    path: Path,
+    threads: int = 0,
+    providers: tuple[str, ...] = (CPU_PROVIDER,),
+    spin_wait: bool = True,
+) -> Graph:
     """Load an LLM graph; its spec is built from the number of KV-cache layers it declares.
 
     Raises:
         ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
     """
-    session = open_session(Path(path), threads, providers)
+    session = open_session(Path(path), threads, providers, spin_wait)
     layers = count_llm_layers([arg.name for arg in session.get_inputs()])
     spec = llm_spec(Path(path).name, layers)
     if layers == 0:

@@ -149,7 +149,7 @@ def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> G
         from .quantize import derived_files_dir, ensure_int8_estimator
 
         path = ensure_int8_estimator(source, derived_files_dir(model_dir, options.cache_dir))
-    return Graph(path, ESTIMATOR, options.threads, options.providers)
+    return Graph(path, ESTIMATOR, options.threads, options.providers, spin_wait=options.spin_wait)
 
 
 def _text_embedding(model_dir: Path, options: EngineOptions) -> TableEmbedding | None:
@@ -256,12 +256,17 @@ class CosyVoice3Model:
         tokenizer, eop = load_tokenizer(model_dir / TOKENIZER_FILE)
         threads, providers = options.threads, options.providers
 
+        spin = options.spin_wait
+        llm_threads = threads if options.llm_threads is None else options.llm_threads
+
         def graph(spec: GraphSpec) -> Graph:
-            return Graph(model_dir / spec.file, spec, threads, providers)
+            return Graph(model_dir / spec.file, spec, threads, providers, spin_wait=spin)
 
         graphs: dict[str, Graph | TableEmbedding] = {
             "speech_embedding": graph(SPEECH_EMBEDDING),
-            "llm": load_llm(model_dir / LLM_FILES[options.llm_precision], threads, providers),
+            "llm": load_llm(
+                model_dir / LLM_FILES[options.llm_precision], llm_threads, providers, spin
+            ),
             "flow_encoder": graph(FLOW_ENCODER),
             "estimator": load_estimator(model_dir, options, options.flow_precision),
             "hift": graph(HIFT),

@@ -24,6 +24,12 @@ class EngineOptions:
             the CPU default recommended by the export's model card) or ``q4`` (llm_q4.onnx).
         threads: intra-op threads per onnxruntime session; 0 lets onnxruntime choose
             (one per physical core).
+        llm_threads: intra-op threads of the LLM session; ``None`` = ``threads``. With
+            ``overlap_decoding`` the LLM runs beside the flow and vocoder: one LLM thread
+            leaves the other core(s) to them instead of oversubscribing.
+        spin_wait: let idle onnxruntime worker threads spin before sleeping
+            (``session.intra_op.allow_spinning``): lowest latency for one busy session, but
+            spinning threads steal the core from a concurrent session (overlapped decoding).
         providers: onnxruntime execution providers in order of preference; the CPU provider
             is always appended as the fallback.
         voice_cache_dir: directory for cached voice features; ``None`` disables the disk cache.
@@ -42,6 +48,8 @@ class EngineOptions:
 
     llm_precision: LlmPrecision = "int8"
     threads: int = 0
+    llm_threads: int | None = None
+    spin_wait: bool = True
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     voice_cache_dir: Path | None = None
     load_voice_encoders: bool = False
@@ -55,8 +63,8 @@ class EngineOptions:
             raise ValueError(
                 f"llm_precision must be one of {sorted(LLM_FILES)}, got {self.llm_precision!r}"
             )
-        if self.threads < 0:
-            raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.threads < 0 or (self.llm_threads is not None and self.llm_threads < 0):
+            raise ValueError(f"threads must be >= 0, got {self.threads} / {self.llm_threads}")
         if self.flow_precision not in ("fp32", "int8"):
             raise ValueError(f"flow_precision must be fp32 or int8, got {self.flow_precision!r}")
 
@@ -88,6 +96,9 @@ class SynthesisOptions:
             their 2x mel frames (the LLM still gets the whole prompt); 0 = whole prompt.
         overlap_decoding: decode LLM tokens in a per-request producer thread while the flow
             and vocoder work (same audio as sequential decoding for the same seed).
+        vocoder_window_frames: when > 0, each vocoder call sees only this many already-emitted
+            mel frames of left context (linear instead of quadratic cost; seams cross-faded,
+            see :mod:`.vocoder`); 0 = all mel of the utterance (spec-exact).
         max_decode_tokens: hard cap on decoded speech tokens per piece, on top of 20x text.
         max_request_s: wall-clock limit of one request; exceeded raises SynthesisTimeout.
         output_dtype: ``float32`` samples in [-1, 1] or ``int16`` PCM.
@@ -109,6 +120,7 @@ class SynthesisOptions:
     flow_precision: FlowPrecision = "fp32"
     flow_prompt_tokens: int = 0
     overlap_decoding: bool = False
+    vocoder_window_frames: int = 0
     max_decode_tokens: int = 3000
     max_request_s: float = 300.0
     output_dtype: Literal["float32", "int16"] = "float32"
@@ -126,8 +138,8 @@ class SynthesisOptions:
             raise ValueError("first_hop_tokens must be >= 1 and <= max_hop_tokens")
         if self.flow_left_context_tokens < 0:
             raise ValueError("flow_left_context_tokens must be >= 0")
-        if self.flow_prompt_tokens < 0:
-            raise ValueError("flow_prompt_tokens must be >= 0")
+        if self.flow_prompt_tokens < 0 or self.vocoder_window_frames < 0:
+            raise ValueError("flow_prompt_tokens and vocoder_window_frames must be >= 0")
         if self.flow_precision not in ("fp32", "int8"):
             raise ValueError(f"flow_precision must be fp32 or int8, got {self.flow_precision!r}")
         if self.max_decode_tokens < 1 or self.max_request_s <= 0:

@@ -257,7 +257,9 @@ class CosyVoice3Engine:
             index=index,
             hop_tokens=req.options.first_hop_tokens,
             resampler=SpeedResampler(req.options.speed),
-            vocoder=VocoderStream(self.hift, req.vocoder_noise),
+            vocoder=VocoderStream(
+                self.hift, req.vocoder_noise, window_frames=req.options.vocoder_window_frames
+            ),
         )
 
     def _accept(

@@ -9,7 +9,17 @@ Streaming: the generator is causal apart from a right context of 3 + 4 + 1 mel f
 fixed U[0,1) source-noise buffer per request, running the graph on all mel so far and keeping
 only samples before ``480 * (M - 8)`` gives the same samples as one pass over the whole mel;
 the final call emits up to ``480 * M``. The harmonic source accumulates phase over the whole
-utterance, so a bounded left window would not be exact: the graph always sees all mel.
+utterance, so a bounded left window is not exact: by default the graph sees all mel, which makes
+the vocoder's cost quadratic in the utterance length (as upstream: model.py
+``CosyVoice3Model.token2wav`` re-runs hift on all mel of the utterance at every chunk).
+
+``window_frames`` > 0 (``SynthesisOptions.vocoder_window_frames``) bounds it: each call runs the
+graph on the last ``window_frames`` already-emitted frames plus the new ones (with the noise
+columns of those frames, so the noise still lines up). The causal convolutions see their real
+left context when the window covers their receptive field (about 10 frames); the harmonic
+source restarts its phase at the window start, so its harmonics are phase-shifted against the
+exact path. To avoid a jump at the seam, the first ``crossfade`` samples of each call are
+cross-faded with the previous call's own samples for the same span (computed, held back).
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ logger = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float32]
 _HIFT_INPUTS = ("speech_feat", "noise")
 _HIFT_OUTPUTS = ("magnitude", "phase")
+CROSSFADE_MS = 20.0
+"""Seam cross-fade of the windowed vocoder (only with ``window_frames`` > 0)."""
 
 
 def fade_in_gain(start_sample: int, n_samples: int, fade_samples: int) -> FloatArray:
@@ -113,14 +125,24 @@ class VocoderStream:
     """
 
     def __init__(
-        self, runner: HiftRunner, noise: GrowingNoise, fade_in_ms: float = C.FADE_IN_MS
+        self,
+        runner: HiftRunner,
+        noise: GrowingNoise,
+        fade_in_ms: float = C.FADE_IN_MS,
+        window_frames: int = 0,
+        crossfade_ms: float = CROSSFADE_MS,
     ) -> None:
         if noise.channels != C.HARMONIC_CHANNELS:
             raise ValueError(f"vocoder noise needs {C.HARMONIC_CHANNELS} channels")
+        if window_frames < 0:
+            raise ValueError(f"window_frames must be >= 0, got {window_frames}")
         self.runner = runner
         self.noise = noise
         self.fade_samples = round(fade_in_ms * C.OUTPUT_SAMPLE_RATE_HZ / 1000.0)
+        self.window_frames = window_frames
+        self.crossfade_samples = round(crossfade_ms * C.OUTPUT_SAMPLE_RATE_HZ / 1000.0)
         self._mel = np.zeros((C.MEL_BINS, 0), dtype=np.float32)
+        self._tail = np.zeros(0, dtype=np.float32)
         self.emitted_samples = 0
         self.finished = False
 
@@ -128,6 +150,14 @@ class VocoderStream:
     def mel_frames(self) -> int:
         """Mel frames received so far."""
         return int(self._mel.shape[1])
+
+    def _crossfade(self, out: FloatArray) -> FloatArray:
+        """Blend the start of ``out`` from the previous call's samples for the same span."""
+        k = min(len(self._tail), len(out), self.crossfade_samples)
+        if k > 0:
+            ramp = fade_in_gain(0, k, k)
+            out[:k] = self._tail[:k] * (1.0 - ramp) + out[:k] * ramp
+        return out
 
     def push(
         self,
@@ -165,9 +195,18 @@ class VocoderStream:
         if should_stop is not None and should_stop():
             raise SynthesisCancelled("synthesis cancelled before the vocoder")
         start = time.perf_counter()
-        noise = self.noise.take(C.SAMPLES_PER_MEL_FRAME * n_frames)
-        samples = self.runner.waveform(self._mel, noise)
-        out = samples[self.emitted_samples : end].copy()
+        spf = C.SAMPLES_PER_MEL_FRAME
+        noise = self.noise.take(spf * n_frames)
+        first = 0
+        if self.window_frames > 0:
+            first = max(0, self.emitted_samples // spf - self.window_frames)
+        samples = self.runner.waveform(self._mel[:, first:], noise[spf * first :])
+        base = spf * first  # absolute index of samples[0]
+        out = samples[self.emitted_samples - base : end - base].copy()
+        if self.window_frames > 0:
+            out = self._crossfade(out)
+            # this call's samples just after ``end``: the next call fades from them
+            self._tail = samples[end - base : end - base + self.crossfade_samples].copy()
         if self.emitted_samples < self.fade_samples:
             out *= fade_in_gain(self.emitted_samples, len(out), self.fade_samples)
         self.emitted_samples = end

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import re
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -232,11 +237,28 @@ def spy_factory(holder: list[SpyEngine],
 
 
 class FaultyEngine:
-    """Fault injection: prepares voices like a model would (checks the clip) and fails
-    mid-synthesis when the text contains ``FAIL``, after sending one chunk."""
+    """A fast stand-in engine for fault injection (no model needed beyond readable clips).
+
+    Prepares voices like a model would (reads the clip). Each sentence of the text gives
+    three chunks of 0.2 s (10 ms apart, ``should_stop`` checked before each); markers in a
+    sentence change that:
+
+    * ``FAIL``: a coded ``SynthesisFailed`` after its first chunk;
+    * ``CRASH``: a plain ``RuntimeError`` (a bug) after its first chunk;
+    * ``HOLD``: waits for :attr:`gate` (bounded, 60 s) before its first chunk;
+    * ``ENDLESS``: chunks until ``should_stop`` (bounded, 100000 chunks).
+
+    Records ``texts``, ``outcomes`` and ``stop_flags`` like :class:`SpyEngine`.
+    """
 
     def __init__(self, model_dir: Path, options: EngineOptions) -> None:
         self.model_dir = model_dir
+        self.gate = threading.Event()
+        self.texts: list[str] = []
+        self.outcomes: list[str] = []
+        self.stop_flags: list[bool] = []
+        self.started = threading.Semaphore(0)
+        self.lock = threading.Lock()
 
     def prepare_voice(self, clip_path: Path, transcript: str | None = None,
                       instruction: str | None = None, name: str = "voice") -> VoicePrompt:
@@ -253,20 +275,68 @@ class FaultyEngine:
                    options: SynthesisOptions | None = None,
                    should_stop: ShouldStop | None = None,
                    result: SynthesisResult | None = None) -> Iterator[EngineChunk]:
+        with self.lock:
+            self.texts.append(text)
+        self.started.release()
+        outcome = "unfinished"
+        try:
+            yield from self._chunks(text, should_stop or (lambda: False))
+            outcome = "completed"
+        except SynthesisCancelled:
+            outcome = "cancelled"
+            raise
+        except GeneratorExit:
+            outcome = "closed"
+            raise
+        except Exception:
+            outcome = "failed"
+            raise
+        finally:
+            with self.lock:
+                self.outcomes.append(outcome)
+                self.stop_flags.append(bool(should_stop and should_stop()))
+
+    def _chunks(self, text: str, should_stop: ShouldStop) -> Iterator[EngineChunk]:
         pieces = [p for p in re.split(r"(?<=[.!?。])\s*", text) if re.search(r"\w", p)]
+        samples = (0.1 * np.sin(np.arange(4800) * 0.05)).astype(np.float32)
         for index, piece in enumerate(pieces):
-            for k in range(3):
-                if should_stop is not None and should_stop():
+            if "HOLD" in piece:
+                for _ in range(600):
+                    if self.gate.wait(0.1) or should_stop():
+                        break
+            count = 100000 if "ENDLESS" in piece else 3
+            for k in range(count):
+                if should_stop():
                     raise SynthesisCancelled("stopped")
                 time.sleep(0.01)
-                samples = (0.1 * np.sin(np.arange(4800) * 0.05)).astype(np.float32)
                 yield EngineChunk(samples, 24000, index, False, 0.0)
                 if "FAIL" in piece and k == 0:
                     raise SynthesisFailed("injected failure in graph hift.onnx")
+                if "CRASH" in piece and k == 0:
+                    raise RuntimeError("injected bug")
 
 
 def faulty_factory(model_dir: Path, options: EngineOptions) -> Engine:
     return FaultyEngine(model_dir, options)
+
+
+def recording_faulty_factory(holder: list[FaultyEngine]) -> EngineFactory:
+    """A :class:`FaultyEngine` factory that hands the instance to the test."""
+
+    def factory(model_dir: Path, options: EngineOptions) -> Engine:
+        engine = FaultyEngine(model_dir, options)
+        holder.append(engine)
+        return engine
+
+    return factory
+
+
+def fake_model_dir(root: Path, make_clip: Callable[..., Path]) -> Path:
+    """A "model" directory for :class:`FaultyEngine`: just the two bundled voice clips."""
+    model_dir = root / "model"
+    make_clip(model_dir / "voices" / "zh-female.wav", seconds=2.0)
+    make_clip(model_dir / "voices" / "en-male.wav", seconds=2.0)
+    return model_dir
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
@@ -277,3 +347,69 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return predicate()
+
+
+# --- raw wire and subprocess helpers ---------------------------------------------------------
+
+
+def frame(event: Event) -> bytes:
+    """One event as bytes on the wire (header line with ``data_length``, data, payload)."""
+    header: dict[str, Any] = {"type": event.type}
+    body = json.dumps(event.data).encode() if event.data else b""
+    if body:
+        header["data_length"] = len(body)
+    if event.payload:
+        header["payload_length"] = len(event.payload)
+    return json.dumps(header).encode() + b"\n" + body + (event.payload or b"")
+
+
+async def read_until_eof(reader: asyncio.StreamReader, timeout_s: float = READ_TIMEOUT_S,
+                         max_events: int = 100000) -> list[Event]:
+    """Every event the server sends until it closes the connection."""
+    events: list[Event] = []
+    for _ in range(max_events):
+        line = await asyncio.wait_for(reader.readline(), timeout_s)
+        if not line:
+            return events
+        header = json.loads(line)
+        data = header.get("data") or {}
+        if header.get("data_length"):
+            data.update(json.loads(await reader.readexactly(header["data_length"])))
+        payload = (await reader.readexactly(header["payload_length"])
+                   if header.get("payload_length") else None)
+        events.append(Event(type=header["type"], data=data, payload=payload))
+    raise AssertionError("too many events")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def server_process(port: int, model_dir: Path, *args: str,
+                   stderr: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    """``python -m wyoming_cosyvoice3`` on 127.0.0.1:``port`` (no COSYVOICE3_* from the
+    environment of the test run)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSYVOICE3_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "wyoming_cosyvoice3", "--uri", f"tcp://127.0.0.1:{port}",
+         "--model-dir", str(model_dir), *args],
+        stdout=subprocess.DEVNULL, stderr=stderr, env=env,
+    )
+
+
+async def wait_process_ready(process: subprocess.Popen[bytes], port: int,
+                             limit_s: float = 120.0) -> None:
+    """Poll the health probe until the model is loaded (hang guard ``limit_s``)."""
+    from wyoming_cosyvoice3.server.healthcheck import probe
+
+    uri = f"tcp://127.0.0.1:{port}"
+    deadline = time.monotonic() + limit_s
+    problem: str | None = "not started"
+    while time.monotonic() < deadline and process.poll() is None:
+        problem = await probe(uri, 2.0, require_ready=True)
+        if problem is None:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the server did not get ready: {problem}")

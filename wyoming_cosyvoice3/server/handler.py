@@ -91,7 +91,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
         try:
             await asyncio.wait_for(self.write_event(event), self.limits.write_timeout_s)
         except asyncio.TimeoutError:
-            _LOGGER.warning("Client %s read nothing for %.0f s; dropping it", self.peer,
+            _LOGGER.warning("Client %s read nothing for %g s; dropping it", self.peer,
                             self.limits.write_timeout_s)
             self.gone.set()
             self.writer.transport.abort()
@@ -202,7 +202,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
             self._last_activity = time.monotonic()  # busy answering: idleness starts later
             return False
         message = f"no event for {limit_s:g} s; closing the connection"
-        _LOGGER.info("Client %s was idle for %.0f s; closing", self.peer, limit_s)
+        _LOGGER.info("Client %s was idle for %g s; closing", self.peer, limit_s)
         if self._stream is not None:
             self._stream.expire(IDLE_TIMEOUT, message)  # ends its response first
             self._stream = None

@@ -129,3 +129,57 @@ voices:
         with pytest.raises(ValueError, match="outside the allowed directories"):
             resolve_clip(entries[name])
     assert resolve_clip(entries["inside"]) == (data / "inside.wav").resolve()
+
+
+def test_symlinked_directories_and_loops_stay_inside(tmp_path: Path) -> None:
+    """A data-dir subdirectory that is a symlink to elsewhere, a symlink loop and a FIFO:
+    none of them is ever handed to the engine."""
+    data = tmp_path / "data"
+    elsewhere = tmp_path / "elsewhere"
+    write(elsewhere / "x.wav", "x")
+    data.mkdir()
+    os.symlink(elsewhere, data / "clips")
+    os.symlink(data / "loop-b.wav", data / "loop-a.wav")
+    os.symlink(data / "loop-a.wav", data / "loop-b.wav")
+    os.mkfifo(data / "pipe.wav")
+    catalog = write(data / "voices.yaml", """
+voices:
+  - {name: dirlink, languages: [en], clip: clips/x.wav}
+  - {name: loop, languages: [en], clip: loop-a.wav}
+  - {name: pipe, languages: [en], clip: pipe.wav}
+""")
+    entries = {e.name: e for e in load_catalog_file(catalog, [data])}
+    with pytest.raises(ValueError, match="outside the allowed directories"):
+        resolve_clip(entries["dirlink"])
+    for name in ("loop", "pipe"):
+        with pytest.raises(ValueError, match="not found"):
+            resolve_clip(entries[name])
+
+
+def test_yaml_tags_never_run_code(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A python tag inside an entry fails the whole file cleanly (safe_load) and runs nothing."""
+    marker = tmp_path / "ran"
+    catalog = write(tmp_path / "voices.yaml", f"""
+voices:
+  - name: evil
+    languages: [en]
+    clip: !!python/object/apply:os.system ["touch {marker}"]
+""")
+    with caplog.at_level(logging.WARNING):
+        assert load_catalog_file(catalog, [tmp_path]) == []
+    assert not marker.exists()
+    assert "unreadable" in caplog.records[0].getMessage()
+    # the other catalogs still load
+    assert [e.name for e in load_catalogs([tmp_path], None)] == ["zh-female", "en-male"]
+
+
+def test_huge_catalog_is_capped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """YAML aliases make a small file list many entries: only the first 256 are read."""
+    items = "\n".join(f"  - *v{k % 4}" for k in range(2000))
+    anchors = "\n".join(f"  - &v{k} {{name: v{k}, languages: [en], clip: c.wav}}"
+                        for k in range(4))
+    catalog = write(tmp_path / "voices.yaml", f"voices:\n{anchors}\n{items}\n")
+    with caplog.at_level(logging.WARNING):
+        entries = load_catalog_file(catalog, [tmp_path])
+    assert len(entries) == 256
+    assert "only the first 256" in caplog.records[0].getMessage()

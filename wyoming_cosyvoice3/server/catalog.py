@@ -38,6 +38,7 @@ VOICE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 """Voice ids are ASCII (Home Assistant stores and sends them verbatim)."""
 LANGUAGE_RE = re.compile(r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$")
 MAX_CATALOG_BYTES = 1 << 20
+MAX_CATALOG_VOICES = 256
 MAX_TEXT_FIELD_CHARS = 2000
 
 DEFAULT_ATTRIBUTION_NAME = "FunAudioLLM / CosyVoice3 (Apache-2.0)"
@@ -182,6 +183,10 @@ def load_catalog_file(path: Path, search_dirs: Sequence[Path]) -> list[VoiceEntr
         _LOGGER.warning("Voice catalog %s was skipped: it needs a top-level 'voices:' list",
                         source)
         return []
+    if len(items) > MAX_CATALOG_VOICES:
+        _LOGGER.warning("Voice catalog %s lists %d voices; only the first %d are read", source,
+                        len(items), MAX_CATALOG_VOICES)
+        items = items[:MAX_CATALOG_VOICES]
     entries: list[VoiceEntry] = []
     for index, raw in enumerate(items):
         try:
@@ -271,11 +276,15 @@ def resolve_clip(entry: VoiceEntry) -> Path:
             continue
     escaped = True
     for root in roots:
-        candidate = (written if written.is_absolute() else root / written).resolve()
+        try:
+            candidate = (written if written.is_absolute() else root / written).resolve()
+        except (OSError, RuntimeError):  # a symlink loop, an unreadable directory
+            escaped = False
+            continue
         if not _inside(candidate, root):
             continue
         escaped = False
-        if candidate.is_file():
+        if candidate.is_file():  # a regular file: never a FIFO or a device
             return candidate
     searched = ", ".join(str(r) for r in roots) or "(no directories)"
     if escaped:

@@ -22,6 +22,9 @@ def build_info(runtime: ServerRuntime) -> Info:
     state = runtime.state
     if state is ModelState.READY:
         description = MODEL_DESCRIPTION
+        problems = [slot.problem for slot in runtime.voices.values() if slot.problem]
+        if not any(slot.installed for slot in runtime.voices.values()):
+            description += f" (no voice is usable: {problems[0] if problems else 'none listed'})"
     elif state is ModelState.FAILED:
         description = f"{MODEL_DESCRIPTION} (unavailable: {runtime.error})"
     else:

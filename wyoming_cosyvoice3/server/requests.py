@@ -141,7 +141,11 @@ def _primary(language: str) -> str:
 
 def _valid_names(voices: Mapping[str, VoiceSlot]) -> str:
     names = [name for name, slot in voices.items() if slot.installed]
-    return ", ".join(names) if names else "(none: check the voice catalog and the log)"
+    if names:
+        return ", ".join(names)
+    problem = next((f"{name}: {slot.problem}" for name, slot in voices.items() if slot.problem),
+                   "check the voice catalog and the log")
+    return f"(none; {problem})"
 
 
 def select_voice(

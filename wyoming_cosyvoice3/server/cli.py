@@ -17,7 +17,7 @@ from wyoming.event import async_get_stdin, async_get_stdout
 from wyoming.server import AsyncServer, AsyncTcpServer
 
 from .. import __version__
-from .handler import make_handler_factory
+from .handler import CosyVoiceEventHandler, make_handler_factory
 from .runtime import EngineFactory, ServerRuntime, default_engine_factory
 from .settings import Settings, SettingsError, resolve_settings
 
@@ -76,9 +76,13 @@ class RunningServer:
         listener = getattr(self.server, "_server", None)
         if listener is not None:
             listener.close()
+        connections = list(getattr(self.server, "_handlers", {}).values())
+        for connection in connections:
+            if isinstance(connection, CosyVoiceEventHandler):
+                connection.begin_shutdown()
         if not await self.runtime.wait_idle(grace_s):
             _LOGGER.warning("Syntheses still running after %.0f s; closing anyway", grace_s)
-        await asyncio.sleep(0.05)  # let handlers write their last events
+        await _wait_answered(connections, grace_s)  # their last events are written
         handlers = list(getattr(self.server, "_handlers", {}).keys())
         await self.server.stop()
         if handlers:
@@ -87,6 +91,15 @@ class RunningServer:
                 task.cancel()
         self.runtime.shutdown()
         _LOGGER.info("Server stopped")
+
+
+async def _wait_answered(connections: list[object], timeout_s: float) -> None:
+    """Wait (bounded) until every connection has answered what it accepted."""
+    for _ in range(int(timeout_s / 0.01) + 1):
+        if all(not isinstance(c, CosyVoiceEventHandler) or c.answered or c.gone.is_set()
+               for c in connections):
+            return
+        await asyncio.sleep(0.01)
 
 
 async def serve(settings: Settings) -> None:

@@ -112,6 +112,19 @@ class CosyVoiceEventHandler(AsyncEventHandler):
         self.runtime.require_ready()
         return select_voice(voice, self.runtime.voices, self.runtime.default_voice_slot())
 
+    def begin_shutdown(self) -> None:
+        """The server is stopping: end an open stream (``cancelled``) so that its response
+        is completed with ``audio-stop`` + ``synthesize-stopped`` before the connection
+        closes; running and queued syntheses stop through :meth:`should_stop`."""
+        if self._stream is not None:
+            self._stream.expire("cancelled", "the server is shutting down")
+            self._stream = None
+
+    @property
+    def answered(self) -> bool:
+        """True when nothing accepted on this connection is still being answered."""
+        return self._jobs.empty() and self._running is None
+
     # --- connection -----------------------------------------------------------------------
 
     async def run(self) -> None:

@@ -14,6 +14,7 @@ from wyoming_cosyvoice3.bench.stats import (
     graph_summary,
     median_run_index,
     medians,
+    minimum_seconds,
     records_in_window,
     run_metrics,
     stage_split,
@@ -48,8 +49,15 @@ def test_graph_minimum_is_the_larger_of_compute_and_weight_streaming() -> None:
     assert est["fp32_ops"] == pytest.approx(1000e9) and est["min_s"] == pytest.approx(10.0)
     assert est["seconds"] == pytest.approx(1.5)
     # LLM step: compute 1 GOP / 400 GOP/s = 2.5 ms < 0.4 GB / 20 GB/s = 20 ms (memory-bound)
-    assert summary["llm_int8.onnx"]["min_s"] == pytest.approx(0.02)
+    llm = summary["llm_int8.onnx"]
+    assert llm["min_s"] == pytest.approx(0.02) and llm["compute_s"] == pytest.approx(0.0025)
     assert summary["speech_embedding.onnx"]["min_s"] == 0.0
+    # LLM weight streaming may overlap the flow's compute: the bound is all compute
+    # (10 s + 2.5 ms), not the sum of per-graph minima (10 s + 20 ms)
+    assert minimum_seconds(summary) == pytest.approx(10.0025)
+    assert minimum_seconds({"a": {"compute_s": 1.0, "memory_s": 0.5, "min_s": 1.0},
+                            "b": {"compute_s": 0.2, "memory_s": 1.0, "min_s": 1.0}}) == 1.5
+    assert minimum_seconds({}) == 0.0
     early = graph_summary([_record(100.0, 102.0, runs)], costs, RATES, until_wall_s=101.55)
     assert set(early) == {"flow.decoder.estimator.fp32.onnx"}
 
@@ -71,9 +79,11 @@ def test_run_metrics_join_client_and_server() -> None:
 
 
 def test_records_in_window_and_stage_split() -> None:
-    records = [_record(1.0, 2.0, []), _record(5.0, 6.0, []), {"kind": "voice",
-               "wall_start_s": 5.0, "wall_end_s": 5.5}, _record(9.0, 10.0, [])]
-    chosen = records_in_window(records, 4.0, 8.0)
+    records = [_record(1.0, 4.0, []), _record(5.0, 6.0, []), {"kind": "voice",
+               "wall_start_s": 5.0, "wall_end_s": 5.5}, _record(8.01, 10.0, [])]
+    # the first record still ran when the window opened but belongs to an earlier request;
+    # the last one starts right after the client's request ended (the next request)
+    chosen = records_in_window(records, 4.0, 7.9)
     assert chosen == [records[1]]
     split = stage_split(records[:2])
     assert split["llm_tokens"] == 200 and split["llm_ms_per_token"] == pytest.approx(20.0)

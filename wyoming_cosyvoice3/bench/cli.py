@@ -3,9 +3,10 @@
 For each preset: start ``wyoming-cosyvoice3`` (``python -m wyoming_cosyvoice3``) on 127.0.0.1
 with the model dir and a 5 s voice prompt, send one warm-up request, then for each workload
 (60-character sentence, ~30 s paragraph) and mode (one-shot ``synthesize``, streaming text)
-``--runs`` measured requests through a Wyoming client; stop the server. Before and after, the
-MatMul throughput of the machine is measured; operation counts come from the model's graphs.
-Writes ``OUT/results.json``, ``OUT/server-<preset>.{log,jsonl}``, timeline PNGs and the
+``--runs`` measured requests through a Wyoming client; stop the server. The MatMul throughput
+of the machine is measured before the first and after each preset (the best sample is used);
+operation counts come from the model's graphs. Writes ``OUT/raw.json`` (measurements),
+``OUT/results.json`` (figures), ``OUT/server-<preset>.{log,jsonl}``, timeline PNGs and the
 ``--label`` section of ``--markdown`` (BENCHMARKS.md).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import client, report
-from .costmodel import load_cost_models
+from .analysis import analyse
 from .run_helpers import (
     PARAGRAPH,
     SENTENCE,
@@ -32,18 +34,10 @@ from .run_helpers import (
     build_markdown,
     cut_voice_clip,
     draw_timelines,
-    read_records,
 )
 from .server import VOICE_NAME, ServerProcess, write_voice_catalog
-from .stats import (
-    RunTrace,
-    graph_summary,
-    median_run_index,
-    medians,
-    records_in_window,
-    run_metrics,
-)
-from .throughput import Throughput, measure
+from .stats import RunTrace
+from .throughput import measure
 
 _LOGGER = logging.getLogger("benchmarks")
 WORKLOADS = {"sentence": SENTENCE, "paragraph": PARAGRAPH}
@@ -92,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only redraw plots and markdown from OUT/results.json")
     p.add_argument("--debug", action="store_true")
     return p
+
+
+def _load_average() -> list[float] | None:
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 def _threads(requested: int) -> int:
@@ -147,17 +145,13 @@ def _run_preset(preset: str, args: argparse.Namespace, data_dir: Path,
         steady = server.rss_bytes()
     finally:
         server.stop()
-    records = read_records(server.stats_file)
-    voice = [r for r in records if r.get("kind") == "voice" and r.get("name") == VOICE_NAME]
     return {
         "preset": preset,
         "load_s": server.load_s,
-        "feature_extraction_s": voice[0]["total_s"] if voice else None,
-        "voice_records": voice,
         "peak_rss_bytes": server.peak_rss_bytes,
         "steady_rss_bytes": steady,
-        "traces": traces,
-        "records": records,
+        "stats_file": server.stats_file.name,
+        "traces": [dataclasses.asdict(t) for t in traces],
         "command": shlex.join(server.command()),
     }
 
@@ -168,16 +162,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
+    raw_file = args.out / "raw.json"
     if args.report_only:
-        _write_outputs(json.loads((args.out / "results.json").read_text(encoding="utf-8")), args)
-        return 0
-    presets = [p for p in args.presets.split(",") if p]
-    workloads = [w for w in args.workloads.split(",") if w]
-    modes = [m for m in args.modes.split(",") if m]
-    unknown = [w for w in workloads if w not in WORKLOADS] + [m for m in modes if m not in MODES]
-    if unknown or args.runs < 1:
-        print(f"unknown workloads/modes {unknown} or --runs < 1", file=sys.stderr)
-        return 2
+        raw = json.loads(raw_file.read_text(encoding="utf-8"))
+    else:
+        presets = [p for p in args.presets.split(",") if p]
+        workloads = [w for w in args.workloads.split(",") if w]
+        modes = [m for m in args.modes.split(",") if m]
+        unknown = ([w for w in workloads if w not in WORKLOADS]
+                   + [m for m in modes if m not in MODES])
+        if unknown or args.runs < 1:
+            print(f"unknown workloads/modes {unknown} or --runs < 1", file=sys.stderr)
+            return 2
+        raw = _collect(args, argv, presets, workloads, modes)
+        raw_file.write_text(json.dumps(raw, indent=1), encoding="utf-8")
+    result = analyse(raw, args.out)
+    (args.out / "results.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    plots = draw_timelines(result["cells"], args.plots_dir, args.label)
+    if str(args.markdown):
+        body = build_markdown(result, plots, args.markdown.parent)
+        report.update_markdown(args.markdown, args.label, body)
+    print(report.results_table(result["cells"]))
+    _LOGGER.info("results in %s", args.out)
+    return 0
+
+
+def _collect(args: argparse.Namespace, argv: Sequence[str], presets: Sequence[str],
+             workloads: Sequence[str], modes: Sequence[str]) -> dict[str, Any]:
+    """Run everything; return the raw measurements (``raw.json``)."""
     started = time.monotonic()
     machine = report.machine_info()
     data_dir = args.out / "data"
@@ -186,57 +198,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_voice_catalog(data_dir, clip, None if args.cross_lingual else args.voice_transcript)
     threads = _threads(args.threads)
     _LOGGER.info("measuring MatMul throughput (%d threads)", threads)
-    rates_start = measure(threads, args.throughput_seconds)
-    servers = [_run_preset(p, args, data_dir, workloads, modes) for p in presets]
-    rates_end = measure(threads, args.throughput_seconds)
-    rates = Throughput.best(rates_start, rates_end)
-    graph_paths = {name: Path(path) for s in servers for r in s["records"]
-                   for name, path in r.get("graph_paths", {}).items()}
-    costs = load_cost_models(graph_paths, args.out / "flop-cache.json")
-    for server in servers:
-        voice_graphs = graph_summary(server["voice_records"], costs, rates)
-        server["feature_extraction_min_s"] = sum(g["min_s"] for g in voice_graphs.values())
-    machine["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    cells: list[dict[str, Any]] = []
-    for server in servers:
-        for workload in workloads:
-            for mode in modes:
-                traces = [t for t in server["traces"] if (t.workload, t.mode) == (workload, mode)]
-                runs = []
-                for trace in traces:
-                    window = records_in_window(server["records"], trace.wall_start_s,
-                                               trace.wall_start_s + trace.total_s)
-                    metrics = run_metrics(trace, window, costs, rates)
-                    metrics["trace"] = {"wall_start_s": trace.wall_start_s,
-                                        "chunks": trace.chunks, "rate": trace.sample_rate_hz}
-                    metrics["records"] = [{k: v for k, v in r.items() if k != "graph_runs"}
-                                          for r in window]
-                    runs.append(metrics)
-                if runs:
-                    cells.append({"preset": server["preset"], "workload": workload,
-                                  "mode": mode, "runs": runs, "median": medians(runs),
-                                  "median_run": median_run_index(runs)})
-    command = "python -m benchmarks.run " + shlex.join(argv)
-    result = {
-        "command": command, "machine": machine, "elapsed_s": time.monotonic() - started,
-        "rates": {"start": rates_start.to_json(), "end": rates_end.to_json(),
-                  "used": rates.to_json()},
-        "cost_models": {k: v if isinstance(v, str) else v.to_json() for k, v in costs.items()},
+    samples = [measure(threads, args.throughput_seconds).to_json()]
+    loads = [_load_average()]
+    servers = []
+    for preset in presets:  # measured again after each preset: the best sample is used
+        servers.append(_run_preset(preset, args, data_dir, workloads, modes))
+        loads.append(_load_average())
+        samples.append(measure(threads, args.throughput_seconds).to_json())
+    machine["load_average_end"] = loads[-1]
+    machine["load_average_samples"] = loads
+    return {
+        "command": "python -m benchmarks.run " + shlex.join(argv),
+        "machine": machine,
+        "elapsed_s": time.monotonic() - started,
+        "rates": {"samples": samples},
         "tokens_per_char": args.tokens_per_char,
         "texts": {w: WORKLOADS[w] for w in workloads},
-        "servers": [{k: v for k, v in s.items() if k not in ("traces", "records")}
-                    for s in servers],
-        "cells": cells,
+        "servers": servers,
     }
-    (args.out / "results.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    _write_outputs(result, args)
-    _LOGGER.info("done in %.1f min; results in %s", (time.monotonic() - started) / 60, args.out)
-    return 0
-
-
-def _write_outputs(result: dict[str, Any], args: argparse.Namespace) -> None:
-    plots = draw_timelines(result["cells"], args.plots_dir, args.label)
-    if str(args.markdown):
-        body = build_markdown(result, plots, args.markdown.parent)
-        report.update_markdown(args.markdown, args.label, body)
-    print(report.results_table(result["cells"]))

@@ -138,12 +138,13 @@ def targets_table(cells: Sequence[Mapping[str, Any]], servers: Sequence[Mapping[
 
 def graphs_table(graphs: Mapping[str, Mapping[str, float]]) -> str:
     """Per-graph split of one run: measured time against its physical minimum."""
-    lines = ["| graph | runs | measured s | fp32 GFLOP | int8 GOP | min s | ratio |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| graph | runs | measured s | fp32 GFLOP | int8 GOP | compute-bound s | "
+             "weight-streaming s | min s | ratio |", "|---|---|---|---|---|---|---|---|---|"]
     for name, g in sorted(graphs.items(), key=lambda kv: -kv[1]["seconds"]):
         ratio = g["seconds"] / g["min_s"] if g["min_s"] > 0 else None
         lines.append(f"| {name} | {int(g['runs'])} | {_f(g['seconds'])} | "
                      f"{_f(g['fp32_ops'] / 1e9, 1)} | {_f(g['int8_ops'] / 1e9, 1)} | "
+                     f"{_f(g['compute_s'], 3)} | {_f(g['memory_s'], 3)} | "
                      f"{_f(g['min_s'], 3)} | {_f(ratio, 1)} |")
     return "\n".join(lines)
 

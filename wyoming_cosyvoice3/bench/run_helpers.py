@@ -118,10 +118,14 @@ def build_markdown(result: Mapping[str, Any], plots: Mapping[str, Path], base: P
         f"Machine: {m['cpu']}, {m['physical_cores']} physical / {m['logical_cores']} logical "
         f"cores, {m['memory_gb']} GB RAM; Python {m['python']}, onnxruntime {m['onnxruntime']}, "
         f"numpy {m['numpy']}. Load average (1 min) {load_start[0]:.2f} at the start, "
-        f"{load_end[0]:.2f} at the end.",
+        f"{load_end[0]:.2f} at the end"
+        + (f", {', '.join(f'{x[0]:.2f}' for x in m['load_average_samples'][1:] if x)} after each "
+           "preset" if m.get("load_average_samples") else "")
+        + " (other processes shared the CPU when it is above 0).",
         "",
-        f"MatMul throughput measured in this run ({r['threads']} threads, best of start and "
-        f"end): fp32 {r['fp32_flops'] / 1e9:.0f} GFLOP/s, int8 {r['int8_ops'] / 1e9:.0f} GOP/s "
+        f"MatMul throughput measured in this run ({r['threads']} threads, best of "
+        f"{len(result['rates'].get('samples', [0, 0]))} measurements): "
+        f"fp32 {r['fp32_flops'] / 1e9:.0f} GFLOP/s, int8 {r['int8_ops'] / 1e9:.0f} GOP/s "
         f"(quantize_dynamic pattern); one-row weight streaming {r['fp32_bytes'] / 1e9:.1f} GB/s "
         f"fp32, {r['int8_bytes'] / 1e9:.1f} GB/s int8.",
         "",

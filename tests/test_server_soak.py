@@ -1,0 +1,231 @@
+"""Bounded soak test (issue 6): the real program in its own process on the tiny synthetic model,
+400 requests from 4 concurrent clients on 127.0.0.1, one-shot and streaming mixed, about one
+in five clients hanging up at a random point (closing or resetting the connection), while a
+fifth client asks ``describe`` every half second.
+
+Asserted: every request that was not abandoned ends correctly (audio, then ``audio-stop``;
+streams also ``synthesize-stopped``) with no error; ``describe`` always answers within 1 s (the
+time Home Assistant gives it); after warm-up the server's resident memory and open file
+descriptors stay flat (small tolerance); the server exits cleanly on SIGTERM.
+
+Memory: onnxruntime's arenas and the allocator grow in steps during the first requests (about
+50 MiB over the first 40, another ~11 MiB once, measured over 600 requests, then flat within
+1 MiB), so "flat" is judged from request 100 on with a 24 MiB tolerance: a leak of 80 kB per
+request would exceed it.
+
+Sized for CI (about 1-3 minutes on 2 cores); the figures are printed as one ``SOAK`` line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from server_support import (
+    frame,
+    free_port,
+    server_process,
+    wait_process_ready,
+    wait_until,
+)
+from wyoming.event import Event
+from wyoming.info import Describe
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+CLIENTS = 4
+REQUESTS = 400
+WARM_UP_REQUESTS = 100
+HANG_UP_SHARE = 0.2
+DESCRIBE_LIMIT_S = 1.0
+RSS_TOLERANCE_BYTES = 24 * 1024 * 1024
+FD_TOLERANCE = 2
+SENTENCES = [
+    "The living room lights are now on.",
+    "It is 21 degrees in the kitchen.",
+    "Your timer is set.",
+    "Good morning, the weather is sunny.",
+    "The front door is locked. The garage is closed.",
+    "Okay.",
+]
+
+
+@dataclass
+class Tally:
+    """What happened, for the asserts and the printed figures."""
+
+    done: int = 0
+    hang_ups: int = 0
+    errors: list[str] = field(default_factory=list)
+    bad: list[str] = field(default_factory=list)
+    describe_s: list[float] = field(default_factory=list)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def read_event(reader: asyncio.StreamReader) -> Event | None:
+    line = await asyncio.wait_for(reader.readline(), 120)
+    if not line:
+        return None
+    header = json.loads(line)
+    data = json.loads(await reader.readexactly(header["data_length"])) \
+        if header.get("data_length") else {}
+    payload = await reader.readexactly(header["payload_length"]) \
+        if header.get("payload_length") else None
+    return Event(type=header["type"], data=data, payload=payload)
+
+
+def leave(writer: asyncio.StreamWriter, rng: random.Random) -> None:
+    if rng.random() < 0.5:  # a reset, as a crashed client would
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.close()
+
+
+async def one_request(port: int, rng: random.Random, tally: Tally) -> None:
+    """One request on its own connection (as Home Assistant does)."""
+    streaming = rng.random() < 0.5
+    text = " ".join(rng.sample(SENTENCES, rng.choice([1, 1, 2])))
+    hang_up = rng.random() < HANG_UP_SHARE
+    hang_up_after = rng.choice(["sent", "audio-start", "audio-chunk"])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        if streaming:
+            cuts = sorted(rng.sample(range(1, len(text)), 3))
+            pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+            writer.write(frame(SynthesizeStart().event()))
+            for piece in pieces:
+                writer.write(frame(SynthesizeChunk(text=piece).event()))
+            writer.write(frame(Synthesize(text=text).event()) + frame(SynthesizeStop().event()))
+        else:
+            writer.write(frame(Synthesize(text=text).event()))
+        await writer.drain()
+        if hang_up and hang_up_after == "sent":
+            tally.hang_ups += 1
+            leave(writer, rng)
+            return
+        types: list[str] = []
+        end = "synthesize-stopped" if streaming else "audio-stop"
+        for _ in range(100000):
+            event = await read_event(reader)
+            if event is None:
+                tally.bad.append(f"closed early after {types[-3:]}")
+                return
+            types.append(event.type)
+            if event.type == "error":
+                tally.errors.append(str(event.data.get("code")))
+            elif event.type == "audio-chunk":
+                assert event.data.get("rate") == 24000 and event.payload is not None
+                assert len(event.payload) % 2 == 0
+            if hang_up and event.type == hang_up_after:
+                tally.hang_ups += 1
+                leave(writer, rng)
+                return
+            if event.type == end:
+                break
+        wanted_tail = ["audio-stop", "synthesize-stopped"] if streaming else ["audio-stop"]
+        if (types[0] != "audio-start" or "audio-chunk" not in types
+                or types[-len(wanted_tail):] != wanted_tail):
+            tally.bad.append(f"{'stream' if streaming else 'one-shot'}: {types[:2]}..."
+                             f"{types[-3:]}")
+        tally.done += 1
+    finally:
+        writer.close()
+
+
+async def describe_poller(port: int, stop: asyncio.Event, tally: Tally) -> None:
+    for _ in range(100000):
+        if stop.is_set():
+            return
+        started = time.monotonic()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(frame(Describe().event()))
+            event = await read_event(reader)
+            assert event is not None and event.type == "info"
+            tally.describe_s.append(time.monotonic() - started)
+        finally:
+            writer.close()
+        await asyncio.sleep(0.5)
+
+
+async def run_clients(port: int, count: int, rng: random.Random, tally: Tally) -> None:
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for n in range(count):
+        queue.put_nowait(n)
+
+    async def client_loop(seed: int) -> None:
+        client_rng = random.Random(rng.random() + seed)
+        while not queue.empty():
+            queue.get_nowait()
+            await one_request(port, client_rng, tally)
+
+    await asyncio.gather(*(client_loop(k) for k in range(CLIENTS)))
+
+
+async def test_soak(tiny_model_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    stderr_path = tmp_path / "server.log"
+    with stderr_path.open("wb") as log:
+        process = server_process(port, tiny_model_dir, "--data-dir", str(tmp_path / "data"),
+                                 "--max-concurrent", "2", "--threads", "1", stderr=log)
+    tally = Tally()
+    rng = random.Random(20240601)
+    started = time.monotonic()
+    try:
+        await wait_process_ready(process, port)
+        pid = process.pid
+        rss_start, fds_start = rss_bytes(pid), open_fds(pid)
+        stop = asyncio.Event()
+        poller = asyncio.create_task(describe_poller(port, stop, tally))
+        await run_clients(port, WARM_UP_REQUESTS, rng, tally)
+        await asyncio.to_thread(wait_until, lambda: open_fds(pid) <= fds_start + 1, 10)
+        rss_warm, fds_warm = rss_bytes(pid), open_fds(pid)
+        await run_clients(port, REQUESTS - WARM_UP_REQUESTS, rng, tally)
+        stop.set()
+        await poller
+        # every connection closed: the descriptors return (the server notices in a moment)
+        await asyncio.to_thread(wait_until, lambda: open_fds(pid) <= fds_warm, 10)
+        rss_end, fds_end = rss_bytes(pid), open_fds(pid)
+        process.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(process.wait, 60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    log_text = stderr_path.read_text(errors="replace")
+    mib = 1024 * 1024
+    print(f"SOAK requests={REQUESTS} clients={CLIENTS} completed={tally.done} "
+          f"hang_ups={tally.hang_ups} errors={len(tally.errors)} bad={len(tally.bad)} "
+          f"rss_start={rss_start / mib:.1f}MiB rss_warm={rss_warm / mib:.1f}MiB "
+          f"rss_end={rss_end / mib:.1f}MiB fds_start={fds_start} fds_warm={fds_warm} "
+          f"fds_end={fds_end} describes={len(tally.describe_s)} "
+          f"max_describe={max(tally.describe_s):.3f}s duration={time.monotonic() - started:.0f}s")
+    assert tally.done + tally.hang_ups == REQUESTS
+    assert tally.hang_ups > 0 and tally.done > REQUESTS // 2
+    assert not tally.bad, tally.bad[:5]
+    assert not tally.errors, tally.errors[:5]
+    assert tally.describe_s and max(tally.describe_s) < DESCRIBE_LIMIT_S
+    assert fds_end <= fds_warm + FD_TOLERANCE
+    assert rss_end <= rss_warm + RSS_TOLERANCE_BYTES
+    assert code == 0, log_text[-3000:]
+    assert "Traceback" not in log_text

@@ -178,3 +178,16 @@ def test_only_plain_gather_graphs_are_accepted() -> None:
     assert plain_gather_table(_graph_model([gather, scaled], table16)) is None
     axis1 = helper.make_node("Gather", ["w", "input_ids"], ["inputs_embeds"], axis=1)
     assert plain_gather_table(_graph_model([axis1], table16.astype(np.float32))) is None
+
+
+def test_int8_failure_falls_back_to_the_fp32_estimator(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(*args: object, **kwargs: object) -> Path:
+        raise quantize.ModelLoadError("quantiser ran out of memory")
+
+    monkeypatch.setattr(quantize, "ensure_int8_estimator", fail)
+    opts = EngineOptions(threads=1, cache_dir=tmp_path, flow_precision="int8")
+    model = CosyVoice3Model.load(tiny_model_dir, opts)
+    assert model.estimator.path == tiny_model_dir / EST
+    assert model.estimator_for("int8") is model.estimator

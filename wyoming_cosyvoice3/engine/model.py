@@ -137,8 +137,9 @@ def _graph(item: Graph | TableEmbedding) -> Graph:
 def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> Graph:
     """Load the DiT estimator: the fp32 file itself, or its cached int8 version.
 
-    The int8 graph keeps the contract's spec (file name included, so errors and benchmark
-    records name the contract file); its session reads the quantised file.
+    The int8 graph keeps the contract's spec (file name included, so errors name the contract
+    file); its session reads the quantised file. When quantising fails (the quantiser needs
+    about 3x the fp32 file in memory, once) the fp32 estimator is used with a warning.
 
     Raises:
         ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
@@ -148,7 +149,10 @@ def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> G
     if precision == "int8":
         from .quantize import derived_files_dir, ensure_int8_estimator
 
-        path = ensure_int8_estimator(source, derived_files_dir(model_dir, options.cache_dir))
+        try:
+            path = ensure_int8_estimator(source, derived_files_dir(model_dir, options.cache_dir))
+        except ModelLoadError as exc:  # e.g. out of memory while quantising: keep serving
+            log.warning("int8 estimator unavailable, using the fp32 estimator: %s", exc)
     return Graph(path, ESTIMATOR, options.threads, options.providers, spin_wait=options.spin_wait)
 
 

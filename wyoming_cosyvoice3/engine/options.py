@@ -155,10 +155,30 @@ class SynthesisOptions:
 
 
 PRESETS: dict[str, SynthesisOptions] = {
-    # spec-exact: 10 Euler steps with CFG everywhere, whole history in the flow
-    "quality": SynthesisOptions(first_hop_tokens=25),
-    "balanced": SynthesisOptions(),
-    "fast": SynthesisOptions(),
+    # spec-exact numerics (10 Euler steps, CFG 0.7 in every step, fp32 DiT, whole history,
+    # whole prompt, exact vocoder); only exact levers: upstream's first hop of 25 tokens and
+    # LLM decoding overlapped with the flow (same audio)
+    "quality": SynthesisOptions(first_hop_tokens=25, overlap_decoding=True),
+    # the default (preliminary, being tuned): int8 DiT, 4 Euler steps, the last 2 s of the
+    # prompt and 1 s of history in the flow, small first hop, overlapped decoding
+    "balanced": SynthesisOptions(
+        flow_precision="int8",
+        euler_steps=4,
+        flow_prompt_tokens=50,
+        flow_left_context_tokens=25,
+        first_hop_tokens=15,
+        overlap_decoding=True,
+    ),
+    # (preliminary) 2 Euler steps, 1 s of prompt, windowed vocoder
+    "fast": SynthesisOptions(
+        flow_precision="int8",
+        euler_steps=2,
+        flow_prompt_tokens=25,
+        flow_left_context_tokens=10,
+        first_hop_tokens=10,
+        overlap_decoding=True,
+        vocoder_window_frames=16,
+    ),
 }
 """Named option sets; tuned with the benchmark (BENCHMARKS.md)."""
 

@@ -238,13 +238,17 @@ async def test_sigterm_with_streaming_and_queued_requests(tiny_model_dir: Path,
     """SIGTERM while one stream is being spoken and a one-shot request waits for the single
     worker: both clients get ``cancelled`` and their proper ends, the process exits 0."""
     port = free_port()
-    process = server_process(port, tiny_model_dir, "--no-warm-up", "--max-concurrent", "1")
+    process = server_process(port, tiny_model_dir, tmp_path / "data", "--no-warm-up",
+                             "--max-concurrent", "1")
+    # one sentence of 379 characters: a single synthesis that holds the only worker for
+    # seconds (about 7 s on 2 cores; its first chunk comes after about 0.3 s)
+    sentence = ", ".join(["the lights in the living room are on"] * 10) + ". "
     try:
         await wait_process_ready(process, port)
         async with AsyncTcpClient("127.0.0.1", port) as streamer, \
                 AsyncTcpClient("127.0.0.1", port) as queued:
             await streamer.write_event(SynthesizeStart().event())
-            await streamer.write_event(SynthesizeChunk(text=LONG + " ").event())
+            await streamer.write_event(SynthesizeChunk(text=sentence + LONG).event())
             await collect(streamer, "audio-chunk")
             await queued.write_event(Synthesize(text="Waiting for the worker.").event())
             await asyncio.sleep(0.3)

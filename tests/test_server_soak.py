@@ -186,7 +186,7 @@ async def test_soak(tiny_model_dir: Path, tmp_path: Path) -> None:
     port = free_port()
     stderr_path = tmp_path / "server.log"
     with stderr_path.open("wb") as log:
-        process = server_process(port, tiny_model_dir, "--data-dir", str(tmp_path / "data"),
+        process = server_process(port, tiny_model_dir, tmp_path / "data",
                                  "--max-concurrent", "2", "--threads", "1", stderr=log)
     tally = Tally()
     rng = random.Random(20240601)

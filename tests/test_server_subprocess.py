@@ -103,7 +103,7 @@ async def test_sigterm_cancels_in_flight_requests(tiny_model_dir: Path, tmp_path
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSYVOICE3_")}
     process = subprocess.Popen(
         [sys.executable, "-m", "wyoming_cosyvoice3", "--uri", uri, "--model-dir",
-         str(tiny_model_dir), "--no-warm-up"],
+         str(tiny_model_dir), "--data-dir", str(tmp_path / "data"), "--no-warm-up"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
     )
     try:
@@ -129,12 +129,13 @@ async def test_sigterm_cancels_in_flight_requests(tiny_model_dir: Path, tmp_path
     assert "Traceback" not in stderr
 
 
-async def test_stdio_uri(tiny_model_dir: Path) -> None:
+async def test_stdio_uri(tiny_model_dir: Path, tmp_path: Path) -> None:
     """``--uri stdio://``: events on stdin/stdout, logs on stderr, ends with stdin."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSYVOICE3_")}
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "wyoming_cosyvoice3", "--uri", "stdio://", "--model-dir",
-        str(tiny_model_dir), "--no-warm-up", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        str(tiny_model_dir), "--data-dir", str(tmp_path / "data"), "--no-warm-up",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, env=env,
     )
     assert process.stdin is not None and process.stdout is not None

@@ -240,3 +240,27 @@ def test_vocoder_window_longer_than_the_utterance_is_exact(engine: CosyVoice3Eng
     windowed, _ = _stream(engine, mel, 1000, [20, 20, 20])
     # only the seam cross-fades blend two runs that agree up to float rounding
     np.testing.assert_allclose(windowed, exact, atol=1e-5)
+
+
+def test_trimmed_flow_prompt_reads_the_same_noise_columns(
+    engine: CosyVoice3Engine, voice: VoicePrompt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[int, np.ndarray]] = []
+    mel_for_tokens = engine.flow.mel_for_tokens
+
+    def spy(tokens: np.ndarray, features: VoiceFeatures, noise: np.ndarray, *a: Any, **k: Any):
+        seen.append((int(features.prompt_mel.shape[0]), np.array(noise)))
+        return mel_for_tokens(tokens, features, noise, *a, **k)
+
+    monkeypatch.setattr(engine.flow, "mel_for_tokens", spy)
+    audio(engine, voice, streaming=False, max_decode_tokens=30, seed=5)
+    audio(engine, voice, streaming=False, max_decode_tokens=30, seed=5, flow_prompt_tokens=4)
+    (full_p, full_noise), (trim_p, trim_noise) = seen
+    assert trim_p == 8 and full_p > trim_p
+    # prompt frames: the last 8 of the whole prompt's columns; generated: identical columns
+    np.testing.assert_array_equal(trim_noise[:, :trim_p], full_noise[:, full_p - trim_p : full_p])
+    n = min(trim_noise.shape[1] - trim_p, full_noise.shape[1] - full_p)
+    assert n > 0
+    np.testing.assert_array_equal(
+        trim_noise[:, trim_p : trim_p + n], full_noise[:, full_p : full_p + n]
+    )

@@ -185,6 +185,9 @@ class CosyVoice3Engine:
         fixed = req.options.fixed_tokens_per_char
         fixed_tokens = [None if fixed is None else max(1, round(fixed * len(p))) for p in pieces]
         flow_voice = flow_prompt_features(voice.features, req.options.flow_prompt_tokens)
+        req.flow_noise_skip_frames = int(voice.features.prompt_mel.shape[0]) - int(
+            flow_voice.prompt_mel.shape[0]
+        )
         producer: TokenProducer[tuple[int, int | None]] | None = None
         if req.options.overlap_decoding:
             producer = TokenProducer(
@@ -308,12 +311,13 @@ class CosyVoice3Engine:
                 np.asarray(piece.tokens[start:end], dtype=np.int64),
             ]
         )
-        noise_frames = int(features.prompt_mel.shape[0]) + C.TOKEN_MEL_RATIO * end
+        skip = req.flow_noise_skip_frames
+        noise_frames = skip + int(features.prompt_mel.shape[0]) + C.TOKEN_MEL_RATIO * end
         began = req.now()
         mel = self.flow.mel_for_tokens(
             flow_tokens,
             features,
-            req.flow_noise.take(noise_frames).T,
+            req.flow_noise.take(noise_frames)[skip:].T,
             steps=opts.euler_steps,
             cfg_rate=opts.cfg_rate,
             cfg_steps=opts.cfg_steps,

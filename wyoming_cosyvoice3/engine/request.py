@@ -40,6 +40,9 @@ class RequestState:
     samples_out: int = 0
     chunks_out: int = 0
     last_sent: bool = False
+    flow_noise_skip_frames: int = 0
+    """Noise columns skipped with ``flow_prompt_tokens``: the trimmed prompt's frames and
+    every generated frame read the same noise columns as with the whole prompt."""
 
     @classmethod
     def create(

@@ -25,16 +25,13 @@ from server_support import (
     collect,
     describe,
     fake_model_dir,
-    frame,
-    free_port,
     make_settings,
     recording_faulty_factory,
     running_server,
-    server_process,
     spy_factory,
-    wait_process_ready,
     wait_until,
 )
+from wire_support import frame, free_port, server_process, wait_process_ready
 from wyoming.client import AsyncTcpClient
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 

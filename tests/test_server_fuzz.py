@@ -24,12 +24,11 @@ from hypothesis import event as note
 from hypothesis import strategies as st
 from server_support import (
     describe,
-    frame,
     make_settings,
-    read_until_eof,
     running_server,
     wait_until,
 )
+from wire_support import frame, read_until_eof
 from wyoming.audio import AudioChunk
 from wyoming.event import Event
 

@@ -24,11 +24,11 @@ from server_support import (
     describe,
     make_settings,
     one_shot_error,
-    read_until_eof,
     running_server,
     spy_factory,
     wait_until,
 )
+from wire_support import read_until_eof
 from wyoming.event import Event
 from wyoming.info import Describe
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop

@@ -20,14 +20,13 @@ from server_support import (
     collect,
     describe,
     fake_model_dir,
-    frame,
     make_settings,
     one_shot_error,
-    read_until_eof,
     recording_faulty_factory,
     running_server,
     wait_until,
 )
+from wire_support import frame, read_until_eof
 from wyoming.event import Event
 from wyoming.info import Describe
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop

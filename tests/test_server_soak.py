@@ -31,12 +31,9 @@ from pathlib import Path
 
 import pytest
 from server_support import (
-    frame,
-    free_port,
-    server_process,
-    wait_process_ready,
     wait_until,
 )
+from wire_support import frame, free_port, server_process, wait_process_ready
 from wyoming.event import Event
 from wyoming.info import Describe
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,9 @@ from wyoming_cosyvoice3.engine.errors import SynthesisFailed
 from wyoming_cosyvoice3.engine.graphs import TEXT_EMBEDDING, Graph
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions
-from wyoming_cosyvoice3.engine.quantize import ensure_int8_estimator
+from wyoming_cosyvoice3.engine.quantize import ensure_int8_estimator, per_frame_matmuls
+from wyoming_cosyvoice3.engine.synthetic.full_config import FullConfig
+from wyoming_cosyvoice3.engine.synthetic.full_flow import build_estimator
 
 EST = "flow.decoder.estimator.fp32.onnx"
 
@@ -44,11 +47,18 @@ def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
     return 10.0 * np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / max(noise, 1e-30))
 
 
+def small_dit() -> onnx.ModelProto:
+    """A 2-block, 128-wide DiT estimator with the contract's inputs (the full builder's
+    architecture at a test size; the tiny model's estimator has no per-frame MatMul)."""
+    cfg = replace(FullConfig(), dit_dim=128, dit_depth=2, dit_heads=2, dit_head_dim=64)
+    return build_estimator(cfg, 0)
+
+
 @pytest.fixture(scope="module")
-def int8_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the tiny estimator with its int8 version quantised once (child process)."""
+def int8_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small DiT estimator with its int8 version quantised once (child process)."""
     folder = tmp_path_factory.mktemp("int8")
-    shutil.copy2(tiny_model_dir / EST, folder / EST)
+    onnx.save(small_dit(), str(folder / EST))
     ensure_int8_estimator(folder / EST, folder)
     return folder
 
@@ -56,9 +66,10 @@ def int8_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_int8_estimator_is_written_once_atomically_and_reused(
     int8_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (target,) = int8_dir.glob("flow.decoder.estimator.int8-*.onnx")
+    (target,) = int8_dir.glob("flow.decoder.estimator.int8*.onnx")
     stat = (int8_dir / EST).stat()
-    assert target.name == f"flow.decoder.estimator.int8-{stat.st_size}-{stat.st_mtime_ns}.onnx"
+    tag = quantize.INT8_TAG
+    assert target.name == f"flow.decoder.estimator.{tag}-{stat.st_size}-{stat.st_mtime_ns}.onnx"
     assert not list(int8_dir.glob(".*tmp*"))
 
     def fail(*args: object) -> None:
@@ -80,28 +91,48 @@ def test_int8_estimator_is_redone_when_the_source_changes(int8_dir: Path, tmp_pa
     assert second != first and second.is_file() and not first.exists()
 
 
-def test_int8_estimator_quantises_matmul_weights_and_stays_close(
-    int8_dir: Path, tiny_model_dir: Path
-) -> None:
-    (target,) = int8_dir.glob("flow.decoder.estimator.int8-*.onnx")
-    ops = {node.op_type for node in onnx.load(str(target)).graph.node}
-    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops
+def test_int8_estimator_quantises_per_frame_matmuls_and_stays_close(int8_dir: Path) -> None:
+    (target,) = int8_dir.glob("flow.decoder.estimator.int8*.onnx")
+    quantised = onnx.load(str(target)).graph
+    ops = [node.op_type for node in quantised.node]
+    assert ops.count("MatMulInteger") == len(per_frame_matmuls(onnx.load(str(int8_dir / EST))))
+    assert ops.count("MatMulInteger") == 13
+    # the time-embedding / AdaLN modulation MatMuls (one row per batch item) stay fp32
+    fp32_weights = {n.input[1] for n in quantised.node if n.op_type == "MatMul"}
+    assert any("attn_norm" in name for name in fp32_weights)
     feeds = estimator_feeds(40)
-    ref = ort.InferenceSession(str(tiny_model_dir / EST)).run(None, feeds)[0]
+    ref = ort.InferenceSession(str(int8_dir / EST)).run(None, feeds)[0]
     got = ort.InferenceSession(str(target)).run(None, feeds)[0]
     assert got.shape == ref.shape
     assert not np.array_equal(got, ref)
-    assert snr_db(ref, got) > 20.0
+    assert snr_db(ref, got) > 30.0
 
 
-def test_model_loads_int8_estimator_on_first_use(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_per_frame_selection_skips_batch_row_matmuls() -> None:
+    names = per_frame_matmuls(small_dit())
+    assert names and all("attn_norm" not in n and "time" not in n for n in names)
+    assert any(".attn.to_q." in n for n in names) and any(".ff." in n for n in names)
+
+
+def test_model_loads_int8_estimator_on_first_use(tiny_model_copy: Path, tmp_path: Path) -> None:
+    onnx.save(small_dit(), str(tiny_model_copy / EST))
     opts = EngineOptions(threads=1, cache_dir=tmp_path, mmap_embeddings=False)
-    model = CosyVoice3Model.load(tiny_model_dir, opts)
+    model = CosyVoice3Model.load(tiny_model_copy, opts)
     assert model.estimator_for("fp32") is model.estimator
     assert not list(tmp_path.glob("*.onnx"))
     int8 = model.estimator_for("int8")
     assert int8 is model.estimator_for("int8") and int8 is not model.estimator
     assert int8.path.parent == tmp_path and int8.spec.file == EST
+
+
+def test_estimator_without_per_frame_matmuls_stays_fp32(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # the tiny estimator is convolutional: nothing to quantise -> warning, fp32 graph
+    opts = EngineOptions(threads=1, cache_dir=tmp_path, flow_precision="int8")
+    model = CosyVoice3Model.load(tiny_model_dir, opts)
+    assert model.estimator.path == tiny_model_dir / EST
+    assert not list(tmp_path.glob("*.onnx"))
 
 
 def test_quantiser_failure_is_a_model_load_error(tmp_path: Path) -> None:

@@ -29,11 +29,15 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .errors import ModelFilesMissing, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "wyoming-cosyvoice3"
+INT8_TAG = "int8r2"
+"""Tag of the int8 file name; bumped when the recipe changes (r2: per-frame MatMuls only)."""
 QUANTIZE_TIMEOUT_S = 3600.0
 _locks: dict[Path, threading.Lock] = {}
 _locks_guard = threading.Lock()
@@ -93,20 +97,96 @@ def _lock_for(path: Path) -> threading.Lock:
         return _locks.setdefault(path, threading.Lock())
 
 
+MIN_QUANTIZED_DIM = 512
+"""Only weights whose both dimensions are at least this are quantised (the DiT blocks' linear
+layers: 1024 x 1024, 1024 x 2048, 2048 x 1024); the input and output projections stay fp32."""
+
+
+_KEEP_ELEMENTS = 4096
+"""Initializers up to this size keep their data for shape inference (Reshape targets...)."""
+
+
+def per_frame_matmuls(model: object) -> list[str]:
+    """Names of the MatMul nodes worth quantising in an estimator graph.
+
+    A node qualifies when its second input is a constant 2-D weight with both dimensions
+    >= :data:`MIN_QUANTIZED_DIM` (or, in narrower graphs, the widest such width) and its
+    activation has rank >= 3 (one row per mel frame, by onnx shape inference). This leaves
+    the time-embedding MLP and the AdaLN modulation layers (rank-2 activations: one row per
+    CFG batch item, so their cost is nil) and the input/output projections in fp32.
+    Quantising the modulation layers scales/shifts every block by a per-tensor-quantised
+    amount: velocity SNR against fp32 measured 28.8 dB with them quantised and 59.9 dB
+    without (4-block full-width synthetic DiT, 200 frames; same speed).
+    Nodes whose activation rank cannot be inferred are left in fp32.
+    """
+    import onnx
+    from onnx import shape_inference
+
+    if not isinstance(model, onnx.ModelProto):
+        return []
+    # shape inference on a copy whose weights are declared inputs (dims only, no data): small
+    # whatever the model's size
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    del light.graph.initializer[:]
+    weights = {init.name: list(init.dims) for init in model.graph.initializer}
+    declared = {i.name for i in light.graph.input}
+    for init in model.graph.initializer:
+        if int(np.prod(init.dims)) <= _KEEP_ELEMENTS:  # shape constants keep their values
+            light.graph.initializer.append(init)
+        elif init.name not in declared:
+            light.graph.input.append(
+                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+    try:
+        inferred = shape_inference.infer_shapes(light)
+    except Exception as exc:  # onnx raises several types; quantise nothing rather than guess
+        logger.warning("shape inference of the estimator failed (%s); not quantising", exc)
+        return []
+    ranks = {
+        v.name: len(v.type.tensor_type.shape.dim)
+        for v in [*inferred.graph.value_info, *inferred.graph.input]
+        if v.type.tensor_type.HasField("shape")
+    }
+    candidates = []
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or len(node.input) != 2 or not node.name:
+            continue
+        dims = weights.get(node.input[1])
+        if dims is not None and len(dims) == 2 and ranks.get(node.input[0], 0) >= 3:
+            candidates.append((node.name, min(dims)))
+    if not candidates:
+        return []
+    # narrower models (the tiny test graphs) use their widest layers' width as the bar
+    bar = min(MIN_QUANTIZED_DIM, max(width for _, width in candidates))
+    return [name for name, width in candidates if width >= bar]
+
+
 def quantize_estimator(source: Path, target: Path) -> None:
-    """Write the dynamic int8 (per-channel, MatMul-only) version of ``source`` to ``target``.
+    """Write the dynamic int8 (per-channel) version of ``source`` to ``target``, quantising
+    the MatMuls :func:`per_frame_matmuls` selects.
 
     Runs in the calling process (the child process of :func:`ensure_int8_estimator`).
+
+    Raises:
+        ValueError: no MatMul qualifies (not a DiT estimator).
     """
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    model = onnx.load(str(source))
+    nodes = per_frame_matmuls(model)
+    if not nodes:
+        raise ValueError(f"{source.name}: no per-frame MatMul with a constant weight found")
+    logger.info("quantising %d MatMul nodes of %s", len(nodes), source.name)
     quantize_dynamic(
-        str(source),
+        model,
         str(target),
         op_types_to_quantize=["MatMul"],
         per_channel=True,
         reduce_range=False,
         weight_type=QuantType.QInt8,
+        nodes_to_quantize=nodes,
         extra_options={"MatMulConstBOnly": True},
     )
 
@@ -120,7 +200,7 @@ def ensure_int8_estimator(source: Path, cache_dir: Path, *, in_process: bool = F
         in_process: quantise in this process instead of a child process (tests, tools).
 
     Returns:
-        ``cache_dir / "flow.decoder.estimator.int8-<size>-<mtime_ns>.onnx"``.
+        ``cache_dir / "flow.decoder.estimator.int8r2-<size>-<mtime_ns>.onnx"``.
 
     Raises:
         ModelFilesMissing: ``source`` does not exist.
@@ -129,7 +209,7 @@ def ensure_int8_estimator(source: Path, cache_dir: Path, *, in_process: bool = F
     source = Path(source)
     if not source.is_file():
         raise ModelFilesMissing(str(source.parent), [source.name])
-    target = Path(cache_dir) / keyed_name(source, "int8", ".onnx")
+    target = Path(cache_dir) / keyed_name(source, INT8_TAG, ".onnx")
     with _lock_for(target):
         if target.is_file():
             return target
@@ -150,7 +230,8 @@ def ensure_int8_estimator(source: Path, cache_dir: Path, *, in_process: bool = F
                 f"quantising {source} to int8 failed: {exc}; use flow_precision 'fp32' or "
                 "re-download the estimator"
             ) from exc
-        remove_stale(target.parent, f"{target.name.split('.int8-')[0]}.int8-*.onnx", target)
+        stem = target.name.split(f".{INT8_TAG}-")[0]
+        remove_stale(target.parent, f"{stem}.int8*.onnx", target)
         logger.info("int8 estimator ready in %.1f s", time.perf_counter() - started)
         return target
 

@@ -126,9 +126,10 @@ def per_frame_matmuls(model: object) -> list[str]:
         return []
     # shape inference on a copy whose weights are declared inputs (dims only, no data): small
     # whatever the model's size
-    light = onnx.ModelProto()
-    light.CopyFrom(model)
-    del light.graph.initializer[:]
+    light = onnx.ModelProto(ir_version=model.ir_version)
+    light.opset_import.extend(model.opset_import)
+    for field in ("node", "input", "output", "value_info"):
+        getattr(light.graph, field).extend(getattr(model.graph, field))
     weights = {init.name: list(init.dims) for init in model.graph.initializer}
     declared = {i.name for i in light.graph.input}
     for init in model.graph.initializer:
@@ -176,11 +177,12 @@ def quantize_estimator(source: Path, target: Path) -> None:
 
     model = onnx.load(str(source))
     nodes = per_frame_matmuls(model)
+    del model  # the quantiser loads its own copy: keep one in memory at a time
     if not nodes:
         raise ValueError(f"{source.name}: no per-frame MatMul with a constant weight found")
     logger.info("quantising %d MatMul nodes of %s", len(nodes), source.name)
     quantize_dynamic(
-        model,
+        str(source),
         str(target),
         op_types_to_quantize=["MatMul"],
         per_channel=True,

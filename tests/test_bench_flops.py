@@ -138,6 +138,11 @@ def test_cost_models_cache_and_roundtrip(tmp_path: Path) -> None:
     assert CostModel.from_json(model.to_json()) == model
     again = load_cost_models({path.name: path}, cache)
     assert again[path.name] == model
+    # a derived graph deleted after the run (e.g. a re-keyed int8 estimator) keeps its count
+    path.unlink()
+    assert load_cost_models({path.name: path}, cache)[path.name] == model
+    assert isinstance(load_cost_models({"hift.onnx": tmp_path / "hift.onnx"}, cache)["hift.onnx"],
+                      str)
 
 
 def test_tiny_llm_costs_match_its_weights(tiny_model_dir: Path) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from . import client, report
 from .analysis import analyse
+from .costmodel import load_cost_models
 from .run_helpers import (
     PARAGRAPH,
     SENTENCE,
@@ -34,6 +35,7 @@ from .run_helpers import (
     build_markdown,
     cut_voice_clip,
     draw_timelines,
+    read_records,
 )
 from .server import VOICE_NAME, ServerProcess, write_voice_catalog
 from .stats import RunTrace
@@ -203,6 +205,11 @@ def _collect(args: argparse.Namespace, argv: Sequence[str], presets: Sequence[st
     servers = []
     for preset in presets:  # measured again after each preset: the best sample is used
         servers.append(_run_preset(preset, args, data_dir, workloads, modes))
+        # count the graphs this server ran now, while derived files surely exist (cached)
+        records = read_records(args.out / servers[-1]["stats_file"])
+        load_cost_models({name: Path(path) for r in records
+                          for name, path in r.get("graph_paths", {}).items()},
+                         args.out / "flop-cache.json")
         loads.append(_load_average())
         samples.append(measure(threads, args.throughput_seconds).to_json())
     machine["load_average_end"] = loads[-1]

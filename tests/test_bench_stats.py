@@ -145,3 +145,17 @@ def test_throughput_graphs_compute_what_they_claim() -> None:
     assert np.abs(got - expected).max() < 0.02 * np.abs(expected).max()
     best = Throughput.best(RATES, Throughput(1.0, 1e12, 1.0, 1.0, 2))
     assert best.fp32_flops == RATES.fp32_flops and best.int8_ops == 1e12
+
+
+def test_graph_lanes_merge_close_runs_per_lane() -> None:
+    from wyoming_cosyvoice3.bench.plot import graph_lanes, lane_of
+
+    runs = [["llm_int8.onnx", {}, 10.0, 10.1], ["llm_int8.onnx", {}, 10.105, 10.2],
+            ["flow.decoder.estimator.int8r2-1-2.onnx", {}, 10.15, 11.0],
+            ["llm_int8.onnx", {}, 10.5, 10.6], ["hift.onnx", {}, 11.0, 11.2]]
+    lanes = sorted(graph_lanes(10.0, [{"graph_runs": runs}]))
+    assert lanes == [("flow", pytest.approx(0.15), pytest.approx(1.0)),
+                     ("llm", 0.0, pytest.approx(0.2)),
+                     ("llm", pytest.approx(0.5), pytest.approx(0.6)),
+                     ("vocoder", pytest.approx(1.0), pytest.approx(1.2))]
+    assert lane_of("campplus.onnx") == "other"

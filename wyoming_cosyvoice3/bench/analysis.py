@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .costmodel import load_cost_models
+from .plot import graph_lanes
 from .run_helpers import read_records
 from .server import VOICE_NAME
 from .stats import (
@@ -63,6 +64,7 @@ def analyse(raw: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
                                     "rate": trace.sample_rate_hz}
                 metrics["records"] = [{k: v for k, v in r.items() if k != "graph_runs"}
                                       for r in window]
+                metrics["lanes"] = graph_lanes(trace.wall_start_s, window)
                 runs.append(metrics)
             cells.append({"preset": server["preset"], "workload": workload, "mode": mode,
                           "runs": runs, "median": medians(runs),

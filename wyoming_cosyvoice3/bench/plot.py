@@ -1,8 +1,10 @@
 """Timeline PNGs: per workload, one panel per preset showing its median run.
 
-Lanes (top to bottom): the server's stages (text frontend, LLM decoding, flow, vocoder) as bars
-over time, the ``audio-chunk`` arrivals at the client as ticks, and the simulated player
-(green while playing, red while stalled). Time 0 is the moment the request was sent.
+Lanes (top to bottom): the server's stages as bars over time (text frontend from the engine's
+stage events; LLM, flow and vocoder from the graph runs themselves, so work that overlaps in
+threads shows as overlapping bars), the ``audio-chunk`` arrivals at the client as ticks, and
+the simulated player (green while playing, red while stalled). Time 0 is the moment the request
+was sent.
 """
 
 from __future__ import annotations
@@ -16,9 +18,48 @@ COLORS = {"frontend": "#9467bd", "llm": "#1f77b4", "flow": "#ff7f0e", "vocoder":
 LANES = (*STAGES, "audio-chunk", "player")
 
 
+MERGE_GAP_S = 0.01
+"""Graph runs closer than this are drawn as one bar."""
+
+
+def lane_of(graph_file: str) -> str:
+    """Timeline lane of a graph file (contract names; derived int8 files included)."""
+    if graph_file.startswith(("llm", "speech_embedding", "text_embedding")):
+        return "llm"
+    if graph_file.startswith(("flow_encoder", "flow.decoder.estimator")):
+        return "flow"
+    if graph_file.startswith("hift"):
+        return "vocoder"
+    return "other"
+
+
+def graph_lanes(trace_start_wall_s: float, records: Sequence[Mapping[str, Any]]
+                ) -> list[tuple[str, float, float]]:
+    """The records' graph runs as (lane, start_s, end_s) relative to the request, runs of one
+    lane closer than :data:`MERGE_GAP_S` merged (LLM steps become one bar per stretch)."""
+    runs: dict[str, list[tuple[float, float]]] = {}
+    for record in records:
+        for graph_file, _shapes, start, end in record.get("graph_runs", []):
+            runs.setdefault(lane_of(graph_file), []).append(
+                (float(start) - trace_start_wall_s, float(end) - trace_start_wall_s))
+    out = []
+    for lane, spans in runs.items():
+        spans.sort()
+        current = list(spans[0])
+        for start, end in spans[1:]:
+            if start - current[1] <= MERGE_GAP_S:
+                current[1] = max(current[1], end)
+            else:
+                out.append((lane, current[0], current[1]))
+                current = [start, end]
+        out.append((lane, current[0], current[1]))
+    return out
+
+
 def timeline_of(trace_start_wall_s: float, records: Sequence[Mapping[str, Any]]
                 ) -> list[tuple[str, float, float]]:
-    """Stage events of the records as (stage, start_s, end_s) relative to the request."""
+    """Engine stage events of the records as (stage, start_s, end_s) relative to the request
+    (used for the text frontend; model work is drawn from :func:`graph_lanes`)."""
     out = []
     for record in records:
         offset = float(record["wall_start_s"]) - trace_start_wall_s

@@ -92,7 +92,8 @@ def draw_timelines(cells: Sequence[Mapping[str, Any]], plots_dir: Path, label: s
                 "label": cell["preset"],
                 "subtitle": (f"first chunk {first or 0:.2f} s, {rtf}, "
                              f"{run['stalls']} stalls ({run['stall_s']:.1f} s)"),
-                "stages": timeline_of(trace["wall_start_s"], run["records"]),
+                "stages": [e for e in timeline_of(trace["wall_start_s"], run["records"])
+                           if e[0] == "frontend"] + [tuple(x) for x in run.get("lanes", [])],
                 "chunks": chunks, "play": play, "gaps": gaps,
             })
         path = plots_dir / f"{label}-{workload}-{mode}.png"

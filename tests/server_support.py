@@ -243,11 +243,13 @@ class FaultyEngine:
     * ``HOLD``: waits for :attr:`gate` (bounded, 60 s) before its first chunk;
     * ``ENDLESS``: chunks until ``should_stop`` (bounded, 100000 chunks).
 
-    Records ``texts``, ``outcomes`` and ``stop_flags`` like :class:`SpyEngine`.
+    Records ``texts``, ``outcomes`` and ``stop_flags`` like :class:`SpyEngine` unless
+    ``record`` is False (for memory measurements).
     """
 
-    def __init__(self, model_dir: Path, options: EngineOptions) -> None:
+    def __init__(self, model_dir: Path, options: EngineOptions, record: bool = True) -> None:
         self.model_dir = model_dir
+        self.record = record
         self.gate = threading.Event()
         self.texts: list[str] = []
         self.outcomes: list[str] = []
@@ -270,8 +272,9 @@ class FaultyEngine:
                    options: SynthesisOptions | None = None,
                    should_stop: ShouldStop | None = None,
                    result: SynthesisResult | None = None) -> Iterator[EngineChunk]:
-        with self.lock:
-            self.texts.append(text)
+        if self.record:
+            with self.lock:
+                self.texts.append(text)
         self.started.release()
         outcome = "unfinished"
         try:
@@ -287,9 +290,10 @@ class FaultyEngine:
             outcome = "failed"
             raise
         finally:
-            with self.lock:
-                self.outcomes.append(outcome)
-                self.stop_flags.append(bool(should_stop and should_stop()))
+            if self.record:
+                with self.lock:
+                    self.outcomes.append(outcome)
+                    self.stop_flags.append(bool(should_stop and should_stop()))
 
     def _chunks(self, text: str, should_stop: ShouldStop) -> Iterator[EngineChunk]:
         pieces = [p for p in re.split(r"(?<=[.!?。])\s*", text) if re.search(r"\w", p)]
@@ -313,6 +317,11 @@ class FaultyEngine:
 
 def faulty_factory(model_dir: Path, options: EngineOptions) -> Engine:
     return FaultyEngine(model_dir, options)
+
+
+def quiet_faulty_factory(model_dir: Path, options: EngineOptions) -> Engine:
+    """A :class:`FaultyEngine` that keeps no record of its requests."""
+    return FaultyEngine(model_dir, options, record=False)
 
 
 def recording_faulty_factory(holder: list[FaultyEngine]) -> EngineFactory:

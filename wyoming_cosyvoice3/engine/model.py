@@ -16,12 +16,13 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
 from . import constants as C
+from .embedding_table import TableEmbedding
 from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
+from .estimator_split import SplitEstimator, main_graph_spec
 from .graphs import (
     CAMPPLUS,
     ESTIMATOR,
@@ -33,11 +34,9 @@ from .graphs import (
     Graph,
     GraphSpec,
     load_llm,
+    open_session,
 )
 from .options import LLM_FILES, EngineOptions, FlowPrecision
-
-if TYPE_CHECKING:
-    from .embedding_table import TableEmbedding
 
 log = logging.getLogger(__name__)
 
@@ -128,32 +127,51 @@ def read_dims(llm: Graph, flow_encoder: Graph, hift: Graph) -> ModelDims:
     )
 
 
-def _graph(item: Graph | TableEmbedding) -> Graph:
+def _graph(item: Graph | TableEmbedding | SplitEstimator) -> Graph:
     if not isinstance(item, Graph):
         raise TypeError(f"expected an onnxruntime Graph, got {item!r}")
     return item
 
 
-def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> Graph:
-    """Load the DiT estimator: the fp32 file itself, or its cached int8 version.
+Estimator = Graph | SplitEstimator
+"""The DiT estimator: one graph, or the split time/main pair (:mod:`.estimator_split`)."""
 
-    The int8 graph keeps the contract's spec (file name included, so errors name the contract
-    file); its session reads the quantised file. When quantising fails (the quantiser needs
-    about 3x the fp32 file in memory, once) the fp32 estimator is used with a warning.
+
+def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> Estimator:
+    """Load the DiT estimator of ``precision`` ("fp32" or "int8").
+
+    With ``options.split_estimator`` (default: when ``cache_dir`` is set) the graph is split
+    once into its time-conditioning and per-frame parts (:mod:`.estimator_split`); int8 then
+    quantises the per-frame part. Otherwise fp32 is the upstream file itself and int8 its
+    cached quantised copy. Derived graphs keep the contract's spec file name (errors name the
+    contract file). When deriving fails (e.g. out of memory: the converter needs about 3x the
+    fp32 file, once) the next simpler form is used with a warning, down to the fp32 file.
 
     Raises:
         ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
     """
+    from .quantize import derived_files_dir, ensure_int8_estimator, ensure_split_estimator
+
     source = model_dir / ESTIMATOR.file
+    threads, providers, spin = options.threads, options.providers, options.spin_wait
+    split = options.split_estimator
+    if options.cache_dir is not None if split is None else split:
+        try:
+            main, time_graph = ensure_split_estimator(
+                source, derived_files_dir(model_dir, options.cache_dir), precision
+            )
+            session = open_session(main, threads, providers, spin)
+            graph = Graph(main, main_graph_spec(session), session=session)
+            return SplitEstimator(graph, time_graph, threads, providers, spin)
+        except ModelLoadError as exc:
+            log.warning("split estimator unavailable, using the whole graph: %s", exc)
     path = source
     if precision == "int8":
-        from .quantize import derived_files_dir, ensure_int8_estimator
-
         try:
             path = ensure_int8_estimator(source, derived_files_dir(model_dir, options.cache_dir))
         except ModelLoadError as exc:  # e.g. out of memory while quantising: keep serving
             log.warning("int8 estimator unavailable, using the fp32 estimator: %s", exc)
-    return Graph(path, ESTIMATOR, options.threads, options.providers, spin_wait=options.spin_wait)
+    return Graph(path, ESTIMATOR, threads, providers, spin_wait=spin)
 
 
 def _text_embedding(model_dir: Path, options: EngineOptions) -> TableEmbedding | None:
@@ -221,22 +239,28 @@ class CosyVoice3Model:
         options: EngineOptions,
         tokenizer: Tokenizer,
         end_of_prompt_id: int,
-        graphs: dict[str, Graph | TableEmbedding],
+        graphs: dict[str, Graph | TableEmbedding | SplitEstimator],
     ) -> None:
         self.model_dir = model_dir
         self.options = options
         self.tokenizer = tokenizer
         self.end_of_prompt_id = end_of_prompt_id
-        self.text_embedding: Graph | TableEmbedding = graphs["text_embedding"]
+        text_embedding = graphs["text_embedding"]
+        if isinstance(text_embedding, SplitEstimator):
+            raise TypeError("the text embedding cannot be an estimator")
+        self.text_embedding: Graph | TableEmbedding = text_embedding
         self.speech_embedding = _graph(graphs["speech_embedding"])
         self.llm = _graph(graphs["llm"])
         self.flow_encoder = _graph(graphs["flow_encoder"])
-        self.estimator = _graph(graphs["estimator"])
+        estimator = graphs["estimator"]
+        if isinstance(estimator, TableEmbedding):
+            raise TypeError("the estimator cannot be a table lookup")
+        self.estimator: Estimator = estimator
         self.hift = _graph(graphs["hift"])
         self.dims = read_dims(self.llm, self.flow_encoder, self.hift)
         self._voice_lock = threading.Lock()
         self._voice_encoders: tuple[Graph, Graph] | None = None
-        self._estimators: dict[str, Graph] = {options.flow_precision: self.estimator}
+        self._estimators: dict[str, Estimator] = {options.flow_precision: self.estimator}
         self._estimator_lock = threading.Lock()
 
     @classmethod
@@ -266,7 +290,7 @@ class CosyVoice3Model:
         def graph(spec: GraphSpec) -> Graph:
             return Graph(model_dir / spec.file, spec, threads, providers, spin_wait=spin)
 
-        graphs: dict[str, Graph | TableEmbedding] = {
+        graphs: dict[str, Graph | TableEmbedding | SplitEstimator] = {
             "speech_embedding": graph(SPEECH_EMBEDDING),
             "llm": load_llm(
                 model_dir / LLM_FILES[options.llm_precision], llm_threads, providers, spin
@@ -294,7 +318,7 @@ class CosyVoice3Model:
         )
         return model
 
-    def estimator_for(self, precision: FlowPrecision) -> Graph:
+    def estimator_for(self, precision: FlowPrecision) -> Estimator:
         """The DiT estimator of ``precision`` ("fp32" or "int8"), loaded on first use
         (thread-safe; the int8 file is quantised once, see :mod:`.quantize`).
 

@@ -44,6 +44,10 @@ class EngineOptions:
             from text_embedding_fp16.onnx into ``cache_dir`` (only when the graph is a plain
             Gather [+ Cast], so the output is bit-identical; otherwise the graph is used).
             ``None`` (default) = on when ``cache_dir`` is set, so a bare engine writes nothing.
+        split_estimator: split the DiT estimator once into its time-conditioning graph
+            (AdaLN modulation: 0.55 GB of fp32 weights that depend on ``t`` only, run once per
+            distinct ``t`` and released) and its per-frame graph, written to ``cache_dir``
+            (see :mod:`.estimator_split`; same numbers). ``None`` = on when ``cache_dir`` is set.
     """
 
     llm_precision: LlmPrecision = "int8"
@@ -56,6 +60,7 @@ class EngineOptions:
     flow_precision: FlowPrecision = "fp32"
     cache_dir: Path | None = None
     mmap_embeddings: bool | None = None
+    split_estimator: bool | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value is out of range."""

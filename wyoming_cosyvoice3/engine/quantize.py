@@ -238,35 +238,105 @@ def ensure_int8_estimator(source: Path, cache_dir: Path, *, in_process: bool = F
         return target
 
 
+SPLIT_TAGS = {"fp32": "main", "int8": "int8main"}
+"""File tags of the split estimator's main graph per precision (time graph: ``time``)."""
+
+
+def ensure_split_estimator(
+    source: Path, cache_dir: Path, precision: str, *, in_process: bool = False
+) -> tuple[Path, Path]:
+    """(main graph, time graph) of the split estimator (:mod:`.estimator_split`) for
+    ``precision``, derived once from ``source`` like :func:`ensure_int8_estimator`.
+
+    Raises:
+        ModelFilesMissing: ``source`` does not exist.
+        ModelLoadError: splitting or quantising failed (callers fall back to the whole graph).
+    """
+    source = Path(source)
+    if not source.is_file():
+        raise ModelFilesMissing(str(source.parent), [source.name])
+    cache_dir = Path(cache_dir)
+    main = cache_dir / keyed_name(source, SPLIT_TAGS[precision], ".onnx")
+    time_graph = cache_dir / keyed_name(source, "time", ".onnx")
+    with _lock_for(main):
+        if main.is_file() and time_graph.is_file():
+            return main, time_graph
+        suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp_main = main.with_name(f".{main.name}{suffix}")
+        tmp_time = time_graph.with_name(f".{time_graph.name}{suffix}")
+        started = time.perf_counter()
+        logger.info("splitting %s (%s, once; written to %s)", source.name, precision, cache_dir)
+        try:
+            if in_process:
+                from .estimator_split import derive_split
+
+                derive_split(source, precision, tmp_main, tmp_time)
+            else:
+                _run_child(["split", precision, str(source), str(tmp_main), str(tmp_time)])
+            if not time_graph.is_file():
+                replace_atomically(tmp_time, time_graph)
+            replace_atomically(tmp_main, main)
+        except Exception as exc:  # child/quantiser errors are not typed; always wrapped below
+            if isinstance(exc, ModelLoadError):
+                raise
+            raise ModelLoadError(f"splitting {source} failed: {exc}") from exc
+        finally:
+            tmp_main.unlink(missing_ok=True)
+            tmp_time.unlink(missing_ok=True)
+        stem = main.name.split(f".{SPLIT_TAGS[precision]}-")[0]
+        remove_stale(cache_dir, f"{stem}.{SPLIT_TAGS[precision]}-*.onnx", main)
+        remove_stale(cache_dir, f"{stem}.time-*.onnx", time_graph)
+        logger.info("split estimator ready in %.1f s", time.perf_counter() - started)
+        return main, time_graph
+
+
 def _quantize_in_child(source: Path, target: Path) -> None:
+    _run_child(["int8", str(source), str(target)])
+    if not target.is_file():
+        raise ModelLoadError(f"the int8 quantiser wrote no {target.name}")
+
+
+def _run_child(args: list[str]) -> None:
     package_root = Path(__file__).resolve().parents[2]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(package_root), env.get("PYTHONPATH", "")) if p
     )
-    cmd = [sys.executable, "-m", __name__, str(source), str(target)]
+    cmd = [sys.executable, "-m", __name__, *args]
     try:
         proc = subprocess.run(  # argv: this interpreter and module
             cmd, capture_output=True, text=True, timeout=QUANTIZE_TIMEOUT_S, env=env, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ModelLoadError(f"cannot run the int8 quantiser: {exc}") from exc
-    if proc.returncode != 0 or not target.is_file():
+        raise ModelLoadError(f"cannot run the estimator converter: {exc}") from exc
+    if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:]
         raise ModelLoadError(
-            f"the int8 quantiser exited with {proc.returncode}: {' | '.join(tail)}; use "
-            "flow_precision 'fp32' or re-download flow.decoder.estimator.fp32.onnx"
+            f"the int8 quantiser / estimator converter exited with {proc.returncode}: "
+            f"{' | '.join(tail)}; use flow_precision 'fp32' or re-download "
+            "flow.decoder.estimator.fp32.onnx"
         )
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m wyoming_cosyvoice3.engine.quantize SOURCE TARGET`` (used by the engine)."""
+    """Child-process entry used by the engine:
+    ``python -m wyoming_cosyvoice3.engine.quantize int8 SOURCE TARGET`` or
+    ``... split fp32|int8 SOURCE MAIN_OUT TIME_OUT``."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m wyoming_cosyvoice3.engine.quantize SOURCE TARGET", file=sys.stderr)
-        return 2
-    quantize_estimator(Path(args[0]), Path(args[1]))
-    return 0
+    if len(args) == 3 and args[0] == "int8":
+        quantize_estimator(Path(args[1]), Path(args[2]))
+        return 0
+    if len(args) == 5 and args[0] == "split" and args[1] in SPLIT_TAGS:
+        from .estimator_split import derive_split
+
+        derive_split(Path(args[2]), args[1], Path(args[3]), Path(args[4]))
+        return 0
+    print(
+        "usage: python -m wyoming_cosyvoice3.engine.quantize int8 SOURCE TARGET | "
+        "split fp32|int8 SOURCE MAIN_OUT TIME_OUT",
+        file=sys.stderr,
+    )
+    return 2
 
 
 if __name__ == "__main__":

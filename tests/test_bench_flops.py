@@ -161,4 +161,6 @@ def test_tiny_llm_costs_match_its_weights(tiny_model_dir: Path) -> None:
     assert model.weight_bytes_fp32 == 4 * matmul_weights
     assert family_of("llm_int8.onnx") is FAMILIES["llm"]
     assert family_of("flow.decoder.estimator.int8-1-2.onnx") is FAMILIES["estimator"]
+    assert family_of("flow.decoder.estimator.int8main-1-2.onnx") is FAMILIES["estimator"]
+    assert family_of("flow.decoder.estimator.time-1-2.onnx") is None
     assert family_of("text_embedding_fp16.onnx") is None

@@ -121,9 +121,13 @@ FAMILIES: dict[str, Family] = {
 
 
 def family_of(graph_file: str) -> Family | None:
-    """The family of a contract file name; None for lookup-only graphs (embeddings)."""
+    """The family of a contract file name (derived int8 / split estimator files included);
+    None for lookup-only graphs (embeddings) and the split estimator's time-conditioning graph
+    (run once per Euler time value; engine/estimator_split.py)."""
     if graph_file.startswith("llm"):
         return FAMILIES["llm"]
+    if graph_file.startswith("flow.decoder.estimator.time"):
+        return None
     if graph_file.startswith("flow.decoder.estimator"):
         return FAMILIES["estimator"]
     for key in ("flow_encoder", "hift", "campplus", "speech_tokenizer"):
@@ -246,7 +250,7 @@ def load_cost_models(
     for name, path in sorted(graph_paths.items()):
         family = family_of(name)
         if family is None:
-            result[name] = "lookup-only graph (no matrix products)"
+            result[name] = "no cost model (lookup-only or per-time-step graph)"
             continue
         if not Path(path).is_file():
             # a derived file (int8 estimator) may be gone by now; its count was cached

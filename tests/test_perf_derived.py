@@ -116,7 +116,9 @@ def test_per_frame_selection_skips_batch_row_matmuls() -> None:
 
 def test_model_loads_int8_estimator_on_first_use(tiny_model_copy: Path, tmp_path: Path) -> None:
     onnx.save(small_dit(), str(tiny_model_copy / EST))
-    opts = EngineOptions(threads=1, cache_dir=tmp_path, mmap_embeddings=False)
+    opts = EngineOptions(
+        threads=1, cache_dir=tmp_path, mmap_embeddings=False, split_estimator=False
+    )
     model = CosyVoice3Model.load(tiny_model_copy, opts)
     assert model.estimator_for("fp32") is model.estimator
     assert not list(tmp_path.glob("*.onnx"))
@@ -129,7 +131,9 @@ def test_estimator_without_per_frame_matmuls_stays_fp32(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     # the tiny estimator is convolutional: nothing to quantise -> warning, fp32 graph
-    opts = EngineOptions(threads=1, cache_dir=tmp_path, flow_precision="int8")
+    opts = EngineOptions(
+        threads=1, cache_dir=tmp_path, flow_precision="int8", split_estimator=False
+    )
     model = CosyVoice3Model.load(tiny_model_dir, opts)
     assert model.estimator.path == tiny_model_dir / EST
     assert not list(tmp_path.glob("*.onnx"))
@@ -218,7 +222,9 @@ def test_int8_failure_falls_back_to_the_fp32_estimator(
         raise quantize.ModelLoadError("quantiser ran out of memory")
 
     monkeypatch.setattr(quantize, "ensure_int8_estimator", fail)
-    opts = EngineOptions(threads=1, cache_dir=tmp_path, flow_precision="int8")
+    opts = EngineOptions(
+        threads=1, cache_dir=tmp_path, flow_precision="int8", split_estimator=False
+    )
     model = CosyVoice3Model.load(tiny_model_dir, opts)
     assert model.estimator.path == tiny_model_dir / EST
     assert model.estimator_for("int8") is model.estimator

@@ -32,7 +32,7 @@ from wyoming.info import Describe
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from wyoming_cosyvoice3.server.limits import ERROR_CODES, Limits
-from wyoming_cosyvoice3.server.protocol import ProtocolError, read_event
+from wyoming_cosyvoice3.server.protocol import IdleTimeout, ProtocolError, read_event
 from wyoming_cosyvoice3.server.settings import OPTIONS, resolve_settings
 
 MakeClip = Callable[..., Path]
@@ -377,3 +377,29 @@ async def test_clip_size_limit(tmp_path: Path, make_clip: MakeClip) -> None:
                                        data={"text": "Hi.", "voice": {"name": "big"}}))
             error = await one_shot_error(cl)
         assert error.code == "invalid-voice" and "--max-clip-bytes" in error.text
+
+
+async def test_reader_timeouts() -> None:
+    """Nothing arriving: IdleTimeout with nothing consumed (reading can go on); a begun event
+    may take ``stall_timeout_s`` per part however short the wait for its start was."""
+    reader = asyncio.StreamReader()
+    with pytest.raises(IdleTimeout):
+        await read_event(reader, 1000, 1000, timeout_s=0.05)
+    reader.feed_data(b'{"type": "describe"')  # half a header: still not consumed
+    with pytest.raises(IdleTimeout):
+        await read_event(reader, 1000, 1000, timeout_s=0.05)
+    body = b'{"text": "Hi."}'
+
+    async def trickle() -> None:
+        reader.feed_data(b', "data_length": %d}\n' % len(body))
+        await asyncio.sleep(0.3)  # longer than timeout_s, shorter than stall_timeout_s
+        reader.feed_data(body)
+
+    feeder = asyncio.create_task(trickle())
+    event = await read_event(reader, 1000, 1000, timeout_s=0.1, stall_timeout_s=5.0)
+    await feeder
+    assert event is not None and event.type == "describe" and event.data == {"text": "Hi."}
+    reader.feed_data(b'{"type": "synthesize", "data_length": 5}\n{"')
+    with pytest.raises(ProtocolError) as info:
+        await read_event(reader, 1000, 1000, timeout_s=5.0, stall_timeout_s=0.1)
+    assert info.value.code == "idle-timeout" and info.value.fatal

@@ -170,6 +170,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
                     event = await read_event(
                         self.reader, limits.max_event_data_bytes, limits.max_event_payload_bytes,
                         limits.max_event_header_bytes, max(0.01, timeout_s),
+                        limits.idle_timeout_s,
                     )
                 except IdleTimeout:
                     if self._idle_expired():

@@ -70,7 +70,8 @@ async def _timed(awaitable: Awaitable[bytes], timeout_s: float | None, what: str
 
 
 async def _read_header(
-    reader: asyncio.StreamReader, max_header_bytes: int, timeout_s: float | None
+    reader: asyncio.StreamReader, max_header_bytes: int, timeout_s: float | None,
+    stall_s: float | None,
 ) -> bytes | None:
     """The header line with its newline; None at the end of the stream.
 
@@ -92,8 +93,8 @@ async def _read_header(
             if len(buffer) + consumed > max_header_bytes:
                 break
             try:
-                buffer += await _timed(reader.readexactly(consumed), timeout_s, "header")
-                buffer += await _timed(reader.readuntil(b"\n"), timeout_s, "header")
+                buffer += await _timed(reader.readexactly(consumed), stall_s, "header")
+                buffer += await _timed(reader.readuntil(b"\n"), stall_s, "header")
             except asyncio.IncompleteReadError:
                 return None
             except asyncio.LimitOverrunError as more:
@@ -113,15 +114,17 @@ async def read_event(
     max_payload_bytes: int,
     max_header_bytes: int = 1 << 16,
     timeout_s: float | None = None,
+    stall_timeout_s: float | None = None,
 ) -> Event | None:
     """Read one event.
 
     Args:
         reader: the connection's stream.
         max_data_bytes / max_payload_bytes / max_header_bytes: size limits.
-        timeout_s: how long to wait for an event to begin (then :class:`IdleTimeout`) and for
-            each further part of a begun event (then a fatal ``idle-timeout`` error); None
+        timeout_s: how long to wait for an event to begin (then :class:`IdleTimeout`); None
             waits forever.
+        stall_timeout_s: how long each further part of a begun event may take (then a fatal
+            ``idle-timeout`` error); None: ``timeout_s``.
 
     Returns:
         The event, or None at the end of the stream (also when it ends inside an event).
@@ -131,7 +134,8 @@ async def read_event(
         ProtocolError: the header or data is malformed, too large, or stalled.
         ConnectionError: the connection was reset.
     """
-    line = await _read_header(reader, max_header_bytes, timeout_s)
+    stall_s = timeout_s if stall_timeout_s is None else stall_timeout_s
+    line = await _read_header(reader, max_header_bytes, timeout_s, stall_s)
     if line is None:
         return None
     try:
@@ -144,9 +148,9 @@ async def read_event(
     data_length = _length(header, "data_length", max_data_bytes)
     payload_length = _length(header, "payload_length", max_payload_bytes)
     try:
-        data_bytes = (await _timed(reader.readexactly(data_length), timeout_s, "data")
+        data_bytes = (await _timed(reader.readexactly(data_length), stall_s, "data")
                       if data_length else b"")
-        payload = (await _timed(reader.readexactly(payload_length), timeout_s, "payload")
+        payload = (await _timed(reader.readexactly(payload_length), stall_s, "payload")
                    if payload_length else None)
     except asyncio.IncompleteReadError:
         return None

@@ -172,7 +172,7 @@ def _extract(source: Path, target: Path, meta: Path) -> bool:
     started = time.perf_counter()
     found = plain_gather_table(onnx.load(str(source)))
     if found is None:
-        logger.info("%s is not a plain Gather graph; served by onnxruntime", source.name)
+        logger.debug("%s is not a plain Gather graph; served by onnxruntime", source.name)
         return False
     table, out_dtype = found
     if not _matches_session(source, table, out_dtype):

@@ -160,29 +160,35 @@ class SynthesisOptions:
 
 
 PRESETS: dict[str, SynthesisOptions] = {
-    # spec-exact numerics (10 Euler steps, CFG 0.7 in every step, fp32 DiT, whole history,
-    # whole prompt, exact vocoder); only exact levers: upstream's first hop of 25 tokens and
-    # LLM decoding overlapped with the flow (same audio)
-    "quality": SynthesisOptions(first_hop_tokens=25, overlap_decoding=True),
-    # the default (preliminary, being tuned): int8 DiT, 4 Euler steps, the last 2 s of the
-    # prompt and 1 s of history in the flow, small first hop, overlapped decoding
+    # Spec-exact numerics: fp32 DiT, 10 Euler steps with CFG 0.7 in every step, the whole
+    # prompt and history in the flow, exact (whole-utterance) vocoder, upstream's first hop
+    # of 25 tokens. Only exact levers apply (engine-level: split estimator, memory-mapped
+    # text table, prefix-KV cache).
+    "quality": SynthesisOptions(first_hop_tokens=25),
+    # The default. int8 DiT (per-frame MatMuls only), 4 Euler steps, the flow sees the last
+    # 1 s of the prompt (25 tokens) and 10 tokens of history, first chunk after 10 tokens,
+    # vocoder with 16 frames of left context. Measured on the 2-core reference machine with
+    # a 5 s prompt: first audio ~1.9 s for a 60-character sentence; a long paragraph runs
+    # at RTF ~2 (LLM decoding and the vocoder alone need ~1.1 s per second of audio there:
+    # see BENCHMARKS.md, "levers").
     "balanced": SynthesisOptions(
         flow_precision="int8",
         euler_steps=4,
-        flow_prompt_tokens=50,
-        flow_left_context_tokens=25,
-        first_hop_tokens=15,
-        overlap_decoding=True,
-    ),
-    # (preliminary) 2 Euler steps, 1 s of prompt, windowed vocoder
-    "fast": SynthesisOptions(
-        flow_precision="int8",
-        euler_steps=2,
         flow_prompt_tokens=25,
         flow_left_context_tokens=10,
         first_hop_tokens=10,
-        overlap_decoding=True,
         vocoder_window_frames=16,
+    ),
+    # Lowest latency: 2 Euler steps (audible loss on real weights: the MNN port measured
+    # mel SNR 14 dB for an undistilled 10 -> 2 steps), 15 prompt tokens, 5 tokens of
+    # history, first chunk after 8 tokens, 8 frames of vocoder context.
+    "fast": SynthesisOptions(
+        flow_precision="int8",
+        euler_steps=2,
+        flow_prompt_tokens=15,
+        flow_left_context_tokens=5,
+        first_hop_tokens=8,
+        vocoder_window_frames=8,
     ),
 }
 """Named option sets; tuned with the benchmark (BENCHMARKS.md)."""

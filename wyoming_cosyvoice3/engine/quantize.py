@@ -13,8 +13,10 @@ model card gives for ``llm_int8.onnx`` ("dynamic int8 MatMul (per-channel)"). Ac
 quantised per tensor at run time (``DynamicQuantizeLinear``). Published effect of the same
 change: nardi-xhepi/cosyvoice3-cpu reports 0.46 % waveform error for an int8 flow.
 
-The quantised file is written once, atomically (temporary name + ``os.replace``), named after
-the source file's size and mtime so a replaced source is re-quantised, and reused afterwards.
+A failed attempt leaves ``<name>.failed`` (with the reason) so later starts do not retry it
+(delete it to retry). The quantised file is written once, atomically (temporary name +
+``os.replace``), named after the source file's size and mtime so a replaced source is
+re-quantised, and reused afterwards.
 The quantiser runs in a child process: it holds the fp32 model and its quantised copy in
 memory (a few GB at the published size), which the serving process should never keep.
 """
@@ -90,6 +92,28 @@ def remove_stale(directory: Path, pattern: str, keep: Path) -> None:
                 logger.info("removed stale derived file %s", old)
             except OSError as exc:
                 logger.debug("cannot remove %s: %s", old, exc)
+
+
+def _failure_marker(target: Path) -> Path:
+    return target.with_name(target.name + ".failed")
+
+
+def _check_failed_before(target: Path) -> None:
+    """Raise at once when an earlier attempt for ``target`` failed (do not retry each start)."""
+    marker = _failure_marker(target)
+    if marker.is_file():
+        reason = marker.read_text(encoding="utf-8", errors="replace").strip()[:500]
+        raise ModelLoadError(
+            f"an earlier attempt to derive {target.name} failed ({reason}); delete {marker} "
+            "to try again"
+        )
+
+
+def _record_failure(target: Path, exc: BaseException) -> None:
+    try:
+        _failure_marker(target).write_text(f"{exc}\n", encoding="utf-8")
+    except OSError as err:
+        logger.debug("cannot write the failure marker for %s: %s", target, err)
 
 
 def _lock_for(path: Path) -> threading.Lock:
@@ -215,6 +239,7 @@ def ensure_int8_estimator(source: Path, cache_dir: Path, *, in_process: bool = F
     with _lock_for(target):
         if target.is_file():
             return target
+        _check_failed_before(target)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         started = time.perf_counter()
         logger.info("quantising %s to int8 (once; written to %s)", source.name, target)
@@ -226,6 +251,7 @@ def ensure_int8_estimator(source: Path, cache_dir: Path, *, in_process: bool = F
             replace_atomically(tmp, target)
         except Exception as exc:  # quantiser errors are not typed; always wrapped below
             tmp.unlink(missing_ok=True)
+            _record_failure(target, exc)
             if isinstance(exc, ModelLoadError):
                 raise
             raise ModelLoadError(
@@ -261,6 +287,7 @@ def ensure_split_estimator(
     with _lock_for(main):
         if main.is_file() and time_graph.is_file():
             return main, time_graph
+        _check_failed_before(main)
         suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
         tmp_main = main.with_name(f".{main.name}{suffix}")
         tmp_time = time_graph.with_name(f".{time_graph.name}{suffix}")
@@ -277,6 +304,7 @@ def ensure_split_estimator(
                 replace_atomically(tmp_time, time_graph)
             replace_atomically(tmp_main, main)
         except Exception as exc:  # child/quantiser errors are not typed; always wrapped below
+            _record_failure(main, exc)
             if isinstance(exc, ModelLoadError):
                 raise
             raise ModelLoadError(f"splitting {source} failed: {exc}") from exc

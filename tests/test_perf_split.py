@@ -108,3 +108,23 @@ def test_engine_with_split_estimator_gives_the_same_audio(
     b = np.concatenate([c.samples for c in split.synthesize("Lights on now.", voice, opts)])
     assert len(a) > 0
     np.testing.assert_allclose(b, a, atol=1e-5)
+
+
+def test_warm_up_precomputes_the_time_conditioning_of_every_preset(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from wyoming_cosyvoice3.engine.options import PRESETS
+
+    engine = CosyVoice3Engine.load(
+        tiny_model_dir, EngineOptions(threads=1, llm_precision="fp32", cache_dir=tmp_path / "c")
+    )
+    voice = engine.prepare_voice(write_clip(tmp_path / "ref.wav", seconds=3.0))
+    estimator = engine.model.estimator
+    assert isinstance(estimator, SplitEstimator)
+    engine.warm_up(voice)
+    runs = estimator.time_runs
+    assert runs >= 1
+    for preset in PRESETS.values():
+        opts = preset.replace(flow_precision="fp32", max_decode_tokens=12)
+        assert list(engine.synthesize("Lights on.", voice, opts))
+    assert estimator.time_runs == runs

@@ -97,12 +97,28 @@ class CosyVoice3Engine:
     def warm_up(self, voice: VoicePrompt, options: SynthesisOptions | None = None) -> None:
         """Run one short synthesis so onnxruntime allocates its buffers before real requests.
 
-        Pass the options requests will use (the server's preset): an estimator precision
-        not loaded yet is loaded (and quantised, once) here instead of in the first request,
-        and the voice's prefix KV is cached.
+        Pass the options requests will use (the server's preset); by default the estimator
+        precision loaded at start. An estimator precision not loaded yet is loaded (and
+        derived, once) here instead of in the first request, the voice's prefix KV is cached,
+        and a split estimator's time conditioning is computed for the Euler schedules of
+        every preset (about 1 MB per time point), so no request loads the time graph.
         """
+        from .estimator_split import SplitEstimator
+        from .flow import cosine_t_schedule
+        from .options import PRESETS
+
         started = time.perf_counter()
-        base = options or SynthesisOptions()
+        base = options or SynthesisOptions(flow_precision=self.options.flow_precision)
+        estimator = self.model.estimator_for(base.flow_precision)
+        if isinstance(estimator, SplitEstimator):
+            steps = {base.euler_steps, *(p.euler_steps for p in PRESETS.values())}
+            estimator.precompute(
+                [
+                    np.full(2, t, dtype=np.float32)
+                    for n in sorted(steps)
+                    for t in cosine_t_schedule(n)[:-1]
+                ]
+            )
         warm = base.replace(max_decode_tokens=min(base.max_decode_tokens, 50))
         for _ in self.synthesize(WARM_UP_TEXT, voice, warm):
             pass

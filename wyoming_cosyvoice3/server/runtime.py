@@ -132,6 +132,8 @@ class ServerRuntime:
                 providers=self.settings.providers,
                 voice_cache_dir=self.settings.cache_dir,
                 cache_dir=self.settings.engine_cache_dir,
+                # load the DiT estimator the preset uses (int8 for balanced/fast) at start
+                flow_precision=self.synthesis_options().flow_precision,
             )
             engine = self._engine_factory(model_dir, options)
             self.phase = "preparing voices"

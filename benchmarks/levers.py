@@ -17,8 +17,10 @@ preset, or a whole preset) this reports:
 * peak RSS of the process (``ru_maxrss``; run one lever per process with ``--only`` for
   per-lever memory figures).
 
-The server-driven benchmark (``benchmarks/run.py``) measures the presets end to end; this
-script isolates each lever. Results go to ``--out`` as JSON and to stdout as a table.
+``--set levers`` (default) applies each lever alone to the spec-exact preset; ``--set
+ablations`` starts from the default preset and reverts one lever at a time (for timing). The
+server-driven benchmark (``benchmarks/run.py``) measures the presets end to end; this script
+isolates each lever. Results go to ``--out`` as JSON and to stdout as a table.
 """
 
 from __future__ import annotations
@@ -44,8 +46,11 @@ SENTENCE = "The kitchen lights are on and the front door is locked now."  # 60 c
 PARAGRAPH = (
     "Good evening. The living room lights are on and the kitchen is at twenty one degrees. "
     "The front door has been locked for the night, and the garden sprinklers will run until "
-    "six in the morning. Tomorrow will be cloudy with a chance of rain in the afternoon."
+    "six in the morning. Tomorrow will be cloudy with a chance of rain in the afternoon. "
+    "The washing machine finished its cycle an hour ago, and the dishwasher is still running. "
+    "Your next calendar event is a dentist appointment at nine thirty."
 )
+"""About 27 s of speech at the fixed decoding rate."""
 TOKENS_PER_CHAR = 25.0 / 15.0
 """25 speech tokens per 15 characters: one second of speech per 15 characters."""
 TRANSCRIPT = "This is the reference voice speaking for about five seconds."
@@ -65,10 +70,28 @@ LEVERS: dict[str, SynthesisOptions] = {
     "vocoder_window_frames=32": QUALITY.replace(vocoder_window_frames=32),
     "vocoder_window_frames=16": QUALITY.replace(vocoder_window_frames=16),
     "cfg_steps=1 (batch fixed at 2)": QUALITY.replace(cfg_steps=1),
+    "flow_prompt_tokens=15": QUALITY.replace(flow_prompt_tokens=15),
+    "vocoder_window_frames=8": QUALITY.replace(vocoder_window_frames=8),
     "preset balanced": PRESETS["balanced"],
     "preset fast": PRESETS["fast"],
 }
+"""Each lever alone on top of the spec-exact preset (deviation is measured against it)."""
 
+BALANCED = PRESETS["balanced"]
+ABLATIONS: dict[str, SynthesisOptions] = {
+    "preset quality": QUALITY,
+    "preset balanced": BALANCED,
+    "preset fast": PRESETS["fast"],
+    "balanced, fp32 DiT": BALANCED.replace(flow_precision="fp32"),
+    "balanced, 10 Euler steps": BALANCED.replace(euler_steps=10),
+    "balanced, whole prompt in the flow": BALANCED.replace(flow_prompt_tokens=0),
+    "balanced, whole history in the flow": BALANCED.replace(flow_left_context_tokens=0),
+    "balanced, first hop 25": BALANCED.replace(first_hop_tokens=25),
+    "balanced, exact vocoder": BALANCED.replace(vocoder_window_frames=0),
+    "balanced + overlap_decoding": BALANCED.replace(overlap_decoding=True),
+}
+"""Timing: the default preset with one lever reverted (or added) at a time."""
+SETS = {"levers": LEVERS, "ablations": ABLATIONS}
 
 def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
     """SNR of ``test`` against ``ref`` in dB (inf when identical); lengths must match."""
@@ -159,10 +182,13 @@ def timed(
 ) -> dict[str, Any]:
     result = SynthesisResult()
     opts = opts.replace(fixed_tokens_per_char=TOKENS_PER_CHAR)
-    for _ in engine.synthesize(text, voice, opts, result=result):
-        pass
+    arrivals = [
+        (chunk.elapsed_s, len(chunk.samples) / chunk.sample_rate_hz)
+        for chunk in engine.synthesize(text, voice, opts, result=result)
+    ]
     t = result.times
     return {
+        "stalls": count_stalls(arrivals),
         "first_chunk_s": result.first_chunk_s,
         "total_s": result.total_s,
         "audio_s": result.audio_s,
@@ -175,6 +201,32 @@ def timed(
     }
 
 
+def count_stalls(arrivals: list[tuple[float, float]]) -> int:
+    """Times a player that starts at the first chunk and plays in real time runs dry.
+
+    ``arrivals``: (arrival time s, audio duration s) per chunk in order.
+    """
+    stalls, play_end = 0, None
+    for arrived, duration in arrivals:
+        if play_end is None:
+            play_end = arrived + duration
+            continue
+        if arrived > play_end + 1e-3:
+            stalls, play_end = stalls + 1, arrived
+        play_end += duration
+    return stalls
+
+
+def metric_floor(engine: CosyVoice3Engine, mel: np.ndarray) -> dict[str, float]:
+    """Waveform SNRs between two vocoder passes over the same mel that differ only in the
+    source-noise draw: the level below which the waveform columns cannot tell levers apart
+    with random vocoder weights."""
+    rng = np.random.default_rng(1)
+    noise = [rng.random((480 * mel.shape[1], 9), dtype=np.float32) for _ in range(2)]
+    a, b = (engine.hift.waveform(mel, n) for n in noise)
+    return {"wave_snr_db": snr_db(a, b), "wave_logmel_snr_db": snr_db(prompt_mel(a), prompt_mel(b))}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", type=Path, required=True)
@@ -185,8 +237,10 @@ def main() -> None:
     p.add_argument("--no-timing", action="store_true", help="deviation only")
     p.add_argument("--no-deviation", action="store_true", help="timing only")
     p.add_argument("--long-text", action="store_true", help="also time the paragraph")
+    p.add_argument("--set", choices=sorted(SETS), default="levers", help="which option sets")
     args = p.parse_args()
-    names = args.only or list(LEVERS)
+    table = SETS[args.set]
+    names = args.only or list(table)
     cache = args.cache_dir or args.model_dir
     engine = CosyVoice3Engine.load(args.model_dir, EngineOptions(cache_dir=cache))
     clip = args.clip or args.model_dir / "voices" / "en-male.wav"
@@ -197,9 +251,10 @@ def main() -> None:
     reference: tuple[np.ndarray, np.ndarray] | None = None
     if not args.no_deviation:
         reference = render(engine, SENTENCE, voice, QUALITY.replace(max_request_s=7200.0), tokens)
+        print(json.dumps({"metric_floor": metric_floor(engine, reference[0])}), flush=True)
     rows: list[dict[str, Any]] = []
     for name in names:
-        opts = LEVERS[name].replace(max_request_s=7200.0)
+        opts = table[name].replace(max_request_s=7200.0)
         row: dict[str, Any] = {"lever": name, "options": asdict(opts)}
         engine.warm_up(voice, opts)
         if reference is not None:

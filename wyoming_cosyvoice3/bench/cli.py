@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--throughput-seconds", type=float, default=1.5,
                    help="timing budget per MatMul microbenchmark")
     p.add_argument("--label", default="results", help="BENCHMARKS.md section label")
-    p.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"),
+    p.add_argument("--markdown", default="BENCHMARKS.md",
                    help="markdown file to update ('' to skip)")
     p.add_argument("--plots-dir", type=Path, default=Path("docs/bench"),
                    help="where timeline PNGs go (named <label>-<workload>-<mode>.png)")
@@ -181,9 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = analyse(raw, args.out)
     (args.out / "results.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     plots = draw_timelines(result["cells"], args.plots_dir, args.label)
-    if str(args.markdown):
-        body = build_markdown(result, plots, args.markdown.parent)
-        report.update_markdown(args.markdown, args.label, body)
+    if args.markdown:
+        markdown = Path(args.markdown)
+        body = build_markdown(result, plots, markdown.parent)
+        report.update_markdown(markdown, args.label, body)
     print(report.results_table(result["cells"]))
     _LOGGER.info("results in %s", args.out)
     return 0

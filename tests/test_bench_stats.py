@@ -80,11 +80,13 @@ def test_run_metrics_join_client_and_server() -> None:
 
 def test_records_in_window_and_stage_split() -> None:
     records = [_record(1.0, 4.0, []), _record(5.0, 6.0, []), {"kind": "voice",
-               "wall_start_s": 5.0, "wall_end_s": 5.5}, _record(8.01, 10.0, [])]
+               "wall_start_s": 5.0, "wall_end_s": 5.5}, _record(7.93, 10.0, []),
+               _record(3.97, 4.5, [])]
     # the first record still ran when the window opened but belongs to an earlier request;
-    # the last one starts right after the client's request ended (the next request)
+    # 7.93 starts 30 ms after the client's request ended (the next request); 3.97 started
+    # just before the client's clock read 4.0 (clock slack at the start only)
     chosen = records_in_window(records, 4.0, 7.9)
-    assert chosen == [records[1]]
+    assert chosen == [records[1], records[4]]
     split = stage_split(records[:2])
     assert split["llm_tokens"] == 200 and split["llm_ms_per_token"] == pytest.approx(20.0)
 

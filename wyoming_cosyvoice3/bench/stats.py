@@ -63,12 +63,14 @@ def records_in_window(
     """Server ``request`` records that started within the client's request [start_s, end_s].
 
     The engine starts after the client sent its first event and, for a streaming request, runs
-    once per sentence before ``synthesize-stopped``; the next client request starts later.
+    once per sentence before ``synthesize-stopped``. Only the start gets a slack: the next
+    client request may begin within milliseconds of this one's end, so a record that started
+    after ``end_s`` belongs to it.
     """
     return [
         r for r in records
         if r.get("kind") == "request"
-        and start_s - WINDOW_SLACK_S <= r["wall_start_s"] <= end_s + WINDOW_SLACK_S
+        and start_s - WINDOW_SLACK_S <= r["wall_start_s"] <= end_s
     ]
 
 

@@ -25,6 +25,7 @@ from server_support import (
     spy_factory,
     wait_until,
 )
+from wire_support import frame, read_until_eof
 from wyoming.audio import AudioChunk
 from wyoming.event import Event
 from wyoming.info import Describe, Info
@@ -415,6 +416,31 @@ async def test_half_closed_client_gets_its_answers(shared: Shared) -> None:
     writer.close()
     assert types[0] == "info" and types[1] == "audio-start" and types[-1] == "audio-stop"
     assert set(types[2:-1]) == {"audio-chunk"} and pcm_bytes > 0 and pcm_bytes % 2 == 0
+
+
+async def test_half_close_during_a_stream_still_ends_it(shared: Shared) -> None:
+    """End of input while a stream (no ``synthesize-stop``) is being spoken: the stream stops
+    speaking but its response still ends with ``audio-stop`` + ``synthesize-stopped``."""
+    assert shared.server.port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", shared.server.port)
+    while shared.spy.started.acquire(blocking=False):  # forget earlier tests' requests
+        pass
+    shared.release.clear()  # the sentence is held in the engine before its last chunk
+    try:
+        for event in (SynthesizeStart().event(),
+                      SynthesizeChunk(text="Held here. And more").event()):
+            writer.write(frame(event))
+        await writer.drain()
+        assert await asyncio.to_thread(shared.spy.started.acquire, True, 30)
+        writer.write_eof()  # while "Held here." is still being synthesised
+        await writer.drain()
+        events = await read_until_eof(reader, timeout_s=30)
+    finally:
+        shared.release.set()
+        writer.close()
+    types = [e.type for e in events]
+    assert types[0] == "audio-start" and types[-2:] == ["audio-stop", "synthesize-stopped"]
+    assert "error" not in types
 
 
 async def test_flood_of_requests_is_bounded(shared: Shared) -> None:

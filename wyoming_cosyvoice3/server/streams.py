@@ -162,14 +162,18 @@ async def run_stream(handler: CosyVoiceEventHandler, stream: StreamRequest) -> N
                 await handler.send_error(item.code, item.text)
                 failed, outcome = True, f"failed [{item.code}]"
             continue
+        stats.chars += len(item.text)  # counted even when not spoken: the log shows the input
         if failed or slot is None:
             continue
-        stats.chars += len(item.text)
         try:
             await speak(handler, item.text, slot, stats, item.queued_at, stream.cancelled)
         except ClientGone:
-            stats.log("cancelled (client gone)")
-            raise
+            if handler.gone.is_set():
+                stats.log("cancelled (client gone)")
+                raise
+            # only this stream was abandoned (input ended without synthesize-stop, or a new
+            # stream began): the client still reads, so the response ends properly below
+            continue
         except CosyVoiceError as err:
             await handler.send_error(err.code, str(err))
             failed, outcome = True, f"failed [{err.code}]"

@@ -36,6 +36,7 @@ from .graphs import (
     load_llm,
     open_session,
 )
+from .memory import return_freed_memory
 from .options import LLM_FILES, EngineOptions, FlowPrecision
 
 log = logging.getLogger(__name__)
@@ -355,9 +356,13 @@ class CosyVoice3Model:
             return self._voice_encoders
 
     def release_voice_encoders(self) -> None:
-        """Drop the voice encoder sessions (they load again on the next use)."""
+        """Drop the voice encoder sessions (they load again on the next use) and give their
+        memory back to the operating system (:func:`.memory.return_freed_memory`)."""
         with self._voice_lock:
+            dropped = self._voice_encoders is not None
             self._voice_encoders = None
+        if dropped:
+            return_freed_memory()
 
     @property
     def voice_encoders_loaded(self) -> bool:

@@ -26,6 +26,7 @@ from . import bench_hooks
 from . import constants as C
 from .flow import FlowRunner, SpeedResampler
 from .llm import LlmDecoder
+from .memory import return_freed_memory
 from .model import CosyVoice3Model
 from .options import EngineOptions, SynthesisOptions
 from .producer import TokenProducer
@@ -78,6 +79,7 @@ class CosyVoice3Engine:
         options.validate()
         started = time.perf_counter()
         engine = cls(CosyVoice3Model.load(Path(model_dir), options), options)
+        return_freed_memory()  # parsed ONNX protobufs are freed once the sessions exist
         logger.debug("engine loaded from %s in %.2f s", model_dir, time.perf_counter() - started)
         return engine
 

@@ -199,7 +199,8 @@ class VoiceFeatureExtractor:
         features = self._lookup(key)
         if features is None:
             with self._compute_lock:  # one computation per key even when callers race
-                features = self._lookup(key)
+                # a racer that computed it has remembered it; the disk was read just above
+                features = self._lookup(key, disk=False)
                 if features is None:
                     features = self._compute_and_store(key, data, clip_path, name)
         else:
@@ -252,19 +253,12 @@ class VoiceFeatureExtractor:
         fbank = dsp.kaldi_fbank(audio_16k)
         mel = dsp.prompt_mel(audio_24k)
         with self._compute_lock:
-            campplus, tokenizer = self._model.voice_encoders()
             try:
-                raw_tokens = _first_output(
-                    tokenizer, tokenizer.run(_speech_tokenizer_feeds(tokenizer, log_mel))
-                )
-                raw_embedding = _first_output(
-                    campplus, campplus.run({_single_input_name(campplus): fbank[np.newaxis]})
-                )
+                tokens, embedding = self._run_encoders(log_mel, fbank)
             finally:
+                # the sessions are unreferenced here, so releasing frees their weights
                 if not getattr(self._model.options, "load_voice_encoders", False):
                     self._model.release_voice_encoders()
-        tokens = self._check_tokens(tokenizer, raw_tokens)
-        embedding = self._check_embedding(campplus, raw_embedding)
         tokens, mel = align_features(tokens, mel)
         if tokens.shape[0] == 0:
             raise VoiceError(
@@ -304,14 +298,32 @@ class VoiceFeatureExtractor:
             )
         return embedding
 
+    def _run_encoders(
+        self, log_mel: np.ndarray, fbank: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(speech tokens, speaker embedding), checked; the sessions live only in this call."""
+        campplus, tokenizer = self._model.voice_encoders()
+        raw_tokens = _first_output(
+            tokenizer, tokenizer.run(_speech_tokenizer_feeds(tokenizer, log_mel))
+        )
+        raw_embedding = _first_output(
+            campplus, campplus.run({_single_input_name(campplus): fbank[np.newaxis]})
+        )
+        return (
+            self._check_tokens(tokenizer, raw_tokens),
+            self._check_embedding(campplus, raw_embedding),
+        )
+
     # --- caches --------------------------------------------------------------------------------
 
-    def _lookup(self, key: str) -> VoiceFeatures | None:
+    def _lookup(self, key: str, disk: bool = True) -> VoiceFeatures | None:
         with self._memory_lock:
             features = self._memory.get(key)
             if features is not None:
                 self._memory.move_to_end(key)
                 return features
+        if not disk:
+            return None
         features = self._read_disk(key)
         if features is not None:
             self._remember(key, features)

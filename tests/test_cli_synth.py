@@ -24,9 +24,12 @@ def test_cli_writes_24k_pcm16_wav(tiny_model_dir: Path, make_clip, tmp_path: Pat
             "--seed", "3",
             "--llm-precision", "fp32",
             "--threads", "1",
+            "--cache-dir", str(tmp_path / "derived"),
         ]
     )  # fmt: skip
     assert code == 0
+    # derived files go to --cache-dir, never into the shared model directory
+    assert not [p for p in tiny_model_dir.iterdir() if "estimator.int8" in p.name or "failed" in p.name]
     info = sf.info(str(out))
     assert info.samplerate == 24000 and info.channels == 1 and info.subtype == "PCM_16"
     data, rate = sf.read(str(out), dtype="int16")
@@ -41,7 +44,7 @@ def test_cli_writes_24k_pcm16_wav(tiny_model_dir: Path, make_clip, tmp_path: Pat
 def test_cli_one_shot_and_speed(tiny_model_dir: Path, make_clip, tmp_path: Path) -> None:
     clip = make_clip(tmp_path / "ref.wav", seconds=2.0)
     base = ["--model-dir", str(tiny_model_dir), "--clip", str(clip), "--text", "Hi there."]
-    base += ["--llm-precision", "fp32", "--threads", "1"]
+    base += ["--llm-precision", "fp32", "--threads", "1", "--cache-dir", str(tmp_path / "d")]
     out1, out2 = tmp_path / "a.wav", tmp_path / "b.wav"
     assert main([*base, "--out", str(out1), "--no-streaming", "--seed", "1"]) == 0
     assert main([*base, "--out", str(out2), "--no-streaming", "--seed", "1", "--speed", "2"]) == 0

@@ -143,7 +143,15 @@ def test_quantiser_failure_is_a_model_load_error(tmp_path: Path) -> None:
     (tmp_path / EST).write_bytes(b"not an onnx file")
     with pytest.raises(quantize.ModelLoadError, match="int8"):
         ensure_int8_estimator(tmp_path / EST, tmp_path)
-    assert not [p for p in tmp_path.iterdir() if p.name != EST]
+    # no partial file is left; a marker keeps later starts from re-running the quantiser
+    (marker,) = [p for p in tmp_path.iterdir() if p.name != EST]
+    assert marker.name.endswith(".onnx.failed") and marker.read_text().strip()
+    with pytest.raises(quantize.ModelLoadError, match="earlier attempt"):
+        ensure_int8_estimator(tmp_path / EST, tmp_path)
+    marker.unlink()  # deleting it retries (and fails again on the same bad file)
+    with pytest.raises(quantize.ModelLoadError, match="int8") as again:
+        ensure_int8_estimator(tmp_path / EST, tmp_path)
+    assert "earlier attempt" not in str(again.value)
 
 
 # -- memory-mapped text embedding -----------------------------------------------------------

@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0 = auto)")
     p.add_argument("--no-streaming", action="store_true", help="one flow/vocoder pass per piece")
     p.add_argument("--voice-cache-dir", type=Path, help="cache voice features here")
+    p.add_argument("--cache-dir", type=Path,
+                   help="derived files (int8 DiT, split estimator, text table); default: the "
+                   "model directory if writable, else ~/.cache/wyoming-cosyvoice3")
     p.add_argument("--debug", action="store_true", help="log per-stage details")
     return p
 
@@ -95,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             llm_precision=args.llm_precision,
             threads=args.threads,
             voice_cache_dir=args.voice_cache_dir,
+            cache_dir=args.cache_dir,
+            flow_precision=options.flow_precision,
         )
         engine_options.validate()
     except ValueError as exc:

@@ -3,8 +3,8 @@
 The DiT estimator (``flow.decoder.estimator.fp32.onnx``, ~1.33 GB) is MatMul-bound: spec
 section 8 counts ~0.37 GFLOP per mel frame per pass, almost all of it in the 22 blocks' linear
 layers. Quantising those weights to int8 lets onnxruntime use its integer MatMul kernels
-(about 3.7x the fp32 MatMul throughput on the 2-core reference machine, issue 5) and cuts the
-resident weights to a quarter.
+(about 2x the fp32 MatMul throughput on the 2-core reference machine, BENCHMARKS.md) and
+cuts the resident weights to a quarter.
 
 How: ``onnxruntime.quantization.quantize_dynamic`` with ``per_channel=True``, int8 weights,
 ``op_types_to_quantize=["MatMul"]`` and ``MatMulConstBOnly`` (only MatMuls with a constant

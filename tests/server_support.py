@@ -180,13 +180,14 @@ class SpyEngine:
         """``should_stop()`` when each request ended (True: the server asked it to stop)."""
         self.started = threading.Semaphore(0)
         self.lock = threading.Lock()
+        self.warm_up_options: SynthesisOptions | None = None
 
     def prepare_voice(self, clip_path: Path, transcript: str | None = None,
                       instruction: str | None = None, name: str = "voice") -> VoicePrompt:
         return self.inner.prepare_voice(clip_path, transcript, instruction, name)
 
-    def warm_up(self, voice: VoicePrompt) -> None:
-        pass
+    def warm_up(self, voice: VoicePrompt, options: SynthesisOptions | None = None) -> None:
+        self.warm_up_options = options
 
     def synthesize(self, text: str, voice: VoicePrompt,
                    options: SynthesisOptions | None = None,

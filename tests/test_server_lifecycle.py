@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from server_support import (
+    SpyEngine,
     check_audio_format,
     client,
     collect,
@@ -19,6 +20,7 @@ from server_support import (
     make_settings,
     one_shot_error,
     running_server,
+    spy_factory,
 )
 from wyoming.tts import (
     Synthesize,
@@ -28,7 +30,7 @@ from wyoming.tts import (
     SynthesizeVoice,
 )
 
-from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.engine.options import PRESETS, EngineOptions
 from wyoming_cosyvoice3.server.runtime import Engine, ModelState, default_engine_factory
 
 MakeClip = Callable[..., Path]
@@ -68,20 +70,37 @@ async def test_describe_and_errors_while_loading(tiny_model_dir: Path, tmp_path:
         gate.set()
 
 
-async def test_failed_model_is_reported(tmp_path: Path) -> None:
+async def test_failed_model_is_reported(tmp_path: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
     """A model dir without the files: describe still answers; synthesis gets the reason."""
     empty = tmp_path / "empty-model"
     empty.mkdir()
     settings = make_settings(empty, tmp_path)
+    caplog.set_level(logging.INFO, logger="wyoming_cosyvoice3")
     async with running_server(settings) as server:
         assert server.runtime.state is ModelState.FAILED
         info = await describe(server)
-        assert "unavailable" in (info.tts[0].description or "")
+        description = info.tts[0].description or ""
+        assert "unavailable" in description
+        # a one-line summary: the full list of missing files is in the error and the log
+        assert "\n" not in description and len(description) < 400
         async with client(server) as cl:
             await cl.write_event(Synthesize(text="Hello.").event())
             error = await one_shot_error(cl)
         assert error.code == "model-files-missing"
         assert "tokenizer.json" in error.text
+        async with client(server) as cl:
+            await cl.write_event(SynthesizeStart().event())
+            await cl.write_event(SynthesizeChunk(text="Lights on. ").event())
+            await cl.write_event(SynthesizeChunk(text="Door locked.").event())
+            await cl.write_event(SynthesizeStop().event())
+            streamed = await collect(cl, "synthesize-stopped")
+        assert [e.code for e in streamed.errors] == ["model-files-missing"]
+    # the request lines show what was asked for even though nothing was spoken
+    stream_lines = [r.getMessage() for r in caplog.records if "stream failed" in r.getMessage()]
+    assert len(stream_lines) == 1 and "chars=22" in stream_lines[0]
+    error_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Error")]
+    assert len(error_lines) == 2 and all("\n" not in line for line in error_lines)
 
 
 async def test_broken_catalog_entry(tiny_model_dir: Path, tmp_path: Path, make_clip: MakeClip,
@@ -182,3 +201,15 @@ async def test_zeroconf_announces_the_bound_port(tmp_path: Path, make_clip: Make
     settings = make_settings(model_dir, tmp_path, zeroconf="kitchen")
     async with running_server(settings, faulty_factory) as server:
         assert announced == [("kitchen", server.port)]
+
+
+async def test_warm_up_uses_the_preset(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The start-up warm-up runs the preset's options (its DiT precision and Euler steps)."""
+    holder: list[SpyEngine] = []
+    settings = make_settings(tiny_model_dir, tmp_path, warm_up=True, preset="fast")
+    async with running_server(settings, spy_factory(holder)):
+        (spy,) = holder
+        options = spy.warm_up_options
+        assert options is not None
+        assert options.euler_steps == PRESETS["fast"].euler_steps == 2
+        assert options.flow_precision == PRESETS["fast"].flow_precision

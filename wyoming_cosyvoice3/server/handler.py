@@ -41,7 +41,7 @@ from ..engine.errors import CosyVoiceError
 from .info import build_info
 from .limits import IDLE_TIMEOUT, SERVER_BUSY, TOO_MANY_CONNECTIONS
 from .output import ClientGone, pcm16
-from .protocol import IdleTimeout, ProtocolError, read_event
+from .protocol import IdleTimeout, ProtocolError, first_line, read_event
 from .requests import SpeakRequest, VoiceRequest, parse_request, select_voice
 from .runtime import ServerRuntime, VoiceSlot
 from .speech import run_one_shot
@@ -104,7 +104,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
     async def send_error(self, code: str, text: str) -> None:
         """Send a coded ``error`` event (logged at INFO: it is the client's problem)."""
         text = text[:MAX_ERROR_TEXT_CHARS].encode("utf-8", "replace").decode("utf-8")
-        _LOGGER.info("Error for %s: [%s] %s", self.peer, code, text)
+        _LOGGER.info("Error for %s: [%s] %s", self.peer, code, first_line(text))
         await self.send(Error(text=text, code=code).event())
 
     def choose_voice(self, voice: VoiceRequest) -> VoiceSlot:

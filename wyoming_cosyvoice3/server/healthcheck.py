@@ -43,8 +43,13 @@ async def probe(uri: str, timeout_s: float, require_ready: bool) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--uri", default="tcp://127.0.0.1:10200")
+    parser = argparse.ArgumentParser(
+        prog="python -m wyoming_cosyvoice3.server.healthcheck",
+        description="Container health probe: send describe to the server and expect info. "
+        "Exit status 0 when healthy, 1 otherwise (the reason goes to stderr).",
+    )
+    parser.add_argument("--uri", default="tcp://127.0.0.1:10200",
+                        help="server address (default tcp://127.0.0.1:10200)")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     parser.add_argument("--ready", action="store_true", help="also require a loaded model")
     args = parser.parse_args(argv)

@@ -6,6 +6,7 @@ from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
 
 from .. import __version__
 from .catalog import DEFAULT_ATTRIBUTION_NAME, DEFAULT_ATTRIBUTION_URL
+from .protocol import first_line
 from .runtime import ModelState, ServerRuntime
 
 PROGRAM_NAME = "cosyvoice3"
@@ -26,7 +27,7 @@ def build_info(runtime: ServerRuntime) -> Info:
         if not any(slot.installed for slot in runtime.voices.values()):
             description += f" (no voice is usable: {problems[0] if problems else 'none listed'})"
     elif state is ModelState.FAILED:
-        description = f"{MODEL_DESCRIPTION} (unavailable: {runtime.error})"
+        description = f"{MODEL_DESCRIPTION} (unavailable: {first_line(str(runtime.error))})"
     else:
         description = f"{MODEL_DESCRIPTION} ({runtime.phase})"
     voices = [

@@ -174,3 +174,18 @@ async def read_event(
                                 "object", fatal=False, event_type=event_type)
         data = {**data, **extra}
     return Event(type=event_type, data=data, payload=payload)
+
+
+def first_line(text: str, max_chars: int = 200) -> str:
+    """The first non-empty line of ``text``, cut to ``max_chars`` (for logs and summaries).
+
+    Long multi-line messages (e.g. the list of missing model files) are logged in full once,
+    when they happen; repeated mentions use this summary.
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = lines[0] if lines else ""
+    if len(line) > max_chars:
+        line = line[: max_chars - 3].rstrip() + "..."
+    if len(lines) > 1:
+        line += " (details in the server log)"
+    return line

@@ -195,8 +195,8 @@ class ServerRuntime:
         warm_up = getattr(engine, "warm_up", None)
         started = time.monotonic()
         try:
-            if callable(warm_up):
-                warm_up(voice.prompt)
+            if callable(warm_up):  # with the preset: its graphs and Euler schedule get warm
+                warm_up(voice.prompt, self.synthesis_options())
             else:
                 for _ in engine.synthesize("Hello.", voice.prompt, self.synthesis_options()):
                     pass

@@ -140,7 +140,7 @@ def build_markdown(result: Mapping[str, Any], plots: Mapping[str, Path], base: P
         "",
         report.servers_table(result["servers"]),
         "",
-        "### Against the targets of issue 5",
+        "### Against the targets",
         "",
         report.targets_table(cells, result["servers"]),
         "",

@@ -167,10 +167,11 @@ PRESETS: dict[str, SynthesisOptions] = {
     "quality": SynthesisOptions(first_hop_tokens=25),
     # The default. int8 DiT (per-frame MatMuls only), 4 Euler steps, the flow sees the last
     # 1 s of the prompt (25 tokens) and 10 tokens of history, first chunk after 10 tokens,
-    # vocoder with 16 frames of left context. Measured on the 2-core reference machine with
-    # a 5 s prompt: first audio ~1.9 s for a 60-character sentence; a long paragraph runs
-    # at RTF ~2 (LLM decoding and the vocoder alone need ~1.1 s per second of audio there:
-    # see BENCHMARKS.md, "levers").
+    # vocoder with 16 frames of left context. Measured through the server on the 2-core
+    # reference machine with a 5 s prompt: first audio 2.4 s for a 60-character sentence,
+    # RTF 2.4 (one-shot) / 3.1 (streaming text) on a 30 s paragraph, steady RSS 1.03 GB; the
+    # same work needs RTF 1.07-1.34 even at the peak MatMul rate (BENCHMARKS.md, "Levers" and
+    # "Targets and the physical limit").
     "balanced": SynthesisOptions(
         flow_precision="int8",
         euler_steps=4,

@@ -165,13 +165,13 @@ def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> E
             graph = Graph(main, main_graph_spec(session), session=session)
             return SplitEstimator(graph, time_graph, threads, providers, spin)
         except ModelLoadError as exc:
-            log.warning("split estimator unavailable, using the whole graph: %s", exc)
+            log.warning("Split DiT estimator not available (%s); using the whole graph", exc)
     path = source
     if precision == "int8":
         try:
             path = ensure_int8_estimator(source, derived_files_dir(model_dir, options.cache_dir))
         except ModelLoadError as exc:  # e.g. out of memory while quantising: keep serving
-            log.warning("int8 estimator unavailable, using the fp32 estimator: %s", exc)
+            log.warning("int8 DiT estimator not available (%s); using the fp32 estimator", exc)
     return Graph(path, ESTIMATOR, threads, providers, spin_wait=spin)
 
 

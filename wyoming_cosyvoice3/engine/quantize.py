@@ -254,10 +254,7 @@ def ensure_int8_estimator(source: Path, cache_dir: Path, *, in_process: bool = F
             _record_failure(target, exc)
             if isinstance(exc, ModelLoadError):
                 raise
-            raise ModelLoadError(
-                f"quantising {source} to int8 failed: {exc}; use flow_precision 'fp32' or "
-                "re-download the estimator"
-            ) from exc
+            raise ModelLoadError(f"quantising {source} to int8 failed: {exc}") from exc
         stem = target.name.split(f".{INT8_TAG}-")[0]
         remove_stale(target.parent, f"{stem}.int8*.onnx", target)
         logger.info("int8 estimator ready in %.1f s", time.perf_counter() - started)
@@ -338,11 +335,12 @@ def _run_child(args: list[str]) -> None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ModelLoadError(f"cannot run the estimator converter: {exc}") from exc
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:]
+        output = (proc.stderr or proc.stdout or "").strip()
+        logger.debug("estimator converter output:\n%s", output)
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
         raise ModelLoadError(
-            f"the int8 quantiser / estimator converter exited with {proc.returncode}: "
-            f"{' | '.join(tail)}; use flow_precision 'fp32' or re-download "
-            "flow.decoder.estimator.fp32.onnx"
+            f"the {args[0]} estimator converter exited with {proc.returncode}: "
+            f"{lines[-1] if lines else 'no output'}"
         )
 
 

@@ -111,23 +111,12 @@ def split_time_conditioning(model: Any) -> tuple[Any, Any] | None:
 
 def _value_types(model: Any, names: list[str]) -> dict[str, tuple[int, list[Any]]] | None:
     """(elem type, shape) of ``names`` by shape inference on a weight-free copy."""
-    import onnx
     from onnx import shape_inference
 
-    light = onnx.ModelProto(ir_version=model.ir_version)
-    light.opset_import.extend(model.opset_import)
-    for field in ("node", "input", "output", "value_info"):
-        getattr(light.graph, field).extend(getattr(model.graph, field))
-    declared = {i.name for i in light.graph.input}
-    for init in model.graph.initializer:
-        if int(np.prod(init.dims)) <= 4096:
-            light.graph.initializer.append(init)
-        elif init.name not in declared:
-            light.graph.input.append(
-                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
-            )
+    from .quantize import weight_free_copy
+
     try:
-        inferred = shape_inference.infer_shapes(light)
+        inferred = shape_inference.infer_shapes(weight_free_copy(model))
     except Exception as exc:  # onnx raises several types; do not split on doubt
         logger.warning("estimator shape inference failed (%s); not splitting", exc)
         return None

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -127,6 +128,28 @@ layers: 1024 x 1024, 1024 x 2048, 2048 x 1024); the input and output projections
 
 
 _KEEP_ELEMENTS = 4096
+
+
+def weight_free_copy(model: Any) -> Any:
+    """A copy of ``model`` (onnx.ModelProto) for shape inference: nodes, inputs and outputs
+    kept, every initializer larger than ``_KEEP_ELEMENTS`` turned into a declared input
+    (dims only, no data), so the copy is small whatever the model's size. Small initializers
+    (shape constants) keep their values."""
+    import onnx
+
+    light = onnx.ModelProto(ir_version=model.ir_version)
+    light.opset_import.extend(model.opset_import)
+    for field in ("node", "input", "output", "value_info"):
+        getattr(light.graph, field).extend(getattr(model.graph, field))
+    declared = {i.name for i in light.graph.input}
+    for init in model.graph.initializer:
+        if int(np.prod(init.dims)) <= _KEEP_ELEMENTS:
+            light.graph.initializer.append(init)
+        elif init.name not in declared:
+            light.graph.input.append(
+                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+    return light
 """Initializers up to this size keep their data for shape inference (Reshape targets...)."""
 
 
@@ -148,23 +171,9 @@ def per_frame_matmuls(model: object) -> list[str]:
 
     if not isinstance(model, onnx.ModelProto):
         return []
-    # shape inference on a copy whose weights are declared inputs (dims only, no data): small
-    # whatever the model's size
-    light = onnx.ModelProto(ir_version=model.ir_version)
-    light.opset_import.extend(model.opset_import)
-    for field in ("node", "input", "output", "value_info"):
-        getattr(light.graph, field).extend(getattr(model.graph, field))
     weights = {init.name: list(init.dims) for init in model.graph.initializer}
-    declared = {i.name for i in light.graph.input}
-    for init in model.graph.initializer:
-        if int(np.prod(init.dims)) <= _KEEP_ELEMENTS:  # shape constants keep their values
-            light.graph.initializer.append(init)
-        elif init.name not in declared:
-            light.graph.input.append(
-                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
-            )
     try:
-        inferred = shape_inference.infer_shapes(light)
+        inferred = shape_inference.infer_shapes(weight_free_copy(model))
     except Exception as exc:  # onnx raises several types; quantise nothing rather than guess
         logger.warning("shape inference of the estimator failed (%s); not quantising", exc)
         return []

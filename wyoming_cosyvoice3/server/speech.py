@@ -49,6 +49,9 @@ async def speak(
     The wall-clock limit (``max_request_s``) counts from the first ``should_stop`` call, made
     when the request got its worker; the engine enforces the same limit, this is a backstop.
 
+    ``extra_stop`` set (e.g. a stream abandoned without ``synthesize-stop``) stops the
+    synthesis and returns normally, so the caller can still end its response.
+
     Raises:
         ClientGone: the client disconnected (the engine was stopped).
         CosyVoiceError: the engine failed (not for unspeakable text, which sends nothing);
@@ -88,8 +91,10 @@ async def speak(
     except EmptyText:
         _LOGGER.debug("Nothing speakable in %r", text[:80])
     except SynthesisCancelled:
-        if handler.gone.is_set() or (extra_stop is not None and extra_stop.is_set()):
+        if handler.gone.is_set():
             raise ClientGone from None
+        if extra_stop is not None and extra_stop.is_set():
+            return  # the caller's request was abandoned; the client still reads its end
         if deadline and time.monotonic() > deadline[0] and not runtime.stopping.is_set():
             raise SynthesisTimeout(
                 f"the synthesis took longer than {limit_s:g} s; shorten the text or raise "

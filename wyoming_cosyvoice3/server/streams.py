@@ -168,12 +168,8 @@ async def run_stream(handler: CosyVoiceEventHandler, stream: StreamRequest) -> N
         try:
             await speak(handler, item.text, slot, stats, item.queued_at, stream.cancelled)
         except ClientGone:
-            if handler.gone.is_set():
-                stats.log("cancelled (client gone)")
-                raise
-            # only this stream was abandoned (input ended without synthesize-stop, or a new
-            # stream began): the client still reads, so the response ends properly below
-            continue
+            stats.log("cancelled (client gone)")
+            raise
         except CosyVoiceError as err:
             await handler.send_error(err.code, str(err))
             failed, outcome = True, f"failed [{err.code}]"

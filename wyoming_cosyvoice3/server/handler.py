@@ -41,17 +41,16 @@ from ..engine.errors import CosyVoiceError
 from .info import build_info
 from .limits import IDLE_TIMEOUT, SERVER_BUSY, TOO_MANY_CONNECTIONS
 from .output import ClientGone, pcm16
-from .protocol import IdleTimeout, ProtocolError, first_line, read_event
-from .requests import SpeakRequest, VoiceRequest, parse_request, select_voice
-from .runtime import ServerRuntime, VoiceSlot
+from .protocol import IdleTimeout, ProtocolError, read_event
+from .requests import SpeakRequest, parse_request
+from .runtime import ServerRuntime
+from .sink import EventSink
 from .speech import run_one_shot
 from .streaming_text import SentenceBuffer
 from .streams import StreamRequest, run_stream
 
 _LOGGER = logging.getLogger(__name__)
 
-MAX_ERROR_TEXT_CHARS = 2000
-"""Error texts are cut to this length."""
 REFUSAL_LINGER_S = 1.0
 """How long a refused connection is kept open so that the client reads its error."""
 
@@ -66,8 +65,9 @@ class CosyVoiceEventHandler(AsyncEventHandler):
         self.runtime = runtime
         self.limits = runtime.settings.limits
         self.peer = str(writer.get_extra_info("peername") or "client")
-        self.gone = threading.Event()
-        """Set when the client is gone: every synthesis of this connection stops."""
+        self.sink = EventSink(self.write_event, writer.transport, self.limits.write_timeout_s,
+                              runtime.stopping, self.peer)
+        """The write side handed to the request logic (the handler alone reads)."""
         self._jobs: asyncio.Queue[Any] = asyncio.Queue()
         self._stream: StreamRequest | None = None
         self._running: Any = None
@@ -78,39 +78,14 @@ class CosyVoiceEventHandler(AsyncEventHandler):
 
     # --- plumbing -------------------------------------------------------------------------
 
+    @property
+    def gone(self) -> threading.Event:
+        """Set when the client is gone: every synthesis of this connection stops."""
+        return self.sink.gone
+
     def should_stop(self) -> bool:
         """Cancellation callable handed to the engine."""
-        return self.gone.is_set() or self.runtime.stopping.is_set()
-
-    async def send(self, event: Event) -> None:
-        """Write one event; raise :class:`ClientGone` when the client has disconnected or has
-        not read for ``write_timeout_s`` (then the connection is aborted)."""
-        if self.gone.is_set() or self.writer.transport.is_closing():
-            self.gone.set()
-            raise ClientGone
-        try:
-            await asyncio.wait_for(self.write_event(event), self.limits.write_timeout_s)
-        except asyncio.TimeoutError:
-            _LOGGER.warning("Client %s read nothing for %g s; dropping it", self.peer,
-                            self.limits.write_timeout_s)
-            self.gone.set()
-            self.writer.transport.abort()
-            raise ClientGone from None
-        except (ConnectionError, OSError) as err:
-            self.gone.set()
-            raise ClientGone from err
-        self._last_activity = time.monotonic()
-
-    async def send_error(self, code: str, text: str) -> None:
-        """Send a coded ``error`` event (logged at INFO: it is the client's problem)."""
-        text = text[:MAX_ERROR_TEXT_CHARS].encode("utf-8", "replace").decode("utf-8")
-        _LOGGER.info("Error for %s: [%s] %s", self.peer, code, first_line(text))
-        await self.send(Error(text=text, code=code).event())
-
-    def choose_voice(self, voice: VoiceRequest) -> VoiceSlot:
-        """Check that the model is ready and pick the request's voice (coded errors)."""
-        self.runtime.require_ready()
-        return select_voice(voice, self.runtime.voices, self.runtime.default_voice_slot())
+        return self.sink.should_stop()
 
     def begin_shutdown(self) -> None:
         """The server is stopping: end an open stream (``cancelled``) so that its response
@@ -119,6 +94,11 @@ class CosyVoiceEventHandler(AsyncEventHandler):
         if self._stream is not None:
             self._stream.expire("cancelled", "the server is shutting down")
             self._stream = None
+
+    @property
+    def _activity(self) -> float:
+        """``time.monotonic()`` of the last event in or out of this connection."""
+        return max(self._last_activity, self.sink.last_write)
 
     @property
     def answered(self) -> bool:
@@ -165,7 +145,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
         limits = self.limits
         try:
             while not self.gone.is_set():
-                timeout_s = self._last_activity + limits.idle_timeout_s - time.monotonic()
+                timeout_s = self._activity + limits.idle_timeout_s - time.monotonic()
                 try:
                     event = await read_event(
                         self.reader, limits.max_event_data_bytes, limits.max_event_payload_bytes,
@@ -208,7 +188,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
         idle for ``idle_timeout_s``: nothing to answer, or only an open stream waiting for
         text, and no event in or out for that long."""
         limit_s = self.limits.idle_timeout_s
-        if time.monotonic() - self._last_activity < limit_s or not self._jobs.empty():
+        if time.monotonic() - self._activity < limit_s or not self._jobs.empty():
             return False
         running = self._running
         if running is not None and not (isinstance(running, StreamRequest)
@@ -329,7 +309,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
             except Exception:  # a bug must not leave the client waiting forever
                 _LOGGER.exception("Request from %s failed unexpectedly", self.peer)
                 try:
-                    await self.send_error("internal-error", "the server failed unexpectedly; "
+                    await self.sink.send_error("internal-error", "the server failed unexpectedly; "
                                           "see its log")
                 except ClientGone:
                     self.gone.set()
@@ -348,16 +328,17 @@ class CosyVoiceEventHandler(AsyncEventHandler):
 
     async def _run_job(self, job: tuple[Any, ...]) -> None:
         kind = job[0]
+        sink = self.sink
         if kind == "describe":
-            await self.send(build_info(self.runtime).event())
+            await sink.send(build_info(self.runtime).event())
         elif kind == "error":
-            await self.send_error(job[1], job[2])
+            await sink.send_error(job[1], job[2])
         elif kind == "stopped":
-            await self.send(SynthesizeStopped().event())
+            await sink.send(SynthesizeStopped().event())
         elif kind == "synthesize":
-            await run_one_shot(self, job[1])
+            await run_one_shot(self.runtime, sink, job[1])
         elif kind == "stream":
-            await run_stream(self, job[1])
+            await run_stream(self.runtime, sink, job[1])
 
 
 def _coded(err: ProtocolError) -> CosyVoiceError:

@@ -14,7 +14,6 @@ import logging
 import secrets
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 from wyoming.audio import AudioChunk as WyomingAudioChunk
@@ -24,11 +23,9 @@ from ..engine.constants import OUTPUT_SAMPLE_RATE_HZ
 from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, SynthesisTimeout
 from ..engine.types import AudioChunk
 from .output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
-from .requests import SpeakRequest
-from .runtime import VoiceSlot
-
-if TYPE_CHECKING:
-    from .handler import CosyVoiceEventHandler
+from .requests import SpeakRequest, VoiceRequest, select_voice
+from .runtime import ServerRuntime, VoiceSlot
+from .sink import EventSink
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -40,9 +37,19 @@ def audio_start() -> AudioStart:
     return AudioStart(rate=OUTPUT_SAMPLE_RATE_HZ, width=SAMPLE_WIDTH_BYTES, channels=CHANNELS)
 
 
+def choose_voice(runtime: ServerRuntime, voice: VoiceRequest) -> VoiceSlot:
+    """Check that the model is ready and pick the request's voice.
+
+    Raises:
+        CosyVoiceError: coded; the model is not ready or the voice is unknown / disabled.
+    """
+    runtime.require_ready()
+    return select_voice(voice, runtime.voices, runtime.default_voice_slot())
+
+
 async def speak(
-    handler: CosyVoiceEventHandler, text: str, slot: VoiceSlot, stats: RequestStats, t0: float,
-    extra_stop: threading.Event | None = None,
+    runtime: ServerRuntime, sink: EventSink, text: str, slot: VoiceSlot, stats: RequestStats,
+    t0: float, extra_stop: threading.Event | None = None,
 ) -> None:
     """Synthesise ``text`` and send its audio-chunk events (audio-start already sent).
 
@@ -57,7 +64,6 @@ async def speak(
         CosyVoiceError: the engine failed (not for unspeakable text, which sends nothing);
             SynthesisTimeout past the time limit.
     """
-    runtime = handler.runtime
     samples_per_chunk = runtime.settings.samples_per_chunk
     seed = runtime.settings.seed
     limit_s = runtime.settings.limits.max_request_s
@@ -67,7 +73,7 @@ async def speak(
     def stop() -> bool:
         if not deadline:
             deadline.append(time.monotonic() + limit_s)
-        return (handler.should_stop() or (extra_stop is not None and extra_stop.is_set())
+        return (sink.should_stop() or (extra_stop is not None and extra_stop.is_set())
                 or time.monotonic() > deadline[0])
 
     async def on_chunk(chunk: AudioChunk) -> None:
@@ -75,7 +81,7 @@ async def speak(
         step = samples_per_chunk * SAMPLE_WIDTH_BYTES
         for offset in range(0, len(pcm), step):
             piece = pcm[offset:offset + step]
-            await handler.send(WyomingAudioChunk(rate=OUTPUT_SAMPLE_RATE_HZ,
+            await sink.send(WyomingAudioChunk(rate=OUTPUT_SAMPLE_RATE_HZ,
                                                  width=SAMPLE_WIDTH_BYTES, channels=CHANNELS,
                                                  audio=piece).event())
             if stats.first_chunk_s is None:
@@ -91,7 +97,7 @@ async def speak(
     except EmptyText:
         _LOGGER.debug("Nothing speakable in %r", text[:80])
     except SynthesisCancelled:
-        if handler.gone.is_set():
+        if sink.gone.is_set():
             raise ClientGone from None
         if extra_stop is not None and extra_stop.is_set():
             return  # the caller's request was abandoned; the client still reads its end
@@ -103,7 +109,7 @@ async def speak(
         raise
 
 
-async def run_one_shot(handler: CosyVoiceEventHandler, request: SpeakRequest) -> None:
+async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRequest) -> None:
     """Answer one ``synthesize``: audio, or a coded ``error``; always ending with ``audio-stop``.
 
     Raises:
@@ -113,25 +119,25 @@ async def run_one_shot(handler: CosyVoiceEventHandler, request: SpeakRequest) ->
     try:
         if request.problem is not None:
             raise request.problem
-        slot = handler.choose_voice(request.voice)
+        slot = choose_voice(runtime, request.voice)
     except CosyVoiceError as err:
-        await handler.send_error(err.code, str(err))
-        await handler.send(AudioStop().event())
+        await sink.send_error(err.code, str(err))
+        await sink.send(AudioStop().event())
         return
     stats.voice, stats.chars = slot.entry.name, len(request.text)
-    await handler.send(audio_start().event())
+    await sink.send(audio_start().event())
     outcome = "done"
     try:
-        await speak(handler, request.text, slot, stats, request.received)
+        await speak(runtime, sink, request.text, slot, stats, request.received)
     except ClientGone:
         stats.log("cancelled (client gone)")
         raise
     except CosyVoiceError as err:
         outcome = f"failed [{err.code}]"
-        await handler.send_error(err.code, str(err))
+        await sink.send_error(err.code, str(err))
     except Exception:  # a bug must not leave the client without its audio-stop
-        _LOGGER.exception("Synthesis for %s failed unexpectedly", handler.peer)
+        _LOGGER.exception("Synthesis for %s failed unexpectedly", sink.peer)
         outcome = f"failed [{INTERNAL_ERROR}]"
-        await handler.send_error(INTERNAL_ERROR, "the server failed unexpectedly; see its log")
-    await handler.send(AudioStop().event())
+        await sink.send_error(INTERNAL_ERROR, "the server failed unexpectedly; see its log")
+    await sink.send(AudioStop().event())
     stats.log(outcome)

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from wyoming.audio import AudioStop
 from wyoming.tts import SynthesizeStopped
@@ -23,11 +23,10 @@ from wyoming.tts import SynthesizeStopped
 from ..engine.errors import CosyVoiceError, TextError, TextTooLong
 from .output import ClientGone, RequestStats
 from .requests import SpeakRequest, check_chunk_text
-from .speech import INTERNAL_ERROR, audio_start, speak
+from .runtime import ServerRuntime
+from .sink import EventSink
+from .speech import INTERNAL_ERROR, audio_start, choose_voice, speak
 from .streaming_text import SentenceBuffer
-
-if TYPE_CHECKING:
-    from .handler import CosyVoiceEventHandler
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -128,8 +127,8 @@ class StreamRequest:
             self.items.put_nowait(None)
 
 
-async def run_stream(handler: CosyVoiceEventHandler, stream: StreamRequest) -> None:
-    """Answer one streaming request on ``handler``'s connection (see module docstring).
+async def run_stream(runtime: ServerRuntime, sink: EventSink, stream: StreamRequest) -> None:
+    """Answer one streaming request, writing its events to ``sink`` (see module docstring).
 
     Raises:
         ClientGone: the client disconnected.
@@ -140,12 +139,12 @@ async def run_stream(handler: CosyVoiceEventHandler, stream: StreamRequest) -> N
     try:
         if stream.request.problem is not None:
             raise stream.request.problem
-        slot = handler.choose_voice(stream.request.voice)
+        slot = choose_voice(runtime, stream.request.voice)
         stats.voice = slot.entry.name
     except CosyVoiceError as err:
-        await handler.send_error(err.code, str(err))
+        await sink.send_error(err.code, str(err))
         failed = True
-    await handler.send(audio_start().event())
+    await sink.send(audio_start().event())
     outcome = "failed" if failed else "done"
     for _ in range(stream.max_items):  # ends at the None marker
         stream.waiting_for_text = True
@@ -159,27 +158,27 @@ async def run_stream(handler: CosyVoiceEventHandler, stream: StreamRequest) -> N
             continue
         if isinstance(item, StreamError):
             if not failed:
-                await handler.send_error(item.code, item.text)
+                await sink.send_error(item.code, item.text)
                 failed, outcome = True, f"failed [{item.code}]"
             continue
         stats.chars += len(item.text)  # counted even when not spoken: the log shows the input
         if failed or slot is None:
             continue
         try:
-            await speak(handler, item.text, slot, stats, item.queued_at, stream.cancelled)
+            await speak(runtime, sink, item.text, slot, stats, item.queued_at, stream.cancelled)
         except ClientGone:
             stats.log("cancelled (client gone)")
             raise
         except CosyVoiceError as err:
-            await handler.send_error(err.code, str(err))
+            await sink.send_error(err.code, str(err))
             failed, outcome = True, f"failed [{err.code}]"
         except Exception:  # a bug must not leave the client without synthesize-stopped
-            _LOGGER.exception("Synthesis for %s failed unexpectedly", handler.peer)
-            await handler.send_error(INTERNAL_ERROR, "the server failed unexpectedly; see its "
+            _LOGGER.exception("Synthesis for %s failed unexpectedly", sink.peer)
+            await sink.send_error(INTERNAL_ERROR, "the server failed unexpectedly; see its "
                                      "log")
             failed, outcome = True, f"failed [{INTERNAL_ERROR}]"
     if stream.cancelled.is_set():
         outcome = "abandoned (no synthesize-stop)"
-    await handler.send(AudioStop().event())
-    await handler.send(SynthesizeStopped().event())
+    await sink.send(AudioStop().event())
+    await sink.send(SynthesizeStopped().event())
     stats.log(outcome)

@@ -1,4 +1,5 @@
-"""Benchmark-only engine hooks (wyoming_cosyvoice3.engine.bench_hooks), on the tiny model."""
+"""The engine's observer hooks and the benchmark's recorder (bench/recorder.py), on the tiny
+model; the server's benchmark flags."""
 
 from __future__ import annotations
 
@@ -8,39 +9,38 @@ from pathlib import Path
 
 import pytest
 
-from wyoming_cosyvoice3.engine import SynthesisOptions, bench_hooks, graphs
+from wyoming_cosyvoice3.bench.recorder import StatsRecorder
+from wyoming_cosyvoice3.engine import EngineOptions, SynthesisOptions, graphs
 from wyoming_cosyvoice3.engine.text.frontend import TextFrontend
+from wyoming_cosyvoice3.server.settings import SettingsError, resolve_settings
 
 
 @pytest.fixture
 def recording(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "stats.jsonl"
-    bench_hooks.configure(path)
     try:
         yield path
     finally:
-        bench_hooks.configure(None)
+        graphs.set_run_observer(None)
 
 
-def test_hooks_are_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(bench_hooks.TOKENS_PER_CHAR_ENV, raising=False)
-    options = SynthesisOptions()
-    assert bench_hooks.apply_env(options) is options
+def test_no_observer_by_default() -> None:
+    assert EngineOptions().observer is None
+    assert SynthesisOptions().fixed_tokens_per_char is None
     assert graphs._run_observer is None
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "abc", "nan"])
-def test_bad_tokens_per_char_is_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    monkeypatch.setenv(bench_hooks.TOKENS_PER_CHAR_ENV, raw)
-    with pytest.raises(ValueError, match=bench_hooks.TOKENS_PER_CHAR_ENV):
-        bench_hooks.apply_env(SynthesisOptions())
+def test_bad_tokens_per_char_flag_is_refused(raw: str) -> None:
+    with pytest.raises((SettingsError, SystemExit)):
+        resolve_settings(["--data-dir", "/tmp/x", "--bench-tokens-per-char", raw], environ={})
 
 
-def test_env_sets_fixed_length_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(bench_hooks.TOKENS_PER_CHAR_ENV, "2.5")
-    assert bench_hooks.apply_env(SynthesisOptions()).fixed_tokens_per_char == 2.5
-    given = SynthesisOptions(fixed_tokens_per_char=1.0)
-    assert bench_hooks.apply_env(given).fixed_tokens_per_char == 1.0
+def test_bench_flags_reach_the_settings(tmp_path: Path) -> None:
+    settings = resolve_settings(["--data-dir", str(tmp_path), "--bench-tokens-per-char", "2.5",
+                                 "--bench-stats-file", str(tmp_path / "s.jsonl")], environ={})
+    assert settings.bench_tokens_per_char == 2.5
+    assert settings.bench_stats_file == tmp_path / "s.jsonl"
     with pytest.raises(ValueError):
         SynthesisOptions(fixed_tokens_per_char=0.0).validate()
 
@@ -49,7 +49,8 @@ def test_fixed_length_and_records(tiny_model_dir: Path, make_clip, tmp_path: Pat
                                   recording: Path) -> None:
     from wyoming_cosyvoice3.engine import CosyVoice3Engine
 
-    engine = CosyVoice3Engine.load(tiny_model_dir)
+    engine = CosyVoice3Engine.load(
+        tiny_model_dir, EngineOptions(observer=StatsRecorder(recording)))
     voice = engine.prepare_voice(make_clip(tmp_path / "v.wav", seconds=3.0),
                                  transcript="A short prompt.", name="v")
     text = "First sentence here. And a second, longer one follows it."

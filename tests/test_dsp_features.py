@@ -8,7 +8,8 @@ import librosa
 import numpy as np
 import pytest
 
-from wyoming_cosyvoice3.engine import dsp
+from wyoming_cosyvoice3.engine.vocoder import istft as vdsp
+from wyoming_cosyvoice3.engine.voice import features as dsp
 
 
 def _speechy(seconds: float, rate_hz: int, seed: int = 0) -> np.ndarray:
@@ -189,7 +190,7 @@ def test_prompt_mel_floor_is_ln_1e5():
 
 def test_fade_in_ramps_from_zero_and_keeps_the_rest():
     samples = np.ones(1000, dtype=np.float32)
-    faded = dsp.fade_in(samples, duration_ms=20.0, sample_rate_hz=24000)
+    faded = vdsp.fade_in(samples, duration_ms=20.0, sample_rate_hz=24000)
     ramp = faded[:480]
     assert faded[0] == 0.0
     assert np.all(np.diff(ramp) > 0)

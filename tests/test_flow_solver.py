@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled, SynthesisFailed
-from wyoming_cosyvoice3.engine.flow import (
+from wyoming_cosyvoice3.engine.flow.solver import (
     FlowRunner,
     GrowingNoise,
     SpeedResampler,

@@ -1,4 +1,4 @@
-"""LLM decoding with the KV cache on the tiny synthetic model (engine/llm.py)."""
+"""LLM decoding with the KV cache on the tiny synthetic model (engine/llm/decoder.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled, SynthesisTimeout
-from wyoming_cosyvoice3.engine.llm import KvMode, LlmDecoder, run_outputs_are_zero_copy
+from wyoming_cosyvoice3.engine.llm.decoder import KvMode, LlmDecoder, run_outputs_are_zero_copy
+from wyoming_cosyvoice3.engine.llm.sampling import decode_limits, sample_step
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions, StageTimes
-from wyoming_cosyvoice3.engine.sampling import decode_limits, sample_step
 from wyoming_cosyvoice3.engine.types import LlmPrompt
 
 TRANSCRIPT = "This is the reference clip of the voice."
@@ -36,7 +36,7 @@ def decoder(model: CosyVoice3Model) -> LlmDecoder:
 def pure_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> CosyVoice3Model:
     """The tiny model with its LLM made a pure function of the input sequence.
 
-    The synthetic LLM (engine/synthetic/llm.py) counts decoded speech tokens only in
+    The synthetic LLM (synthetic/llm.py) counts decoded speech tokens only in
     single-token calls (an ``Equal(sequence_length, 1)`` gate), so prefilling a whole sequence
     deliberately differs from feeding it step by step. Rewiring that gate to ``Equal(x, x)``
     (always true) leaves everything else as built and makes cached and uncached runs

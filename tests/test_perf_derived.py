@@ -13,19 +13,19 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from wyoming_cosyvoice3.engine import quantize
-from wyoming_cosyvoice3.engine.embedding_table import (
+from wyoming_cosyvoice3.engine.derive import quantize
+from wyoming_cosyvoice3.engine.derive.embedding_table import (
     TableEmbedding,
     load_table_embedding,
     plain_gather_table,
 )
+from wyoming_cosyvoice3.engine.derive.quantize import ensure_int8_estimator, per_frame_matmuls
 from wyoming_cosyvoice3.engine.errors import SynthesisFailed
 from wyoming_cosyvoice3.engine.graphs import TEXT_EMBEDDING, Graph
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions
-from wyoming_cosyvoice3.engine.quantize import ensure_int8_estimator, per_frame_matmuls
-from wyoming_cosyvoice3.engine.synthetic.full_config import FullConfig
-from wyoming_cosyvoice3.engine.synthetic.full_flow import build_estimator
+from wyoming_cosyvoice3.synthetic.full_config import FullConfig
+from wyoming_cosyvoice3.synthetic.full_flow import build_estimator
 
 EST = "flow.decoder.estimator.fp32.onnx"
 

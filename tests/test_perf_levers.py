@@ -19,8 +19,8 @@ from wyoming_cosyvoice3.engine import (
 )
 from wyoming_cosyvoice3.engine.options import PRESETS
 from wyoming_cosyvoice3.engine.request import flow_prompt_features
-from wyoming_cosyvoice3.engine.synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine.types import VoiceFeatures
+from wyoming_cosyvoice3.synthetic.audio import write_clip
 
 TEXT = "The kitchen lights are on. The front door is locked for the night."
 
@@ -204,8 +204,8 @@ class _RecordingHift:
 
 def _stream(engine: CosyVoice3Engine, mel: np.ndarray, window: int, hops: list[int]) -> Any:
     from wyoming_cosyvoice3.engine import constants as C
-    from wyoming_cosyvoice3.engine.melops import GrowingNoise
-    from wyoming_cosyvoice3.engine.vocoder import HiftRunner, VocoderStream
+    from wyoming_cosyvoice3.engine.noise import GrowingNoise
+    from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 
     graph = _RecordingHift(engine.model.hift)
     noise = GrowingNoise(np.random.default_rng(1), C.HARMONIC_CHANNELS, "uniform", 4800)

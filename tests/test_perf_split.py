@@ -11,16 +11,16 @@ import onnxruntime as ort
 import pytest
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
-from wyoming_cosyvoice3.engine.estimator_split import (
+from wyoming_cosyvoice3.engine.derive.estimator_split import (
     SplitEstimator,
+    ensure_split_estimator,
     main_graph_spec,
     split_time_conditioning,
 )
 from wyoming_cosyvoice3.engine.graphs import Graph, open_session
-from wyoming_cosyvoice3.engine.quantize import ensure_split_estimator
-from wyoming_cosyvoice3.engine.synthetic.audio import write_clip
-from wyoming_cosyvoice3.engine.synthetic.full_config import FullConfig
-from wyoming_cosyvoice3.engine.synthetic.full_flow import build_estimator
+from wyoming_cosyvoice3.synthetic.audio import write_clip
+from wyoming_cosyvoice3.synthetic.full_config import FullConfig
+from wyoming_cosyvoice3.synthetic.full_flow import build_estimator
 
 EST = "flow.decoder.estimator.fp32.onnx"
 

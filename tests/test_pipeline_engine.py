@@ -19,8 +19,8 @@ from wyoming_cosyvoice3.engine import (
     SynthesisTimeout,
     VoicePrompt,
 )
-from wyoming_cosyvoice3.engine.sampling import SilentRunFilter
-from wyoming_cosyvoice3.engine.synthetic.audio import write_clip
+from wyoming_cosyvoice3.engine.llm.sampling import SilentRunFilter
+from wyoming_cosyvoice3.synthetic.audio import write_clip
 
 LONG_TEXT = (
     "The living room lights are now on, the kitchen is twenty one degrees, and the front "

@@ -1,11 +1,11 @@
-"""Silent-run filter and decode length limits (engine/sampling.py)."""
+"""Silent-run filter and decode length limits (engine/llm/sampling.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.sampling import SilentRunFilter, decode_limits
+from wyoming_cosyvoice3.engine.llm.sampling import SilentRunFilter, decode_limits
 
 
 def test_silent_run_filter_exact_output() -> None:

@@ -1,4 +1,4 @@
-"""Repetition-Aware Sampling, nucleus filtering and stop masking (engine/sampling.py)."""
+"""Repetition-Aware Sampling, nucleus filtering and stop masking (engine/llm/sampling.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import scipy.special
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.sampling import (
+from wyoming_cosyvoice3.engine.llm.sampling import (
     log_softmax,
     mask_stop_tokens,
     nucleus_candidates,

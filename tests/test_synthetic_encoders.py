@@ -11,8 +11,8 @@ from tokenizers import Tokenizer
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.graphs import CAMPPLUS, SPEECH_TOKENIZER, Graph
-from wyoming_cosyvoice3.engine.synthetic.audio import speech_like
-from wyoming_cosyvoice3.engine.synthetic.tokenizer import (
+from wyoming_cosyvoice3.synthetic.audio import speech_like
+from wyoming_cosyvoice3.synthetic.tokenizer import (
     PARALINGUISTIC_TAGS,
     cosyvoice3_added_tokens,
 )

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.dsp import istft
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
-from wyoming_cosyvoice3.engine.flow import GrowingNoise
-from wyoming_cosyvoice3.engine.vocoder import HiftRunner, VocoderStream, fade_in_gain
+from wyoming_cosyvoice3.engine.flow.solver import GrowingNoise
+from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream, fade_in_gain
+from wyoming_cosyvoice3.engine.vocoder.istft import istft
 
 FRAMES_PER_MEL = C.SAMPLES_PER_MEL_FRAME // C.ISTFT_HOP  # 120 STFT frames per mel frame
 
@@ -95,7 +95,7 @@ def test_magnitude_clipped_at_100_before_istft(monkeypatch: pytest.MonkeyPatch) 
         seen.append(np.asarray(magnitude))
         return istft(magnitude, phase)
 
-    monkeypatch.setattr("wyoming_cosyvoice3.engine.dsp.istft", spy)
+    monkeypatch.setattr("wyoming_cosyvoice3.engine.vocoder.hift.istft", spy)
     runner.waveform(mel, noise)
     assert seen[0].max() == 100.0
     assert np.array_equal(seen[0], np.minimum(big["magnitude"][0], 100.0))

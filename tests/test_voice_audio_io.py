@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from wyoming_cosyvoice3.engine.audio_io import load_clip, resample
 from wyoming_cosyvoice3.engine.errors import VoiceError
+from wyoming_cosyvoice3.engine.voice.audio_io import load_clip, resample
 
 
 def _signal(seconds: float, rate_hz: int, channels: int = 1, seed: int = 0) -> np.ndarray:
@@ -210,7 +210,7 @@ def test_ogg_vorbis_loads(tmp_path):
 def test_31s_clip_is_trimmed_to_30s_with_one_warning(tmp_path, caplog):
     path = _write(tmp_path / "long.wav", 31.0, 16000)
     reference, _ = _reference(path)
-    with caplog.at_level(logging.WARNING, logger="wyoming_cosyvoice3.engine.audio_io"):
+    with caplog.at_level(logging.WARNING, logger="wyoming_cosyvoice3.engine.voice.audio_io"):
         samples, rate = load_clip(path)
     assert rate == 16000
     assert samples.shape == (30 * 16000,)

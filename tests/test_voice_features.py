@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from wyoming_cosyvoice3.engine import dsp
-from wyoming_cosyvoice3.engine.audio_io import load_clip, resample
 from wyoming_cosyvoice3.engine.errors import SynthesisFailed, VoiceError
-from wyoming_cosyvoice3.engine.voice import (
+from wyoming_cosyvoice3.engine.voice import features as dsp
+from wyoming_cosyvoice3.engine.voice.audio_io import load_clip, resample
+from wyoming_cosyvoice3.engine.voice.prepare import (
     FEATURE_FORMAT_VERSION,
     VoiceFeatureExtractor,
     align_features,
@@ -309,7 +309,7 @@ def test_damaged_cache_file_is_recomputed(tmp_path, clip, caplog, damage):
             np.savez(stream, **arrays)
 
     model = _FakeModel(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="wyoming_cosyvoice3.engine.voice"):
+    with caplog.at_level(logging.WARNING, logger="wyoming_cosyvoice3.engine.voice.prepare"):
         again = VoiceFeatureExtractor(model, cache).prepare(clip)
     assert model.graph_calls == 2
     # one warning per damaged file, not one per cache lookup
@@ -325,7 +325,7 @@ def test_unwritable_cache_dir_only_logs(tmp_path, clip, caplog):
     blocker = tmp_path / "cache"
     blocker.write_text("a file where the cache directory should be")
     model = _FakeModel(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="wyoming_cosyvoice3.engine.voice"):
+    with caplog.at_level(logging.WARNING, logger="wyoming_cosyvoice3.engine.voice.prepare"):
         prompt = VoiceFeatureExtractor(model, blocker).prepare(clip)
     assert prompt.features.speech_tokens.shape[0] > 0
     assert any("Cannot write voice cache" in r.getMessage() for r in caplog.records)

@@ -8,12 +8,12 @@ import os
 import numpy as np
 import pytest
 
-from wyoming_cosyvoice3.engine import dsp
-from wyoming_cosyvoice3.engine.audio_io import load_clip, resample
 from wyoming_cosyvoice3.engine.errors import VoiceError
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions
-from wyoming_cosyvoice3.engine.voice import VoiceFeatureExtractor
+from wyoming_cosyvoice3.engine.voice import features as dsp
+from wyoming_cosyvoice3.engine.voice.audio_io import load_clip, resample
+from wyoming_cosyvoice3.engine.voice.prepare import VoiceFeatureExtractor
 
 
 @pytest.fixture(scope="module")

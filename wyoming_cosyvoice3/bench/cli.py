@@ -1,4 +1,4 @@
-"""``python -m benchmarks.run``: benchmark the real Wyoming server, preset by preset.
+"""``python -m wyoming_cosyvoice3.bench``: benchmark the real Wyoming server, preset by preset.
 
 For each preset: start ``wyoming-cosyvoice3`` (``python -m wyoming_cosyvoice3``) on 127.0.0.1
 with the model dir and a 5 s voice prompt, send one warm-up request, then for each workload
@@ -49,7 +49,7 @@ MODES = ("one-shot", "streaming")
 def build_parser() -> argparse.ArgumentParser:
     from ..engine.options import PRESETS
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m wyoming_cosyvoice3.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, required=True, help="model directory to serve")
     p.add_argument("--voice-clip", type=Path, default=None,
@@ -216,7 +216,7 @@ def _collect(args: argparse.Namespace, argv: Sequence[str], presets: Sequence[st
     machine["load_average_end"] = loads[-1]
     machine["load_average_samples"] = loads
     return {
-        "command": "python -m benchmarks.run " + shlex.join(argv),
+        "command": "python -m wyoming_cosyvoice3.bench " + shlex.join(argv),
         "machine": machine,
         "elapsed_s": time.monotonic() - started,
         "rates": {"samples": samples},

@@ -123,7 +123,7 @@ FAMILIES: dict[str, Family] = {
 def family_of(graph_file: str) -> Family | None:
     """The family of a contract file name (derived int8 / split estimator files included);
     None for lookup-only graphs (embeddings) and the split estimator's time-conditioning graph
-    (run once per Euler time value; engine/estimator_split.py)."""
+    (run once per Euler time value; engine/derive/estimator_split.py)."""
     if graph_file.startswith("llm"):
         return FAMILIES["llm"]
     if graph_file.startswith("flow.decoder.estimator.time"):

@@ -1,9 +1,9 @@
-"""The real server as a subprocess: same command line as users run, plus benchmark variables.
+"""The real server as a subprocess: same command line as users run, plus benchmark flags.
 
 :class:`ServerProcess` starts ``python -m wyoming_cosyvoice3 --uri tcp://127.0.0.1:PORT
 --model-dir DIR --data-dir DATA --voice bench --preset P ...`` with
-``COSYVOICE3_BENCH_TOKENS_PER_CHAR`` (fixed decoding length) and ``COSYVOICE3_BENCH_STATS_FILE``
-(per-request records) in its environment, waits until ``describe`` reports the benchmark
+``--bench-tokens-per-char`` (fixed decoding length) and ``--bench-stats-file`` (per-request
+records, :mod:`.recorder`), waits until ``describe`` reports the benchmark
 voice installed, samples the resident memory of the process while it runs and stops it with
 SIGTERM.
 """
@@ -85,7 +85,7 @@ class ServerProcess:
         stats_file: where its per-request records go.
         log_file: its stderr/stdout.
         extra_args: more command-line flags (e.g. ``--llm-precision fp32``).
-        tokens_per_char: fixed decoding length (COSYVOICE3_BENCH_TOKENS_PER_CHAR).
+        tokens_per_char: fixed decoding length (``--bench-tokens-per-char``).
     """
 
     model_dir: Path
@@ -114,6 +114,8 @@ class ServerProcess:
             "--preset", self.preset,
             "--seed", "1",
             "--max-request-seconds", "3600",
+            "--bench-tokens-per-char", f"{self.tokens_per_char:g}",
+            "--bench-stats-file", str(self.stats_file),
             *self.extra_args,
         ]
 
@@ -128,8 +130,6 @@ class ServerProcess:
         # every start computes the voice features again: feature extraction is measured
         shutil.rmtree(self.data_dir / "voice-cache", ignore_errors=True)
         env = dict(os.environ)
-        env["COSYVOICE3_BENCH_TOKENS_PER_CHAR"] = f"{self.tokens_per_char:g}"
-        env["COSYVOICE3_BENCH_STATS_FILE"] = str(self.stats_file)
         self._log = self.log_file.open("wb")
         started = time.monotonic()
         self.process = subprocess.Popen(self.command(), stdout=self._log,

@@ -2,7 +2,7 @@
 
 A run joins what the client saw (:class:`RunTrace`: when each ``audio-chunk`` arrived) with
 what the server recorded for the same time window (the JSON lines of
-:mod:`wyoming_cosyvoice3.engine.bench_hooks`: stage times and every graph run with its input
+:mod:`.recorder`: stage times and every graph run with its input
 shapes). Each graph run has a compute time (operations / measured MatMul rate) and a
 weight-streaming time (weight bytes read / measured streaming rate). The physical limit of a
 run is the largest of three lower bounds: all compute time, all streaming time (compute and

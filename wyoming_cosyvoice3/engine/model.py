@@ -20,9 +20,9 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from . import constants as C
-from .embedding_table import TableEmbedding
+from .derive.embedding_table import TableEmbedding
+from .derive.estimator_split import SplitEstimator, main_graph_spec
 from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
-from .estimator_split import SplitEstimator, main_graph_spec
 from .graphs import (
     CAMPPLUS,
     ESTIMATOR,
@@ -151,7 +151,9 @@ def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> E
     Raises:
         ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
     """
-    from .quantize import derived_files_dir, ensure_int8_estimator, ensure_split_estimator
+    from .derive.estimator_split import ensure_split_estimator
+    from .derive.files import derived_files_dir
+    from .derive.quantize import ensure_int8_estimator
 
     source = model_dir / ESTIMATOR.file
     threads, providers, spin = options.threads, options.providers, options.spin_wait
@@ -180,8 +182,8 @@ def _text_embedding(model_dir: Path, options: EngineOptions) -> TableEmbedding |
     wanted = options.mmap_embeddings
     if not (options.cache_dir is not None if wanted is None else wanted):
         return None
-    from .embedding_table import load_table_embedding
-    from .quantize import derived_files_dir
+    from .derive.embedding_table import load_table_embedding
+    from .derive.files import derived_files_dir
 
     try:
         cache = derived_files_dir(model_dir, options.cache_dir)
@@ -321,7 +323,7 @@ class CosyVoice3Model:
 
     def estimator_for(self, precision: FlowPrecision) -> Estimator:
         """The DiT estimator of ``precision`` ("fp32" or "int8"), loaded on first use
-        (thread-safe; the int8 file is quantised once, see :mod:`.quantize`).
+        (thread-safe; the int8 file is quantised once, see :mod:`.derive.quantize`).
 
         Raises:
             ValueError: unknown precision.

@@ -5,9 +5,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from . import constants as C
+from .types import StageTimes
+
+if TYPE_CHECKING:
+    from .hooks import EngineObserver
 
 LlmPrecision = Literal["fp32", "int8", "q4"]
 FlowPrecision = Literal["fp32", "int8"]
@@ -36,7 +40,7 @@ class EngineOptions:
         load_voice_encoders: load campplus and speech_tokenizer_v3 at start (True) or only
             while a new voice is prepared (False, saves memory on small boards).
         flow_precision: DiT estimator loaded at start: ``fp32`` (the upstream file) or
-            ``int8`` (quantised once from it, see :mod:`.quantize`); a request asking for the
+            ``int8`` (quantised once from it, see :mod:`.derive.quantize`); a request asking for the
             other precision loads it on first use. Set it to the preset's ``flow_precision``.
         cache_dir: where derived files go (int8 estimator, extracted embedding tables);
             ``None`` = the model directory if writable, else ``~/.cache/wyoming-cosyvoice3``.
@@ -48,6 +52,8 @@ class EngineOptions:
             (AdaLN modulation: 0.55 GB of fp32 weights that depend on ``t`` only, run once per
             distinct ``t`` and released) and its per-frame graph, written to ``cache_dir``
             (see :mod:`.estimator_split`; same numbers). ``None`` = on when ``cache_dir`` is set.
+        observer: callbacks the engine makes while it works (:mod:`.hooks`; the benchmark's
+            recorder); ``None`` = nobody watches.
     """
 
     llm_precision: LlmPrecision = "int8"
@@ -61,6 +67,7 @@ class EngineOptions:
     cache_dir: Path | None = None
     mmap_embeddings: bool | None = None
     split_estimator: bool | None = None
+    observer: EngineObserver | None = field(default=None, compare=False)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value is out of range."""
@@ -96,7 +103,7 @@ class SynthesisOptions:
             Saves time only with an estimator that accepts batch 1; the upstream export has
             batch 2 fixed (export_onnx.py ``dynamic_axes`` name only ``seq_len``).
         flow_precision: DiT estimator weights: ``fp32`` (spec-exact) or ``int8`` (dynamic
-            per-channel MatMul quantisation, see :mod:`.quantize`).
+            per-channel MatMul quantisation, see :mod:`.derive.quantize`).
         flow_prompt_tokens: when > 0, the flow sees only the last this-many prompt tokens and
             their 2x mel frames (the LLM still gets the whole prompt); 0 = whole prompt.
         overlap_decoding: decode LLM tokens in a per-request producer thread while the flow
@@ -109,8 +116,8 @@ class SynthesisOptions:
         output_dtype: ``float32`` samples in [-1, 1] or ``int16`` PCM.
         fixed_tokens_per_char: benchmarks only: decode exactly ``max(1, round(rate x
             characters))`` speech tokens per text piece, ignoring the stop token (random
-            weights never stop sensibly); ``None`` (default) decodes normally. Also set by
-            ``COSYVOICE3_BENCH_TOKENS_PER_CHAR`` (see :mod:`.bench_hooks`).
+            weights never stop sensibly); ``None`` (default) decodes normally. The server
+            sets it from ``--bench-tokens-per-char``.
     """
 
     speed: float = 1.0
@@ -195,17 +202,4 @@ PRESETS: dict[str, SynthesisOptions] = {
 """Named option sets; tuned with the benchmark (BENCHMARKS.md)."""
 
 
-@dataclass
-class StageTimes:
-    """Wall-clock seconds spent per stage of one request (filled as the request runs)."""
-
-    frontend_s: float = 0.0
-    llm_prefill_s: float = 0.0
-    llm_decode_s: float = 0.0
-    llm_tokens: int = 0
-    flow_s: float = 0.0
-    flow_calls: int = 0
-    vocoder_s: float = 0.0
-    vocoder_calls: int = 0
-    events: list[tuple[str, float, float]] = field(default_factory=list)
-    """(stage, start_s, end_s) relative to the request start, for timelines."""
+__all__ = ["PRESETS", "EngineOptions", "StageTimes", "SynthesisOptions"]

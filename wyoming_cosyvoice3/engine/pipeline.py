@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from . import bench_hooks
 from . import constants as C
-from .flow import FlowRunner, SpeedResampler
-from .llm import LlmDecoder
+from . import graphs
+from .flow.solver import FlowRunner, SpeedResampler
+from .llm.decoder import LlmDecoder
+from .llm.producer import TokenProducer
 from .memory import return_freed_memory
 from .model import CosyVoice3Model
 from .options import EngineOptions, SynthesisOptions
-from .producer import TokenProducer
 from .request import PieceState, RequestState, flow_prompt_features
 from .text.frontend import TextFrontend
 from .types import (
@@ -40,8 +40,8 @@ from .types import (
     VoiceFeatures,
     VoicePrompt,
 )
-from .vocoder import HiftRunner, VocoderStream
-from .voice import VoiceFeatureExtractor
+from .vocoder.hift import HiftRunner, VocoderStream
+from .voice.prepare import VoiceFeatureExtractor
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,8 @@ class CosyVoice3Engine:
         """
         options = options or EngineOptions()
         options.validate()
+        if options.observer is not None and options.observer.observes_graph_runs:
+            graphs.set_run_observer(options.observer.graph_run)
         started = time.perf_counter()
         engine = cls(CosyVoice3Model.load(Path(model_dir), options), options)
         return_freed_memory()  # parsed ONNX protobufs are freed once the sessions exist
@@ -93,7 +95,8 @@ class CosyVoice3Engine:
         """Compute (or load from the cache) the features of a reference clip; see voice.py."""
         started = time.perf_counter()
         voice = self.voices.prepare(Path(clip_path), transcript, instruction, name)
-        bench_hooks.record_voice(name, time.perf_counter() - started)
+        if self.options.observer is not None:
+            self.options.observer.voice_prepared(name, time.perf_counter() - started)
         return voice
 
     def warm_up(self, voice: VoicePrompt, options: SynthesisOptions | None = None) -> None:
@@ -105,8 +108,8 @@ class CosyVoice3Engine:
         and a split estimator's time conditioning is computed for the Euler schedules of
         every preset (about 1 MB per time point), so no request loads the time graph.
         """
-        from .estimator_split import SplitEstimator
-        from .flow import cosine_t_schedule
+        from .derive.estimator_split import SplitEstimator
+        from .flow.solver import cosine_t_schedule
         from .options import PRESETS
 
         started = time.perf_counter()
@@ -153,7 +156,7 @@ class CosyVoice3Engine:
         Raises:
             SynthesisCancelled, SynthesisTimeout, SynthesisFailed; ValueError for bad options.
         """
-        options = bench_hooks.apply_env(options or SynthesisOptions())
+        options = options or SynthesisOptions()
         options.validate()  # before the first chunk is asked for: bad options fail at the call
         return self._synthesize(text, voice, options, should_stop, result or SynthesisResult())
 
@@ -171,7 +174,8 @@ class CosyVoice3Engine:
         finally:
             req.result.total_s = req.now()
             req.result.audio_s = req.samples_out / C.OUTPUT_SAMPLE_RATE_HZ
-            bench_hooks.record_request(text, req.result)
+            if self.options.observer is not None:
+                self.options.observer.request_finished(text, req.result)
             t = req.times
             logger.debug(
                 "request: %d pieces, %.2f s audio in %.2f s (RTF %.2f), first chunk %s; "

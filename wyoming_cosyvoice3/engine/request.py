@@ -15,11 +15,12 @@ import numpy as np
 
 from . import constants as C
 from .errors import SynthesisTimeout
-from .melops import GrowingNoise, SpeedResampler
+from .flow.melops import SpeedResampler
+from .llm.sampling import SilentRunFilter
+from .noise import GrowingNoise
 from .options import StageTimes, SynthesisOptions
-from .sampling import SilentRunFilter
 from .types import ShouldStop, SynthesisResult, VoiceFeatures
-from .vocoder import VocoderStream
+from .vocoder.hift import VocoderStream
 
 FLOW_NOISE_BLOCK_FRAMES = 1000
 VOCODER_NOISE_BLOCK_SAMPLES = 480 * 500

@@ -9,12 +9,26 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from .options import StageTimes
-
 ShouldStop = Callable[[], bool]
 """Cancellation callable: checked before every model step; True stops the request."""
 
 PromptMode = Literal["zero_shot", "cross_lingual", "instruct"]
+
+
+@dataclass
+class StageTimes:
+    """Wall-clock seconds spent per stage of one request (filled as the request runs)."""
+
+    frontend_s: float = 0.0
+    llm_prefill_s: float = 0.0
+    llm_decode_s: float = 0.0
+    llm_tokens: int = 0
+    flow_s: float = 0.0
+    flow_calls: int = 0
+    vocoder_s: float = 0.0
+    vocoder_calls: int = 0
+    events: list[tuple[str, float, float]] = field(default_factory=list)
+    """(stage, start_s, end_s) relative to the request start, for timelines."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.errors import CosyVoiceError, ModelNotReady, SynthesisCancelled
+from ..engine.hooks import EngineObserver
 from ..engine.options import EngineOptions, SynthesisOptions
 from ..engine.types import AudioChunk, ShouldStop, SynthesisResult, VoicePrompt
 from .catalog import VoiceEntry, check_clip_size, load_catalogs, resolve_clip, with_model_dir
@@ -134,6 +135,7 @@ class ServerRuntime:
                 cache_dir=self.settings.engine_cache_dir,
                 # load the DiT estimator the preset uses (int8 for balanced/fast) at start
                 flow_precision=self.synthesis_options().flow_precision,
+                observer=self._bench_observer(),
             )
             engine = self._engine_factory(model_dir, options)
             self.phase = "preparing voices"
@@ -244,7 +246,16 @@ class ServerRuntime:
             seed=seed if seed is not None else base.seed,
             max_request_s=self.settings.limits.max_request_s,
             output_dtype="float32",
+            fixed_tokens_per_char=self.settings.bench_tokens_per_char,
         )
+
+    def _bench_observer(self) -> EngineObserver | None:
+        """The benchmark's recorder when ``--bench-stats-file`` is set (else None)."""
+        if self.settings.bench_stats_file is None:
+            return None
+        from ..bench.recorder import StatsRecorder
+
+        return StatsRecorder(self.settings.bench_stats_file)
 
     # --- running engine work ---------------------------------------------------------------
 

@@ -59,6 +59,8 @@ class Settings:
     debug: bool = False
     log_format: str = DEFAULT_LOG_FORMAT
     options_file: Path | None = None
+    bench_stats_file: Path | None = None
+    bench_tokens_per_char: float | None = None
     limits: Limits = field(default_factory=Limits)
 
     @property
@@ -185,6 +187,12 @@ OPTIONS: tuple[_Option, ...] = (
             convert=None, kind="bool-false"),
     _Option("--debug", "debug", "log at DEBUG level", convert=None, kind="bool-true"),
     _Option("--log-format", "log_format", "logging format string"),
+    # benchmark use (BENCHMARKS.md): what the harness needs from inside the engine
+    _Option("--bench-stats-file", "bench_stats_file", "benchmarks: append one JSON line per "
+            "request and voice preparation with stage times and every graph run"),
+    _Option("--bench-tokens-per-char", "bench_tokens_per_char", "benchmarks: decode exactly "
+            "this many speech tokens per character, ignoring the stop token",
+            convert=_positive_float),
     # limits (see limits.Limits; each exceeded one is a coded error)
     _Option("--max-text-chars", "max_text_chars", "longest text accepted per request, also "
             "per stream (default 10000)", convert=_positive_int),
@@ -367,7 +375,7 @@ def resolve_settings(
     for key in ("data_dirs",):
         if key in merged:
             merged[key] = tuple(Path(p).expanduser() for p in merged[key])
-    for key in ("download_dir", "model_dir", "voices_file"):
+    for key in ("download_dir", "model_dir", "voices_file", "bench_stats_file"):
         if key in merged and merged[key] is not None:
             merged[key] = Path(merged[key]).expanduser()
     if "providers" in merged:

@@ -2,6 +2,8 @@
 
 * :func:`normalize_text` (normalize.py): clean-up and number reading per language.
 * :class:`TextFrontend` (frontend.py): pieces of about 60-80 tokens and their prompt ids.
+
+Imports the top engine modules (constants, errors, types) and no other stage.
 """
 
 from .frontend import TextFrontend

@@ -1,0 +1,88 @@
+"""The benchmark's engine observer: one JSON line per request and per voice preparation.
+
+Installed by the server's ``--bench-stats-file PATH`` (benchmark use). Each line holds the
+request's :class:`~wyoming_cosyvoice3.engine.options.StageTimes` and result figures
+(``kind: "request"``) or a voice preparation's time (``kind: "voice"``), wall-clock start and
+end, and every graph run since the previous line (file name of the graph the session runs,
+input shapes without the KV cache, start and end in ``time.time()`` seconds) plus
+``graph_paths`` (file name -> full path, e.g. of a derived int8 estimator). The analysis
+(:mod:`.stats`, :mod:`.flops`) counts FLOPs from these shapes and draws timelines from the
+times. Records are collected process-wide: meant for one request at a time, as the benchmark
+runs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..engine.hooks import EngineObserver
+from ..engine.types import SynthesisResult
+
+logger = logging.getLogger(__name__)
+
+_SKIPPED_INPUT_PREFIX = "past_key_values."
+"""KV-cache inputs are not recorded: their length is ``attention_mask`` minus the new tokens."""
+
+
+class StatsRecorder(EngineObserver):
+    """Collects graph runs and appends JSON lines to ``path`` (thread-safe)."""
+
+    observes_graph_runs = True
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._runs: list[list[Any]] = []
+        self._paths: dict[str, str] = {}
+
+    def graph_run(
+        self, graph_path: str, feeds: Mapping[str, np.ndarray], start_s: float, end_s: float
+    ) -> None:
+        graph_file = Path(graph_path).name
+        shapes = {
+            name: [int(d) for d in np.shape(value)]
+            for name, value in feeds.items()
+            if not name.startswith(_SKIPPED_INPUT_PREFIX)
+        }
+        with self._lock:
+            self._paths.setdefault(graph_file, graph_path)
+            self._runs.append([graph_file, shapes, round(start_s, 6), round(end_s, 6)])
+
+    def request_finished(self, text: str, result: SynthesisResult) -> None:
+        end = time.time()
+        self._write({
+            "kind": "request",
+            "chars": len(text),
+            "wall_start_s": round(end - result.total_s, 6),
+            "wall_end_s": round(end, 6),
+            "audio_s": result.audio_s,
+            "first_chunk_s": result.first_chunk_s,
+            "total_s": result.total_s,
+            "pieces": result.pieces,
+            "times": dataclasses.asdict(result.times),
+        })
+
+    def voice_prepared(self, name: str, seconds: float) -> None:
+        end = time.time()
+        self._write({"kind": "voice", "name": name, "wall_start_s": round(end - seconds, 6),
+                     "wall_end_s": round(end, 6), "total_s": seconds})
+
+    def _write(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            record["graph_runs"], self._runs = self._runs, []
+            record["graph_paths"] = dict(self._paths)
+            line = json.dumps(record, separators=(",", ":"))
+            try:
+                with self.path.open("a", encoding="utf-8") as handle:
+                    handle.write(line + "\n")
+            except OSError as err:
+                logger.warning("cannot write benchmark stats to %s: %s", self.path, err)

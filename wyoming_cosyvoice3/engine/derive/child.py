@@ -1,0 +1,36 @@
+"""Child-process entry of the large derivations (run by :func:`.files.run_child`).
+
+``python -m wyoming_cosyvoice3.engine.derive.child int8 SOURCE TARGET`` or
+``... split fp32|int8 SOURCE MAIN_OUT TIME_OUT``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .estimator_split import SPLIT_TAGS, derive_split
+from .quantize import quantize_estimator
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Child-process entry used by the engine:
+    ``python -m wyoming_cosyvoice3.engine.derive.child int8 SOURCE TARGET`` or
+    ``... split fp32|int8 SOURCE MAIN_OUT TIME_OUT``."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 3 and args[0] == "int8":
+        quantize_estimator(Path(args[1]), Path(args[2]))
+        return 0
+    if len(args) == 5 and args[0] == "split" and args[1] in SPLIT_TAGS:
+        derive_split(Path(args[2]), args[1], Path(args[3]), Path(args[4]))
+        return 0
+    print(
+        "usage: python -m wyoming_cosyvoice3.engine.derive.child int8 SOURCE TARGET | "
+        "split fp32|int8 SOURCE MAIN_OUT TIME_OUT",
+        file=sys.stderr,
+    )
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Text embedding served from a memory-mapped table instead of an onnxruntime session.
+
+``text_embedding_fp16.onnx`` holds the Qwen2 token table (151936 x 896, fp16: 272 MB) and, in
+the export and the synthetic builder alike, does nothing but ``Gather`` rows and ``Cast`` them
+to float32. A session keeps the whole table resident although a request reads a few dozen rows.
+Here the table is extracted once to ``.npy`` (atomically, named after the source's size and
+mtime, next to the other derived files) and opened with ``numpy.load(mmap_mode="r")``: only the
+pages of rows actually used are read, and the kernel may drop them again under memory pressure.
+
+Exactness: the graph is accepted only when it is exactly ``Gather(table, input_ids, axis=0)``
+optionally followed by ``Cast(to=FLOAT)``; at extraction the host lookup is compared bit for bit
+with the graph's output on sample ids (first, last and random rows). Any other graph is served
+by its onnxruntime session as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import graphs
+from ..errors import SynthesisFailed
+from ..graphs import GraphSpec
+from .files import keyed_name, remove_stale, replace_atomically
+
+logger = logging.getLogger(__name__)
+
+_CHECK_IDS = 256
+_extract_lock = threading.Lock()
+
+
+class TableEmbedding:
+    """Embedding lookup with the :class:`~.graphs.Graph` ``run`` interface.
+
+    Args:
+        path: the source graph file (for messages).
+        spec: the graph's spec (input ``input_ids``, output ``inputs_embeds``).
+        table: [rows, hidden] table (fp16 or fp32, typically a read-only memory map).
+        out_dtype: dtype of the output (the graph's Cast target; float32).
+    """
+
+    def __init__(self, path: Path, spec: GraphSpec, table: np.ndarray, out_dtype: str) -> None:
+        self.path = Path(path)
+        self.spec = spec
+        self.table = table
+        self.out_dtype = np.dtype(out_dtype)
+
+    @property
+    def rows(self) -> int:
+        return int(self.table.shape[0])
+
+    def input_shape(self, name: str) -> list[int | str | None]:
+        """Declared shape of ``input_ids``: [1, "sequence_length"]."""
+        return [1, "sequence_length"]
+
+    def output_shape(self, name: str) -> list[int | str | None]:
+        """Declared shape of ``inputs_embeds``: [1, "sequence_length", hidden]."""
+        return [1, "sequence_length", int(self.table.shape[1])]
+
+    def lookup(self, ids: npt.ArrayLike) -> np.ndarray:
+        """Rows of ``ids`` (int64, any shape; negative ids count from the end like ONNX
+        Gather) as ``out_dtype`` [*ids.shape, hidden].
+
+        Raises:
+            SynthesisFailed: an id is outside ``[-rows, rows)`` (the graph fails the same way).
+        """
+        index = np.asarray(ids, dtype=np.int64)
+        if index.size and (index.min() < -self.rows or index.max() >= self.rows):
+            raise SynthesisFailed(
+                f"{self.spec.file}: token id out of range [-{self.rows}, {self.rows}) in "
+                f"input_ids {tuple(index.shape)}"
+            )
+        return np.asarray(self.table[index], dtype=self.out_dtype)
+
+    def run(
+        self, feeds: Mapping[str, np.ndarray], output_names: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Like :meth:`Graph.run`: ``{"inputs_embeds": lookup(feeds["input_ids"])}``."""
+        observer = graphs._run_observer
+        started = time.time() if observer is not None else 0.0
+        out = {"inputs_embeds": self.lookup(feeds["input_ids"])}
+        if observer is not None:
+            observer(str(self.path), feeds, started, time.time())
+        return out
+
+    def __repr__(self) -> str:
+        return f"TableEmbedding({self.spec.file!r}, rows={self.rows})"
+
+
+def plain_gather_table(model: object) -> tuple[np.ndarray, str] | None:
+    """``(table, output dtype)`` when ``model`` (onnx.ModelProto) is a plain Gather [+ Cast].
+
+    The graph must have one input ``input_ids``, one output ``inputs_embeds``, one 2-D
+    initializer, a ``Gather`` on axis 0 of that initializer by ``input_ids`` and at most one
+    ``Cast`` to float32 after it; anything else returns None.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    if not isinstance(model, onnx.ModelProto):
+        return None
+    g = model.graph
+    if len(g.input) != 1 or len(g.output) != 1 or len(g.initializer) != 1:
+        return None
+    if g.input[0].name != "input_ids" or g.output[0].name != "inputs_embeds":
+        return None
+    init = g.initializer[0]
+    nodes = list(g.node)
+    if not nodes or nodes[0].op_type != "Gather" or len(nodes) > 2:
+        return None
+    gather = nodes[0]
+    axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
+    if list(gather.input) != [init.name, "input_ids"] or axis != 0 or len(init.dims) != 2:
+        return None
+    table = numpy_helper.to_array(init)
+    if len(nodes) == 1:
+        return (table, str(table.dtype)) if gather.output[0] == "inputs_embeds" else None
+    cast = nodes[1]
+    to = next((a.i for a in cast.attribute if a.name == "to"), None)
+    if (
+        cast.op_type != "Cast"
+        or list(cast.input) != [gather.output[0]]
+        or list(cast.output) != ["inputs_embeds"]
+        or to != onnx.TensorProto.FLOAT
+    ):
+        return None
+    return table, "float32"
+
+
+def _matches_session(source: Path, table: np.ndarray, out_dtype: str) -> bool:
+    """Compare the host lookup with the graph's own output on sample ids (bit for bit)."""
+    import onnxruntime as ort
+
+    rows = table.shape[0]
+    rng = np.random.default_rng(0)
+    ids = np.concatenate([[0, rows - 1], rng.integers(0, rows, _CHECK_IDS)]).astype(np.int64)
+    session = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
+    expected = session.run(["inputs_embeds"], {"input_ids": ids[None, :]})[0]
+    got = np.asarray(table[ids], dtype=out_dtype)[None]
+    return expected.dtype == got.dtype and np.array_equal(expected, got)
+
+
+def load_table_embedding(source: Path, spec: GraphSpec, cache_dir: Path) -> TableEmbedding | None:
+    """A :class:`TableEmbedding` for ``source``, extracting its table once; None when the
+    graph is not a plain lookup (then load the graph with onnxruntime instead).
+
+    Raises:
+        OSError: the cache directory is not writable (callers fall back to the graph).
+    """
+    source = Path(source)
+    target = Path(cache_dir) / keyed_name(source, "table", ".npy")
+    meta = target.with_suffix(".dtype")
+    with _extract_lock:
+        cached = target.is_file() and meta.is_file()
+        if not cached and not _extract(source, target, meta):
+            return None
+        out_dtype = meta.read_text(encoding="utf-8").strip()
+        table = np.load(target, mmap_mode="r")
+    logger.debug("%s served from the memory-mapped table %s", source.name, target)
+    return TableEmbedding(source, spec, table, out_dtype)
+
+
+def _extract(source: Path, target: Path, meta: Path) -> bool:
+    import onnx
+
+    started = time.perf_counter()
+    found = plain_gather_table(onnx.load(str(source)))
+    if found is None:
+        logger.debug("%s is not a plain Gather graph; served by onnxruntime", source.name)
+        return False
+    table, out_dtype = found
+    if not _matches_session(source, table, out_dtype):
+        logger.warning("%s: host lookup differs from the graph; served by onnxruntime", source)
+        return False
+    tmp = target.with_name(f".{target.name}.tmp.npy")
+    np.save(tmp, np.ascontiguousarray(table))
+    replace_atomically(tmp, target)
+    meta_tmp = meta.with_name(f".{meta.name}.tmp")
+    meta_tmp.write_text(out_dtype + "\n", encoding="utf-8")
+    replace_atomically(meta_tmp, meta)
+    stem = target.name.split(".table-")[0]
+    remove_stale(target.parent, f"{stem}.table-*.npy", target)
+    remove_stale(target.parent, f"{stem}.table-*.dtype", meta)
+    logger.info(
+        "extracted the %s table %s to %s in %.1f s",
+        out_dtype,
+        tuple(table.shape),
+        target,
+        time.perf_counter() - started,
+    )
+    return True

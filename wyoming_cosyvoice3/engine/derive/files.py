@@ -1,0 +1,156 @@
+"""Helpers shared by every derivation: where derived files live, how they are named, written
+and guarded, and the child process that makes the large ones.
+
+A derived file is named after its source file's size and mtime (:func:`keyed_name`), so a
+replaced source is derived again; it is written once, atomically (temporary name +
+``os.replace``); a failed attempt leaves ``<name>.failed`` with the reason so later starts do
+not retry it (delete the marker to retry). Large derivations run in a child process
+(:func:`run_child`, entry point :mod:`.child`): it holds the source graph and its derived copy
+in memory (a few GB at the published size), which the serving process should never keep.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "wyoming-cosyvoice3"
+CHILD_TIMEOUT_S = 3600.0
+"""Longest a derivation child process may run (the full-size int8 quantisation takes minutes)."""
+CHILD_MODULE = "wyoming_cosyvoice3.engine.derive.child"
+_KEEP_ELEMENTS = 4096
+_locks: dict[Path, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def derived_files_dir(model_dir: Path, cache_dir: Path | None) -> Path:
+    """Directory for files derived from ``model_dir`` (created if needed).
+
+    ``cache_dir`` when given; else ``model_dir`` when writable; else ``DEFAULT_CACHE_DIR``.
+
+    Raises:
+        ModelLoadError: the chosen directory cannot be created.
+    """
+    if cache_dir is not None:
+        chosen = Path(cache_dir)
+    elif os.access(model_dir, os.W_OK):
+        chosen = Path(model_dir)
+    else:
+        chosen = DEFAULT_CACHE_DIR
+    try:
+        chosen.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"cannot create the cache directory {chosen}: {exc}; set EngineOptions.cache_dir "
+            "(server: --cache-dir) to a writable directory"
+        ) from exc
+    return chosen
+
+
+def keyed_name(source: Path, tag: str, suffix: str) -> str:
+    """``<source stem without .fp32>.<tag>-<size>-<mtime_ns><suffix>`` for a derived file."""
+    stat = source.stat()
+    stem = source.name.removesuffix(".onnx").removesuffix(".fp32")
+    return f"{stem}.{tag}-{stat.st_size}-{stat.st_mtime_ns}{suffix}"
+
+
+def replace_atomically(tmp: Path, target: Path) -> None:
+    """fsync ``tmp`` and rename it onto ``target`` (atomic on POSIX and Windows)."""
+    with tmp.open("rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, target)
+
+
+def remove_stale(directory: Path, pattern: str, keep: Path) -> None:
+    """Delete files matching ``pattern`` in ``directory`` except ``keep`` (best effort)."""
+    for old in directory.glob(pattern):
+        if old != keep:
+            try:
+                old.unlink()
+                logger.info("removed stale derived file %s", old)
+            except OSError as exc:
+                logger.debug("cannot remove %s: %s", old, exc)
+
+
+def failure_marker(target: Path) -> Path:
+    return target.with_name(target.name + ".failed")
+
+
+def check_failed_before(target: Path) -> None:
+    """Raise at once when an earlier attempt for ``target`` failed (do not retry each start)."""
+    marker = failure_marker(target)
+    if marker.is_file():
+        reason = marker.read_text(encoding="utf-8", errors="replace").strip()[:500]
+        raise ModelLoadError(
+            f"an earlier attempt to derive {target.name} failed ({reason}); delete {marker} "
+            "to try again"
+        )
+
+
+def record_failure(target: Path, exc: BaseException) -> None:
+    try:
+        failure_marker(target).write_text(f"{exc}\n", encoding="utf-8")
+    except OSError as err:
+        logger.debug("cannot write the failure marker for %s: %s", target, err)
+
+
+def lock_for(path: Path) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(path, threading.Lock())
+
+
+def weight_free_copy(model: Any) -> Any:
+    """A copy of ``model`` (onnx.ModelProto) for shape inference: nodes, inputs and outputs
+    kept, every initializer larger than ``_KEEP_ELEMENTS`` turned into a declared input
+    (dims only, no data), so the copy is small whatever the model's size. Small initializers
+    (shape constants) keep their values."""
+    import onnx
+
+    light = onnx.ModelProto(ir_version=model.ir_version)
+    light.opset_import.extend(model.opset_import)
+    for field in ("node", "input", "output", "value_info"):
+        getattr(light.graph, field).extend(getattr(model.graph, field))
+    declared = {i.name for i in light.graph.input}
+    for init in model.graph.initializer:
+        if int(np.prod(init.dims)) <= _KEEP_ELEMENTS:
+            light.graph.initializer.append(init)
+        elif init.name not in declared:
+            light.graph.input.append(
+                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+    return light
+"""Initializers up to this size keep their data for shape inference (Reshape targets...)."""
+
+
+def run_child(args: list[str]) -> None:
+    package_root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(package_root), env.get("PYTHONPATH", "")) if p
+    )
+    cmd = [sys.executable, "-m", CHILD_MODULE, *args]
+    try:
+        proc = subprocess.run(  # argv: this interpreter and module
+            cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ModelLoadError(f"cannot run the estimator converter: {exc}") from exc
+    if proc.returncode != 0:
+        output = (proc.stderr or proc.stdout or "").strip()
+        logger.debug("estimator converter output:\n%s", output)
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        raise ModelLoadError(
+            f"the {args[0]} estimator converter exited with {proc.returncode}: "
+            f"{lines[-1] if lines else 'no output'}"
+        )

@@ -1,0 +1,358 @@
+"""Autoregressive speech-token decoding with the CosyVoice3 LLM graph and a KV cache.
+
+Spec section 4. Sources (FunAudioLLM/CosyVoice, commit ace7c47): ``cosyvoice/llm/llm.py``
+``Qwen2LM.inference`` (prompt embeddings, length limits) and ``inference_wrapper`` (step loop);
+sampling in :mod:`.sampling`. Graph contract: the export's model card (llm*.onnx takes
+``inputs_embeds``, ``attention_mask``, ``position_ids``, ``past_key_values.{i}.{key,value}`` and
+returns ``logits`` of the last position and ``present.{i}.{key,value}``).
+
+The decoder object is shared and stateless with respect to requests: the KV cache, position and
+decoded tokens of one request live in a :class:`DecodeState`, the random generator is the
+caller's.
+
+KV cache hand-over (``kv_mode``). The graph itself returns ``present = Concat(past, new)``, so
+every step writes the whole cache once inside onnxruntime; the host must not add more copies.
+
+* ``"numpy"``: plain ``InferenceSession.run``. Since onnxruntime 1.19 (microsoft/onnxruntime
+  PR #20539) the numpy arrays it returns for CPU outputs are views of onnxruntime's own buffers,
+  and CPU numpy inputs are used in place, so feeding ``present.*`` back as ``past_key_values.*``
+  copies nothing. Measured the fastest path on CPU (no per-step binding overhead).
+* ``"iobinding"``: ``present.*`` OrtValues are bound as the next step's inputs with
+  ``SessionIOBinding``; no numpy conversion at all. Needed on onnxruntime < 1.19, where
+  ``run`` copies every output into a new numpy array: 24 KiB per cached position with the
+  published dims (24 layers x key+value x 2 heads x 64 x 4 bytes), 24 MiB per step at 1000
+  positions (measured +3.8 ms/step on the tiny model, which has the published KV shapes).
+* ``"auto"`` (default): ``"numpy"`` on onnxruntime >= 1.19, ``"iobinding"`` before.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+
+from .. import constants as C
+from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed, SynthesisTimeout
+from ..graphs import ORT_ERRORS
+from ..options import StageTimes
+from ..types import LlmPrompt, ShouldStop
+from .prefix_cache import PrefixCache
+from .sampling import decode_limits, sample_step
+from .state import DecodeState, KvValue
+
+if TYPE_CHECKING:
+    from ..model import CosyVoice3Model
+
+_LOGGER = logging.getLogger(__name__)
+
+KvMode = Literal["auto", "iobinding", "numpy"]
+"""How the KV cache is handed from one step to the next (see the module docstring)."""
+
+def run_outputs_are_zero_copy(version: str = ort.__version__) -> bool:
+    """True when ``InferenceSession.run`` returns CPU outputs without copying them.
+
+    onnxruntime >= 1.19 (PR #20539, "numpy array over CPU OrtValues on return values").
+    """
+    parts = version.split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return False
+    return (major, minor) >= (1, 19)
+
+
+class LlmDecoder:
+    """Prefill and step the LLM graph of a loaded model; decode speech tokens with RAS.
+
+    Args:
+        model: the loaded :class:`~.model.CosyVoice3Model` (its ``llm``, ``text_embedding``,
+            ``speech_embedding`` graphs and ``dims`` are used; nothing is stored per request).
+        kv_mode: ``"auto"``, ``"iobinding"`` or ``"numpy"`` (module docstring); both paths
+            give bit-identical logits.
+        prefix_cache_entries: voices whose prefix KV is kept (:mod:`.prefix_cache`; 0 = off).
+
+    Raises:
+        GraphSignatureMismatch: the LLM graph lacks an input/output the dims imply.
+        ValueError: unknown ``kv_mode``.
+    """
+
+    def __init__(
+        self, model: CosyVoice3Model, *, kv_mode: KvMode = "auto", prefix_cache_entries: int = 16
+    ) -> None:
+        if kv_mode not in ("auto", "iobinding", "numpy"):
+            raise ValueError(f"kv_mode must be 'auto', 'iobinding' or 'numpy', got {kv_mode!r}")
+        self._model = model
+        self._dims = model.dims
+        self._llm = model.llm
+        if kv_mode == "auto":
+            kv_mode = "numpy" if run_outputs_are_zero_copy() else "iobinding"
+        self.kv_mode: KvMode = kv_mode
+        self._use_iobinding = kv_mode == "iobinding"
+        layers = range(self._dims.num_layers)
+        self._past_names = [
+            f"past_key_values.{i}.{kind}" for i in layers for kind in ("key", "value")
+        ]
+        self._present_names = [f"present.{i}.{kind}" for i in layers for kind in ("key", "value")]
+        self._output_names = ["logits", *self._present_names]
+        self._check_names()
+        self.prefix_cache = PrefixCache(prefix_cache_entries)
+
+    def _check_names(self) -> None:
+        session = self._llm.session
+        inputs = {i.name for i in session.get_inputs()}
+        outputs = {o.name for o in session.get_outputs()}
+        need_in = {"inputs_embeds", "attention_mask", "position_ids", *self._past_names}
+        missing = sorted(need_in - inputs) + sorted(set(self._output_names) - outputs)
+        if missing:
+            raise GraphSignatureMismatch(
+                f"{self._llm.path}: expected LLM inputs/outputs for {self._dims.num_layers} layers "
+                f"are missing: {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}; "
+                "use the llm*.onnx files of the Fun-CosyVoice3-0.5B-2512 ONNX export"
+            )
+
+    # --- embeddings -----------------------------------------------------------------------
+
+    def embed_text(self, ids: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """Text embeddings float32 [1, n, hidden] of text token ids int64 [n] (n may be 0)."""
+        return self._embed(self._model.text_embedding, ids)
+
+    def embed_speech(self, ids: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """Speech embeddings float32 [1, n, hidden] of speech/special ids int64 [n]."""
+        return self._embed(self._model.speech_embedding, ids)
+
+    def _embed(self, graph: Any, ids: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        flat = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if flat.size == 0:
+            return np.zeros((1, 0, self._dims.hidden_size), dtype=np.float32)
+        out = graph.run({"input_ids": flat[None, :]}, ["inputs_embeds"])["inputs_embeds"]
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    def prefix_embeddings(self, prompt: LlmPrompt) -> npt.NDArray[np.float32]:
+        """Embeddings of the voice's fixed prefix ``[speech_emb(SOS), text_emb(prompt text)]``.
+
+        float32 [1, 1 + P, hidden]. Text embedding is a per-token lookup, so embedding the
+        prompt text apart from the tts text equals embedding their concatenation.
+        """
+        sos = self.embed_speech([C.SOS_TOKEN])
+        return np.concatenate([sos, self.embed_text(prompt.prompt_text_ids)], axis=1)
+
+    def request_embeddings(self, prompt: LlmPrompt) -> npt.NDArray[np.float32]:
+        """Embeddings after the voice prefix, float32 [1, N + 1 + L, hidden]:
+        ``[text_emb(tts text), speech_emb([TASK] ++ prompt speech tokens)]``.
+        """
+        speech_ids = np.concatenate(
+            [np.array([C.TASK_TOKEN], dtype=np.int64), np.asarray(prompt.prompt_speech_tokens)]
+        )
+        return np.concatenate(
+            [self.embed_text(prompt.tts_text_ids), self.embed_speech(speech_ids)], axis=1
+        )
+
+    def prompt_embeddings(self, prompt: LlmPrompt) -> npt.NDArray[np.float32]:
+        """The whole LLM input of spec section 4, float32 [1, 1 + P + N + 1 + L, hidden]:
+        ``[speech_emb(SOS), text_emb(prompt_text ++ tts_text), speech_emb(TASK),
+        speech_emb(prompt_speech_tokens)]`` (llm.py ``Qwen2LM.inference``, ``lm_input``)."""
+        return np.concatenate(
+            [self.prefix_embeddings(prompt), self.request_embeddings(prompt)], axis=1
+        )
+
+    # --- model steps ----------------------------------------------------------------------
+
+    def new_state(self) -> DecodeState:
+        """An empty state: past tensors float32 [1, kv_heads, 0, head_dim]."""
+        empty = np.zeros((1, self._dims.num_kv_heads, 0, self._dims.head_dim), dtype=np.float32)
+        if self._use_iobinding:
+            kv: list[KvValue] = [ort.OrtValue.ortvalue_from_numpy(empty) for _ in self._past_names]
+        else:
+            kv = [empty for _ in self._past_names]
+        return DecodeState(kv=kv)
+
+    def prefill(self, state: DecodeState, embeds: npt.NDArray[np.float32]) -> np.ndarray:
+        """Run the LLM on ``embeds`` after the positions already in ``state``; extend its cache.
+
+        Works from any state, so a prompt can be fed in parts (a cached voice prefix, then the
+        request's part): mathematically the same as one call; numerically equal up to rounding
+        and, in the int8 graph, the per-call activation quantisation.
+
+        Args:
+            state: the request's state (modified: ``kv`` replaced, ``past_len`` advanced).
+            embeds: float32 [1, S, hidden], S >= 1.
+
+        Returns:
+            logits float32 [V] of the last position.
+
+        Raises:
+            SynthesisFailed: onnxruntime failed (names the graph file).
+        """
+        n_new = int(embeds.shape[1])
+        total = state.past_len + n_new
+        mask = np.ones((1, total), dtype=np.int64)
+        positions = np.arange(state.past_len, total, dtype=np.int64)[None, :]
+        embeds = np.ascontiguousarray(embeds, dtype=np.float32)
+        if self._use_iobinding:
+            logits = self._run_bound(state, embeds, mask, positions)
+        else:
+            logits = self._run_numpy(state, embeds, mask, positions)
+        state.past_len = total
+        return logits
+
+    def prefill_prompt(self, prompt: LlmPrompt) -> tuple[DecodeState, np.ndarray, int]:
+        """Prefill a whole prompt in two calls: the voice prefix (from :attr:`prefix_cache`
+        when present) and the request part. Returns (state, last logits float32 [V],
+        positions prefilled)."""
+        key = self.prefix_cache.key(prompt.prompt_text_ids)
+        state = self.prefix_cache.get(key)
+        if state is None:
+            state = self.new_state()
+            self.prefill(state, self.prefix_embeddings(prompt))
+            self.prefix_cache.put(key, state)
+        logits = self.prefill(state, self.request_embeddings(prompt))
+        return state, logits, state.past_len
+
+    def step(self, state: DecodeState, token: int) -> np.ndarray:
+        """Feed one generated speech token; returns the next logits float32 [V]."""
+        return self.prefill(state, self.embed_speech([token]))
+
+    def _run_bound(
+        self,
+        state: DecodeState,
+        embeds: np.ndarray,
+        mask: np.ndarray,
+        positions: np.ndarray,
+    ) -> np.ndarray:
+        session = self._llm.session
+        binding = session.io_binding()
+        binding.bind_cpu_input("inputs_embeds", embeds)
+        binding.bind_cpu_input("attention_mask", mask)
+        binding.bind_cpu_input("position_ids", positions)
+        for name, value in zip(self._past_names, state.kv, strict=True):
+            binding.bind_ortvalue_input(name, value)
+        for name in self._output_names:
+            binding.bind_output(name, "cpu")
+        try:
+            session.run_with_iobinding(binding)
+            outputs = binding.get_outputs()
+        except ORT_ERRORS as exc:
+            raise SynthesisFailed(
+                f"LLM graph {self._llm.path} failed at position {state.past_len}: {exc}; "
+                "check the model files (re-download) or try another llm_precision"
+            ) from exc
+        state.kv = list(outputs[1:])
+        return np.asarray(outputs[0].numpy()).reshape(-1)
+
+    def _run_numpy(
+        self,
+        state: DecodeState,
+        embeds: np.ndarray,
+        mask: np.ndarray,
+        positions: np.ndarray,
+    ) -> np.ndarray:
+        feeds = {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}
+        feeds.update(zip(self._past_names, state.kv, strict=True))
+        outputs = self._llm.run(feeds, self._output_names)
+        state.kv = [outputs[name] for name in self._present_names]
+        return np.asarray(outputs["logits"]).reshape(-1)
+
+    # --- decoding -------------------------------------------------------------------------
+
+    def decode(
+        self,
+        prompt: LlmPrompt,
+        rng: np.random.Generator,
+        *,
+        should_stop: ShouldStop | None = None,
+        max_tokens: int,
+        deadline: float | None = None,
+        times: StageTimes | None = None,
+        fixed_tokens: int | None = None,
+    ) -> Iterator[int]:
+        """Generate speech tokens for one text piece, yielding each as soon as it is sampled.
+
+        Length limits: ``min_len, max_len = decode_limits(len(prompt.tts_text_ids))`` with
+        ``max_len`` further capped at ``max_tokens``; a stop id (>= 6561) is impossible before
+        ``min_len`` tokens and ends decoding afterwards (it is not yielded).
+
+        Args:
+            prompt: the piece's :class:`~.types.LlmPrompt`.
+            rng: the request's generator (RAS draws).
+            should_stop: checked before every model step (prefill included).
+            max_tokens: hard cap on yielded tokens (``SynthesisOptions.max_decode_tokens``).
+            deadline: ``time.monotonic()`` value after which no model step starts.
+            times: ``llm_prefill_s``, ``llm_decode_s`` and ``llm_tokens`` are added to
+                (time spent by the consumer between tokens is not counted).
+            fixed_tokens: benchmarks only: decode exactly this many tokens (stop ids masked
+                throughout; still capped at ``max_tokens``).
+
+        Yields:
+            speech token ids int in [0, 6561).
+
+        Raises:
+            SynthesisCancelled: ``should_stop()`` returned True.
+            SynthesisTimeout: the deadline passed.
+            SynthesisFailed: the graph failed or produced non-finite logits.
+        """
+        min_len, max_len = decode_limits(len(prompt.tts_text_ids))
+        if fixed_tokens is not None:
+            min_len = max_len = fixed_tokens
+        max_len = min(max_len, max_tokens)
+        if max_len <= 0:
+            return
+        self._check(should_stop, deadline, 0)
+        started = time.perf_counter()
+        state, logits, n_prompt = self.prefill_prompt(prompt)
+        prefill_s = time.perf_counter() - started
+        if times is not None:
+            times.llm_prefill_s += prefill_s
+        decode_s = 0.0
+        for step_index in range(max_len):
+            started = time.perf_counter()
+            if not np.all(np.isfinite(logits)):
+                raise SynthesisFailed(
+                    f"LLM graph {self._llm.path} produced non-finite logits at step "
+                    f"{step_index}; use llm_precision 'fp32' or 'int8' or re-download the model"
+                )
+            token = sample_step(logits, state.tokens, rng, step_index, min_len)
+            sample_s = time.perf_counter() - started
+            decode_s += sample_s
+            if times is not None:
+                times.llm_decode_s += sample_s
+            if token >= C.SPEECH_TOKEN_VOCAB:
+                break
+            state.tokens.append(token)
+            if times is not None:
+                times.llm_tokens += 1
+            yield token
+            if step_index + 1 >= max_len:
+                break
+            self._check(should_stop, deadline, step_index + 1)
+            started = time.perf_counter()
+            logits = self.step(state, token)
+            step_s = time.perf_counter() - started
+            decode_s += step_s
+            if times is not None:
+                times.llm_decode_s += step_s
+        n_tokens = len(state.tokens)
+        _LOGGER.debug(
+            "LLM: %d prompt positions prefilled in %.1f ms; %d tokens (min %d, max %d) "
+            "in %.1f ms (%.2f ms/token)",
+            n_prompt,
+            prefill_s * 1e3,
+            n_tokens,
+            min_len,
+            max_len,
+            decode_s * 1e3,
+            decode_s * 1e3 / max(n_tokens, 1),
+        )
+
+    def _check(self, should_stop: ShouldStop | None, deadline: float | None, step: int) -> None:
+        if should_stop is not None and should_stop():
+            raise SynthesisCancelled(f"LLM decoding cancelled before step {step}")
+        if deadline is not None and time.monotonic() > deadline:
+            raise SynthesisTimeout(
+                f"LLM decoding passed the request deadline at step {step}; raise "
+                "max_request_s or send shorter text"
+            )

@@ -1,0 +1,55 @@
+"""Per-request noise buffers shared by the flow (N(0,1) mel noise) and the vocoder (U[0,1)
+source noise).
+
+Source: FunAudioLLM/CosyVoice ace7c47, ``cosyvoice/flow/flow_matching.py``
+``CausalConditionalCFM.rand_noise`` (one fixed noise buffer per utterance) and
+``cosyvoice/hifigan/generator.py`` (the source noise of ``SineGen2``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float32]
+
+
+class GrowingNoise:
+    """A per-request noise buffer that grows in fixed blocks, so its prefix never changes.
+
+    Streamed and one-shot synthesis of the same request read identical noise for every frame,
+    whatever lengths they ask for: upstream keeps one fixed buffer for the same reason
+    (flow_matching.py ``CausalConditionalCFM.rand_noise``; generator.py source noise).
+
+    Args:
+        rng: the request's generator for this buffer (not shared with sampling).
+        channels: values per frame (80 mel bins for the flow, 9 for the vocoder).
+        kind: ``"normal"`` (N(0,1)) or ``"uniform"`` (U[0,1)).
+        block_frames: frames drawn at a time.
+    """
+
+    def __init__(
+        self, rng: np.random.Generator, channels: int, kind: str, block_frames: int = 1000
+    ) -> None:
+        if kind not in ("normal", "uniform"):
+            raise ValueError(f"kind must be normal or uniform, got {kind!r}")
+        self._rng = rng
+        self.channels = channels
+        self.kind = kind
+        self.block_frames = block_frames
+        self._data = np.zeros((0, channels), dtype=np.float32)
+
+    def take(self, n_frames: int) -> FloatArray:
+        """float32 [n_frames, channels], the first ``n_frames`` frames of the buffer (a view)."""
+        if n_frames > self._data.shape[0]:
+            missing = n_frames - self._data.shape[0]
+            n_blocks = -(-missing // self.block_frames)
+            blocks = [self._data]
+            for _ in range(n_blocks):
+                shape = (self.block_frames, self.channels)
+                if self.kind == "normal":
+                    blocks.append(self._rng.standard_normal(shape, dtype=np.float32))
+                else:
+                    blocks.append(self._rng.random(shape, dtype=np.float32))
+            self._data = np.concatenate(blocks, axis=0)
+        return self._data[:n_frames]

@@ -1,0 +1,223 @@
+"""Vocoder: 50 Hz mel frames -> 24 kHz samples, streamed exactly (spec section 6).
+
+``hift.onnx`` is upstream's CausalHiFTGenerator (f0 predictor, harmonic source, generator) up
+to the STFT magnitude and phase; the iSTFT, the magnitude clip and the output clamp run on the
+host (cosyvoice/hifigan/generator.py ``CausalHiFTGenerator.decode`` and ``HiFTGenerator._istft``).
+
+Streaming: the generator is causal apart from a right context of 3 + 4 + 1 mel frames
+(``conv_pre_look_right`` 4, the f0 predictor's causal padding 3, one iSTFT frame). With one
+fixed U[0,1) source-noise buffer per request, running the graph on all mel so far and keeping
+only samples before ``480 * (M - 8)`` gives the same samples as one pass over the whole mel;
+the final call emits up to ``480 * M``. The harmonic source accumulates phase over the whole
+utterance, so a bounded left window is not exact: by default the graph sees all mel, which makes
+the vocoder's cost quadratic in the utterance length (as upstream: model.py
+``CosyVoice3Model.token2wav`` re-runs hift on all mel of the utterance at every chunk).
+
+``window_frames`` > 0 (``SynthesisOptions.vocoder_window_frames``) bounds it: each call runs the
+graph on the last ``window_frames`` already-emitted frames plus the new ones (with the noise
+columns of those frames, so the noise still lines up). The causal convolutions see their real
+left context when the window covers their receptive field (about 10 frames); the harmonic
+source restarts its phase at the window start, so its harmonics are phase-shifted against the
+exact path. To avoid a jump at the seam, the first ``crossfade`` samples of each call are
+cross-faded with the previous call's own samples for the same span (computed, held back).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import constants as C
+from ..errors import GraphSignatureMismatch, SynthesisCancelled
+from ..noise import GrowingNoise
+from ..options import StageTimes
+from ..types import ShouldStop
+from .istft import istft
+
+if TYPE_CHECKING:
+    from ..graphs import Graph
+
+logger = logging.getLogger(__name__)
+
+FloatArray = npt.NDArray[np.float32]
+_HIFT_INPUTS = ("speech_feat", "noise")
+_HIFT_OUTPUTS = ("magnitude", "phase")
+CROSSFADE_MS = 20.0
+"""Seam cross-fade of the windowed vocoder (only with ``window_frames`` > 0)."""
+
+
+def fade_in_gain(start_sample: int, n_samples: int, fade_samples: int) -> FloatArray:
+    """Raised-cosine fade-in gains for samples ``start_sample .. start_sample + n_samples``.
+
+    The gain rises from 0 at sample 0 to 1 at ``fade_samples`` (half a Hann window) and is 1
+    after; spec section 6 (upstream clicks at onset).
+
+    Returns:
+        float32 [n_samples].
+    """
+    idx = np.arange(start_sample, start_sample + n_samples, dtype=np.float64)
+    if fade_samples <= 0:
+        return np.ones(n_samples, dtype=np.float32)
+    ramp = 0.5 - 0.5 * np.cos(np.pi * np.clip(idx / fade_samples, 0.0, 1.0))
+    return ramp.astype(np.float32)
+
+
+class HiftRunner:
+    """Runs ``hift.onnx`` plus the host-side iSTFT for one model; holds no request state.
+
+    Args:
+        hift: the loaded hift graph (inputs ``speech_feat``, ``noise``; outputs ``magnitude``,
+            ``phase``).
+
+    Raises:
+        GraphSignatureMismatch: the graph lacks those names.
+    """
+
+    def __init__(self, hift: Graph) -> None:
+        names_in, names_out = set(hift.spec.inputs), set(hift.spec.outputs)
+        if not set(_HIFT_INPUTS) <= names_in or not set(_HIFT_OUTPUTS) <= names_out:
+            raise GraphSignatureMismatch(
+                f"vocoder {hift.spec.file}: expected inputs {list(_HIFT_INPUTS)} and outputs "
+                f"{list(_HIFT_OUTPUTS)}, found {sorted(names_in)} / {sorted(names_out)}; use "
+                "hift.onnx from Masterx/Fun-CosyVoice3-0.5B-2512-ONNX"
+            )
+        self.graph = hift
+
+    def waveform(self, mel: FloatArray, noise: FloatArray) -> FloatArray:
+        """Samples for a whole mel (generator.py ``decode`` with ``finalize=True``).
+
+        Args:
+            mel: float32 [80, M], 50 frames/s natural-log mel.
+            noise: float32 [480 M, 9] U[0,1) source noise.
+
+        Returns:
+            float32 [480 M], 24 kHz, clamped to +-0.99 (``audio_limit``).
+        """
+
+        feeds = {
+            "speech_feat": np.ascontiguousarray(mel, dtype=np.float32)[None],
+            "noise": np.ascontiguousarray(noise, dtype=np.float32)[None],
+        }
+        out = self.graph.run(feeds, list(_HIFT_OUTPUTS))
+        # HiFTGenerator._istft: torch.clip(magnitude, max=1e2); idempotent if the graph clips
+        magnitude = np.minimum(np.asarray(out["magnitude"], dtype=np.float32)[0], C.MAGNITUDE_CLIP)
+        phase = np.asarray(out["phase"], dtype=np.float32)[0]
+        samples = np.asarray(istft(magnitude, phase), dtype=np.float32).reshape(-1)
+        return np.clip(samples, -C.AUDIO_LIMIT, C.AUDIO_LIMIT)
+
+
+class VocoderStream:
+    """Per-request, per-utterance streaming vocoder state.
+
+    Holds all mel so far and the number of samples already emitted; the first
+    ``FADE_IN_MS`` of the utterance are faded in.
+
+    Args:
+        runner: the model's :class:`HiftRunner` (shared, stateless).
+        noise: the request's U[0,1) noise buffer with 9 channels (shared by the request's
+            utterances; each utterance reads it from frame 0).
+        fade_in_ms: fade-in length at the start of the utterance.
+    """
+
+    def __init__(
+        self,
+        runner: HiftRunner,
+        noise: GrowingNoise,
+        fade_in_ms: float = C.FADE_IN_MS,
+        window_frames: int = 0,
+        crossfade_ms: float = CROSSFADE_MS,
+    ) -> None:
+        if noise.channels != C.HARMONIC_CHANNELS:
+            raise ValueError(f"vocoder noise needs {C.HARMONIC_CHANNELS} channels")
+        if window_frames < 0:
+            raise ValueError(f"window_frames must be >= 0, got {window_frames}")
+        self.runner = runner
+        self.noise = noise
+        self.fade_samples = round(fade_in_ms * C.OUTPUT_SAMPLE_RATE_HZ / 1000.0)
+        self.window_frames = window_frames
+        self.crossfade_samples = round(crossfade_ms * C.OUTPUT_SAMPLE_RATE_HZ / 1000.0)
+        self._mel = np.zeros((C.MEL_BINS, 0), dtype=np.float32)
+        self._tail = np.zeros(0, dtype=np.float32)
+        self.emitted_samples = 0
+        self.finished = False
+
+    @property
+    def mel_frames(self) -> int:
+        """Mel frames received so far."""
+        return int(self._mel.shape[1])
+
+    def _crossfade(self, out: FloatArray) -> FloatArray:
+        """Blend the start of ``out`` from the previous call's samples for the same span."""
+        k = min(len(self._tail), len(out), self.crossfade_samples)
+        if k > 0:
+            ramp = fade_in_gain(0, k, k)
+            out[:k] = self._tail[:k] * (1.0 - ramp) + out[:k] * ramp
+        return out
+
+    def push(
+        self,
+        new_mel: FloatArray,
+        final: bool,
+        should_stop: ShouldStop | None = None,
+        times: StageTimes | None = None,
+    ) -> FloatArray:
+        """Append mel frames and return the samples that became final.
+
+        Args:
+            new_mel: float32 [80, k] (k may be 0).
+            final: True on the utterance's last call: all remaining samples are emitted.
+            should_stop: checked before the graph runs.
+            times: ``vocoder_s`` and ``vocoder_calls`` are added to.
+
+        Returns:
+            float32 [n] samples at 24 kHz: ``[emitted, 480 (M - 8))`` or, when ``final``,
+            ``[emitted, 480 M)``; empty when nothing new is ready (the graph is not run).
+
+        Raises:
+            SynthesisCancelled: ``should_stop()`` returned True.
+            RuntimeError: called again after the final call.
+        """
+        if self.finished:
+            raise RuntimeError("VocoderStream.push called after the final push")
+        if new_mel.shape[1]:
+            self._mel = np.concatenate([self._mel, np.asarray(new_mel, np.float32)], axis=1)
+        self.finished = final
+        n_frames = self.mel_frames
+        held = 0 if final else C.VOCODER_RIGHT_CONTEXT_FRAMES
+        end = C.SAMPLES_PER_MEL_FRAME * max(n_frames - held, 0)
+        if end <= self.emitted_samples:
+            return np.zeros(0, dtype=np.float32)
+        if should_stop is not None and should_stop():
+            raise SynthesisCancelled("synthesis cancelled before the vocoder")
+        start = time.perf_counter()
+        spf = C.SAMPLES_PER_MEL_FRAME
+        noise = self.noise.take(spf * n_frames)
+        first = 0
+        if self.window_frames > 0:
+            first = max(0, self.emitted_samples // spf - self.window_frames)
+        samples = self.runner.waveform(self._mel[:, first:], noise[spf * first :])
+        base = spf * first  # absolute index of samples[0]
+        out = samples[self.emitted_samples - base : end - base].copy()
+        if self.window_frames > 0:
+            out = self._crossfade(out)
+            # this call's samples just after ``end``: the next call fades from them
+            self._tail = samples[end - base : end - base + self.crossfade_samples].copy()
+        if self.emitted_samples < self.fade_samples:
+            out *= fade_in_gain(self.emitted_samples, len(out), self.fade_samples)
+        self.emitted_samples = end
+        elapsed = time.perf_counter() - start
+        if times is not None:
+            times.vocoder_s += elapsed
+            times.vocoder_calls += 1
+        logger.debug(
+            "vocoder: %d mel frames -> %d new samples in %.3f s%s",
+            n_frames,
+            len(out),
+            elapsed,
+            " (final)" if final else "",
+        )
+        return out

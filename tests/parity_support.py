@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -215,3 +216,25 @@ def assert_identical(actual: Any, expected: Any, what: str) -> None:
         f"{b.shape[0]}): engine {a[where : where + 5].tolist()} vs upstream "
         f"{b[where : where + 5].tolist()}"
     )
+
+
+_ENGINES: dict[Path, Any] = {}
+_ENGINE_DIRS: list[tempfile.TemporaryDirectory[str]] = []
+
+
+def parity_engine(parity: Parity) -> Any:
+    """The engine loaded on ``parity.model_dir`` once per test process.
+
+    fp32 LLM (the references are fp32 PyTorch; ``llm_int8.onnx`` has none) and a private
+    ``cache_dir``, so the exact engine-level levers the server uses (split DiT estimator,
+    memory-mapped text table where the graph allows it) are on and nothing is written into the
+    shared fixture directory.
+    """
+    if parity.root not in _ENGINES:
+        from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
+
+        cache = tempfile.TemporaryDirectory(prefix="parity-cache-")
+        _ENGINE_DIRS.append(cache)
+        options = EngineOptions(llm_precision="fp32", cache_dir=Path(cache.name))
+        _ENGINES[parity.root] = CosyVoice3Engine.load(parity.model_dir, options)
+    return _ENGINES[parity.root]

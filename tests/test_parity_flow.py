@@ -1,0 +1,263 @@
+"""Parity of the flow, the vocoder and the streamed output with upstream CosyVoice3.
+
+References: ``../shared/parity/refs/flow.npz`` (see its ``manifest.json``): per case, prompt
+tokens/mel/embedding and generated tokens fed to upstream's ``CosyVoice3Model`` in place of the
+LLM, with the engine's own noise buffers for the request seed. Here the engine's LLM is replaced
+by the same generated tokens. Upstream audio has no fade-in; the engine fades in the first
+``FADE_IN_MS``, so references are multiplied by the same gain.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from parity_support import (
+    Parity,
+    assert_close,
+    assert_identical,
+    load_parity,
+    parity_cases,
+    parity_engine,
+)
+
+from wyoming_cosyvoice3.engine import PRESETS, SynthesisOptions, VoiceFeatures, VoicePrompt
+from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine.request import RequestState
+from wyoming_cosyvoice3.engine.types import SynthesisResult
+from wyoming_cosyvoice3.engine.vocoder import VocoderStream, fade_in_gain
+
+FLOW = "flow.npz"
+CASES = parity_cases("flow")
+TEXT = "Hello."
+"""Any one-piece speakable text: the LLM is replaced, so only the piece count matters."""
+
+
+@pytest.fixture(scope="module")
+def parity() -> Parity:
+    return load_parity()
+
+
+@pytest.fixture(scope="module")
+def engine(parity: Parity) -> Any:
+    return parity_engine(parity)
+
+
+def _voice(parity: Parity, case: str) -> VoicePrompt:
+    features = VoiceFeatures(
+        speech_tokens=parity.array(FLOW, f"{case}_prompt_tokens").astype(np.int64),
+        speaker_embedding=parity.array(FLOW, f"{case}_embedding").astype(np.float32),
+        prompt_mel=parity.array(FLOW, f"{case}_prompt_mel").astype(np.float32),
+    )
+    return VoicePrompt(features=features, name=f"parity-{case}")
+
+
+def _flow_settings(parity: Parity) -> dict[str, Any]:
+    flow = parity.manifest["dims"]["flow"]
+    return {"euler_steps": int(flow["euler_steps"]), "cfg_rate": float(flow["cfg_rate"])}
+
+
+def _options(parity: Parity, **changes: Any) -> SynthesisOptions:
+    """The spec-exact ``quality`` preset with the fixture's seed, Euler steps and CFG rate."""
+    return PRESETS["quality"].replace(seed=parity.request_seed, **_flow_settings(parity), **changes)
+
+
+def _with_tokens(engine: Any, monkeypatch: pytest.MonkeyPatch, tokens: np.ndarray) -> None:
+    """Replace the engine's LLM by a decoder that yields ``tokens`` for every piece."""
+
+    def decode(*_args: Any, **_kwargs: Any) -> Iterator[int]:
+        yield from (int(t) for t in tokens)
+
+    monkeypatch.setattr(engine.llm, "decode", decode)
+
+
+def _faded(reference: np.ndarray) -> np.ndarray:
+    """``reference`` times the engine's fade-in gain (upstream has none)."""
+    fade_samples = round(C.FADE_IN_MS * C.OUTPUT_SAMPLE_RATE_HZ / 1000.0)
+    return reference * fade_in_gain(0, reference.shape[0], fade_samples)
+
+
+def _synthesize(engine: Any, voice: VoicePrompt, options: SynthesisOptions) -> list[np.ndarray]:
+    return [chunk.samples for chunk in engine.synthesize(TEXT, voice, options)]
+
+
+def _request(parity: Parity) -> RequestState:
+    return RequestState.create(_options(parity), None, SynthesisResult())
+
+
+# --- noise buffers ---------------------------------------------------------------------------
+
+
+def test_parity_noise_buffers_are_the_requests_own(parity: Parity) -> None:
+    """Upstream ran with the engine's flow and vocoder noise of the request seed."""
+    flow_noise = parity.array(FLOW, "flow_noise")
+    vocoder_noise = parity.array(FLOW, "vocoder_noise")
+    assert parity.tolerance("noise_buffers") == 0.0
+    req = _request(parity)
+    assert_identical(req.flow_noise.take(flow_noise.shape[1]).T, flow_noise, "flow noise")
+    assert_identical(req.vocoder_noise.take(vocoder_noise.shape[0]), vocoder_noise, "vocoder noise")
+
+
+# --- one-shot: flow mel, vocoder, whole engine --------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_parity_oneshot_flow_mel(parity: Parity, engine: Any, case: str) -> None:
+    """flow encoder + Euler/CFG DiT on prompt ++ generated tokens (``mel_for_tokens``)."""
+    voice = _voice(parity, case).features
+    tokens = np.concatenate(
+        [voice.speech_tokens, parity.array(FLOW, f"{case}_gen_tokens").astype(np.int64)]
+    )
+    noise = parity.array(FLOW, "flow_noise").astype(np.float32)
+    settings = _flow_settings(parity)
+    mel = engine.flow.mel_for_tokens(
+        tokens, voice, noise, steps=settings["euler_steps"], cfg_rate=settings["cfg_rate"]
+    )
+    assert_close(
+        mel, parity.array(FLOW, f"{case}_oneshot_mel"), parity.tolerance("mel"), f"{case} mel"
+    )
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_parity_hift_istft_audio(parity: Parity, engine: Any, case: str) -> None:
+    """hift.onnx + host iSTFT + clamps on upstream's own mel gives upstream's audio."""
+    mel = parity.array(FLOW, f"{case}_oneshot_mel").astype(np.float32)
+    reference = parity.array(FLOW, f"{case}_oneshot_audio")
+    noise = parity.array(FLOW, "vocoder_noise")[: reference.shape[0]].astype(np.float32)
+    audio = engine.hift.waveform(mel, noise)
+    assert_close(audio, reference, parity.tolerance("audio"), f"{case} HiFT+iSTFT audio")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_parity_oneshot_engine_audio(
+    parity: Parity, engine: Any, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """The whole engine, one-shot, with the LLM replaced by the case's generated tokens."""
+    _with_tokens(engine, monkeypatch, parity.array(FLOW, f"{case}_gen_tokens"))
+    chunks = _synthesize(engine, _voice(parity, case), _options(parity, streaming=False))
+    assert len(chunks) == 1
+    reference = _faded(parity.array(FLOW, f"{case}_oneshot_audio"))
+    assert_close(chunks[0], reference, parity.tolerance("audio"), f"{case} one-shot audio")
+
+
+def _speed_refs(parity: Parity) -> list[tuple[str, float, str]]:
+    """``(case, speed, key)`` for every ``<case>_speed<x>_oneshot_audio`` in the manifest."""
+    found = []
+    for key in parity.keys(FLOW):
+        match = re.fullmatch(r"(.+)_speed([0-9.]+)_oneshot_audio", key)
+        if match:
+            found.append((match.group(1), float(match.group(2)), key))
+    return found
+
+
+def test_parity_speed_oneshot_audio(
+    parity: Parity, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``speed`` != 1: the mel is linearly resampled before the vocoder, as upstream."""
+    refs = _speed_refs(parity)
+    assert refs, "the manifest describes no <case>_speed<x>_oneshot_audio reference"
+    for case, speed, key in refs:
+        _with_tokens(engine, monkeypatch, parity.array(FLOW, f"{case}_gen_tokens"))
+        options = _options(parity, streaming=False, speed=speed)
+        chunks = _synthesize(engine, _voice(parity, case), options)
+        reference = _faded(parity.array(FLOW, key))
+        assert_close(
+            np.concatenate(chunks), reference, parity.tolerance("audio"), f"{case} speed {speed}"
+        )
+
+
+# --- streaming, variant (a): DiT with full attention ----------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_parity_stream_full_attention_upstream_schedule(
+    parity: Parity, engine: Any, case: str
+) -> None:
+    """The engine's streaming stages driven with upstream's own chunk bounds.
+
+    For every flow call upstream made (manifest ``flow_cases.<case>.stream_full.flow_calls``:
+    tokens seen incl. the 3 lookahead tokens, finalize flag, mel frames after it), the engine's
+    flow runs on prompt ++ those tokens, drops the lookahead frames unless final (as the
+    pipeline does), and its new frames go through the engine's streaming vocoder. Chunk mels,
+    chunk bounds and audio must match upstream, including a prompt whose length is off the
+    25-token grid (upstream pads the first chunk).
+    """
+    schedule = parity.flow_cases[case]["stream_full"]
+    voice = _voice(parity, case).features
+    gen = parity.array(FLOW, f"{case}_gen_tokens").astype(np.int64)
+    settings = _flow_settings(parity)
+    req = _request(parity)
+    vocoder = VocoderStream(engine.hift, req.vocoder_noise)
+    prompt_frames = int(voice.prompt_mel.shape[0])
+    mels: list[np.ndarray] = []
+    chunks: list[np.ndarray] = []
+    done_frames = 0
+    for n_tokens, finalize, _chunk_masked, mel_end in schedule["flow_calls"]:
+        drop = 0 if finalize else C.TOKEN_MEL_RATIO * C.PRE_LOOKAHEAD_TOKENS
+        noise = req.flow_noise.take(prompt_frames + C.TOKEN_MEL_RATIO * n_tokens).T
+        mel = engine.flow.mel_for_tokens(
+            np.concatenate([voice.speech_tokens, gen[:n_tokens]]),
+            voice,
+            noise,
+            steps=settings["euler_steps"],
+            cfg_rate=settings["cfg_rate"],
+            drop_lookahead_frames=drop,
+        )
+        assert mel.shape[1] == mel_end, f"flow call on {n_tokens} tokens: frames"
+        mels.append(mel[:, done_frames:])
+        done_frames = mel_end
+        chunks.append(vocoder.push(mels[-1], bool(finalize)))
+    bounds = np.cumsum([len(c) for c in chunks])
+    assert_identical(bounds, parity.array(FLOW, f"{case}_stream_full_bounds"), f"{case} bounds")
+    assert_identical(bounds, [call[2] for call in schedule["hift_calls"]], f"{case} hift calls")
+    assert_close(
+        np.concatenate(mels, axis=1),
+        parity.array(FLOW, f"{case}_stream_full_mel"),
+        parity.tolerance("mel"),
+        f"{case} streamed mel (upstream schedule)",
+    )
+    assert_close(
+        np.concatenate(chunks),
+        _faded(parity.array(FLOW, f"{case}_stream_full_audio")),
+        parity.tolerance("audio"),
+        f"{case} streamed audio (upstream schedule)",
+    )
+
+
+def _first_chunk_padding(parity: Parity, case: str) -> int:
+    return int(parity.flow_cases[case].get("prompt_token_pad", 0)) if case in CASES else 0
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_parity_stream_full_attention_quality_preset(
+    parity: Parity, engine: Any, monkeypatch: pytest.MonkeyPatch, case: str, request: Any
+) -> None:
+    """``synthesize`` with the ``quality`` preset streams upstream's chunks and audio.
+
+    Pending where upstream pads the first chunk (``prompt_token_pad`` > 0: the prompt is not a
+    multiple of 25 tokens, so upstream's first chunk holds 25 + pad tokens and later hops
+    double from 25): the preset's schedule has no such padding yet (upstream's chunk schedule
+    is being added on branch ``flowcache``). Marked strict: once the engine pads, this passes
+    and the mark must go.
+    """
+    if _first_chunk_padding(parity, case) > 0:
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="quality preset does not pad the first chunk to upstream's 25-token "
+                "grid (prompt_token_pad > 0); upstream chunk schedule pending (branch flowcache)",
+            )
+        )
+    _with_tokens(engine, monkeypatch, parity.array(FLOW, f"{case}_gen_tokens"))
+    chunks = _synthesize(engine, _voice(parity, case), _options(parity))
+    bounds = np.cumsum([len(c) for c in chunks])
+    assert_identical(bounds, parity.array(FLOW, f"{case}_stream_full_bounds"), f"{case} bounds")
+    assert_close(
+        np.concatenate(chunks),
+        _faded(parity.array(FLOW, f"{case}_stream_full_audio")),
+        parity.tolerance("audio"),
+        f"{case} streamed audio (quality preset)",
+    )

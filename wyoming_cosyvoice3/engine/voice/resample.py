@@ -25,8 +25,9 @@ taps per phase are non-zero (the rest underflow to exactly 0 in float32), so thi
 those taps per phase (``[n, 2 width + 2]``) and gathers their inputs: the same values, with
 memory bounded by the block size even for rate pairs with a large ``o`` (e.g. 22051 Hz).
 ``j / n`` is rounded to float32 before it enters the float64 kernel, as torchaudio's
-``torch.arange(...) / new_freq`` does; sums are taken in float64 (torch sums float32 products
-in float32), so results agree with torchaudio to float32 rounding (about 1e-7).
+``torch.arange(...) / new_freq`` does (on the shared 22.05 kHz clip this takes the distance
+to upstream's 16 kHz waveform from 4.6e-6 to 1.2e-7); sums are taken in float64 (torch sums
+float32 products in float32), so results agree with torchaudio to float32 rounding (~1e-7).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from wyoming_cosyvoice3.engine import PRESETS, SynthesisOptions, VoiceFeatures, 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.request import RequestState
 from wyoming_cosyvoice3.engine.types import SynthesisResult
-from wyoming_cosyvoice3.engine.vocoder import VocoderStream, fade_in_gain
+from wyoming_cosyvoice3.engine.vocoder.hift import VocoderStream, fade_in_gain
 
 FLOW = "flow.npz"
 CASES = parity_cases("flow")

@@ -250,7 +250,8 @@ def test_resample_removes_content_above_the_new_nyquist():
     t = np.arange(rate) / rate
     tone = np.sin(2 * np.pi * 11000 * t).astype(np.float32)  # above 8 kHz
     out = resample(tone, rate, 16000)
-    assert np.abs(out[1600:-1600]).max() < 1e-3
+    # upstream's filter (Hann-windowed sinc, 6 zero crossings, cutoff 0.99 x 8 kHz): -49 dB here
+    assert np.abs(out[1600:-1600]).max() < 5e-3
 
 
 def test_resample_same_rate_returns_a_copy():

@@ -267,6 +267,21 @@ def test_key_changes_with_each_input(tmp_path, clip, change):
     assert prompt.transcript == transcript and prompt.instruction == instruction
 
 
+def test_cache_of_an_earlier_feature_version_is_rebuilt(tmp_path, clip, monkeypatch):
+    """Version 1 caches hold features of soxr-resampled clips: never served again."""
+    from wyoming_cosyvoice3.engine.voice import prepare
+
+    cache = tmp_path / "cache"
+    model = _FakeModel(tmp_path)
+    monkeypatch.setattr(prepare, "FEATURE_FORMAT_VERSION", FEATURE_FORMAT_VERSION - 1)
+    VoiceFeatureExtractor(model, cache).prepare(clip)
+    monkeypatch.undo()
+    calls = model.graph_calls
+    VoiceFeatureExtractor(model, cache).prepare(clip)  # a fresh extractor: disk cache only
+    assert model.graph_calls == calls + 2
+    assert len(list(cache.glob("*.npz"))) == 2
+
+
 def test_cache_key_fields_are_separated():
     clip = b"RIFF...."
     keys = {

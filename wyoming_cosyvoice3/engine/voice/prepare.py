@@ -31,8 +31,12 @@ from .audio_io import MAX_CLIP_BYTES, decode_clip, read_clip_bytes, resample
 
 _LOGGER = logging.getLogger(__name__)
 
-FEATURE_FORMAT_VERSION = 1
-"""Bumped whenever the computed features or the cache file layout change (part of the key)."""
+FEATURE_FORMAT_VERSION = 2
+"""Bumped whenever the computed features or the cache file layout change (part of the key).
+
+2: clips are resampled with upstream's filter (torchaudio's default ``Resample``) instead of
+soxr, which changed the features above about 7 kHz and some speech tokens; caches of version 1
+are never looked up again and are rebuilt."""
 MEMORY_CACHE_ENTRIES = 32
 """Prepared voices kept in memory (least recently used dropped first)."""
 

@@ -75,14 +75,26 @@ def test_resample_length_is_ceil_of_the_rate_ratio(n_samples: int) -> None:
     assert output_length(n_samples, 44100, 16000) == y.shape[0]
 
 
-def test_resample_blocks_join_seamlessly(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Output computed in small blocks equals the one-block result."""
+def test_resample_gather_blocks_join_seamlessly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gather path (many phases) computed in small blocks equals the one-block result."""
     from wyoming_cosyvoice3.engine.voice import resample as module
 
     x = np.random.default_rng(3).standard_normal(5000).astype(np.float32)
-    whole = resample_like_upstream(x, 22050, 16000)
+    whole = resample_like_upstream(x, 22051, 16000)
     monkeypatch.setattr(module, "BLOCK_OUTPUT_SAMPLES", 97)
-    np.testing.assert_array_equal(resample_like_upstream(x, 22050, 16000), whole)
+    np.testing.assert_array_equal(resample_like_upstream(x, 22051, 16000), whole)
+
+
+@pytest.mark.parametrize(("from_hz", "to_hz"), [(48000, 16000), (22050, 24000)])
+def test_resample_phase_and_gather_paths_agree(
+    monkeypatch: pytest.MonkeyPatch, from_hz: int, to_hz: int
+) -> None:
+    from wyoming_cosyvoice3.engine.voice import resample as module
+
+    x = np.random.default_rng(4).standard_normal(7000).astype(np.float32)
+    by_phase = resample_like_upstream(x, from_hz, to_hz)
+    monkeypatch.setattr(module, "PHASE_LOOP_MAX_PHASES", 0)
+    np.testing.assert_allclose(resample_like_upstream(x, from_hz, to_hz), by_phase, atol=1e-7)
 
 
 def test_kernel_keeps_only_the_non_zero_taps_per_phase() -> None:

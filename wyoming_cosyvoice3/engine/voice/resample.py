@@ -15,15 +15,17 @@ https://ccrma.stanford.edu/~jos/resample/): both rates are divided by their gcd 
 the input rate is ``o``); output sample ``j`` of a period (``0 <= j < n``) is
 
     y[q n + j] = sum_i x[q o + i] h_j(i),
-    h_j(i) = (base / o) sinc(pi t) cos^2(pi t / (2 w)),  t = clamp((i / o - j / n) base, -w, w)
+    h_j(i) = (base / o) sin(pi t) / (pi t) cos^2(pi t / (2 w)),
+    t = clamp((i / o - j / n) base, -w, w)  (h = base / o at t = 0)
 
 with ``w = lowpass_filter_width`` zero crossings on each side, ``x`` zero outside the clip
 (``width = ceil(w o / base)`` input samples of zero padding on the left), and
 ``ceil(n N / o)`` output samples for ``N`` input samples. torchaudio evaluates ``h_j`` over a
 dense ``[n, 2 width + o]`` kernel applied by a strided convolution; only about ``2 width + 1``
 taps per phase are non-zero (the rest underflow to exactly 0 in float32), so this module keeps
-those taps per phase (``[n, 2 width + 2]``) and gathers their inputs: the same values, with
-memory bounded by the block size even for rate pairs with a large ``o`` (e.g. 22051 Hz).
+those taps per phase (``[n, 2 width + 2]``) and applies each phase as a strided dot product
+(or, for rate pairs with very many phases such as 22051 -> 16000 Hz, gathers each output's
+inputs in bounded blocks): the same values, with memory bounded for any rate pair.
 ``j / n`` is rounded to float32 before it enters the float64 kernel, as torchaudio's
 ``torch.arange(...) / new_freq`` does (on the shared 22.05 kHz clip this takes the distance
 to upstream's 16 kHz waveform from 4.6e-6 to 1.2e-7); sums are taken in float64 (torch sums
@@ -44,7 +46,11 @@ LOWPASS_FILTER_WIDTH = 6
 ROLLOFF = 0.99
 """Cutoff as a fraction of the lower Nyquist frequency (torchaudio ``Resample`` default)."""
 BLOCK_OUTPUT_SAMPLES = 1 << 16
-"""Output samples computed per block (bounds the gathered ``[block, taps]`` array, ~10 MB)."""
+"""Output samples per block of the gather path (bounds its ``[block, taps]`` arrays, ~10 MB)."""
+PHASE_LOOP_MAX_PHASES = 2048
+"""Up to this many output phases (reduced output rate), one strided dot product per phase
+(every common rate pair: 22.05/44.1/48 kHz -> 16/24 kHz have at most 320); beyond it, the
+per-phase loop would cost more than gathering every output's inputs."""
 
 
 @dataclass(frozen=True)
@@ -148,12 +154,35 @@ def resample_like_upstream(
     if from_hz == to_hz:
         return samples.copy()
     total = output_length(samples.shape[0], from_hz, to_hz)
-    taps = kernel.taps.astype(np.float64)
-    count = taps.shape[1]
+    count = kernel.taps.shape[1]
     # zeros: width before the clip (torchaudio's padding), enough after it for the last taps
     padded = np.zeros(kernel.width + samples.shape[0] + kernel.width + kernel.orig + count)
     padded[kernel.width : kernel.width + samples.shape[0]] = samples
-    offsets = np.arange(count, dtype=np.int64)[None, :]
+    if kernel.new <= PHASE_LOOP_MAX_PHASES:
+        return _apply_by_phase(padded, kernel, total)
+    return _apply_by_gather(padded, kernel, total)
+
+
+def _apply_by_phase(
+    padded: npt.NDArray[np.float64], kernel: SincKernel, total: int
+) -> npt.NDArray[np.float32]:
+    """Each phase j as one strided dot product: y[q n + j] = window(q o + start_j) . taps[j]."""
+    count = kernel.taps.shape[1]
+    periods = -(-total // kernel.new)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, count)
+    out = np.empty((periods, kernel.new), dtype=np.float64)
+    for phase in range(kernel.new):
+        rows = windows[int(kernel.starts[phase]) :: kernel.orig][:periods]
+        out[:, phase] = np.einsum("qk,k->q", rows, kernel.taps[phase].astype(np.float64))
+    return np.ascontiguousarray(out.reshape(-1)[:total], dtype=np.float32)
+
+
+def _apply_by_gather(
+    padded: npt.NDArray[np.float64], kernel: SincKernel, total: int
+) -> npt.NDArray[np.float32]:
+    """Blocks of outputs, each gathering its taps' inputs (many phases: no per-phase loop)."""
+    taps = kernel.taps.astype(np.float64)
+    offsets = np.arange(taps.shape[1], dtype=np.int64)[None, :]
     out = np.empty(total, dtype=np.float32)
     for begin in range(0, total, BLOCK_OUTPUT_SAMPLES):
         index = np.arange(begin, min(begin + BLOCK_OUTPUT_SAMPLES, total), dtype=np.int64)

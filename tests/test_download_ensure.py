@@ -49,7 +49,8 @@ def assert_complete(model_dir: Path, repos: dict[str, dict[str, bytes]]) -> None
     for name in NAMES:
         assert (model_dir / name).read_bytes() == content_of(repos, name), name
     partial = model_dir / ".cosyvoice3" / "partial"
-    assert not [p for p in partial.rglob("*") if p.is_file()] if partial.exists() else True
+    leftovers = [p for p in partial.rglob("*") if p.is_file()] if partial.exists() else []
+    assert leftovers == []
 
 
 def test_first_start_downloads_every_file(tmp_path: Path, hub: HubMimic, repos) -> None:

@@ -232,6 +232,10 @@ def spy_factory(holder: list[SpyEngine],
     return factory
 
 
+STALL_S = 20.0
+"""Length of the uninterruptible step of a ``STALL`` sentence (:class:`FaultyEngine`)."""
+
+
 class FaultyEngine:
     """A fast stand-in engine for fault injection (no model needed beyond readable clips).
 
@@ -242,7 +246,9 @@ class FaultyEngine:
     * ``FAIL``: a coded ``SynthesisFailed`` after its first chunk;
     * ``CRASH``: a plain ``RuntimeError`` (a bug) after its first chunk;
     * ``HOLD``: waits for :attr:`gate` (bounded, 60 s) before its first chunk;
-    * ``ENDLESS``: chunks until ``should_stop`` (bounded, 100000 chunks).
+    * ``ENDLESS``: chunks until ``should_stop`` (bounded, 100000 chunks);
+    * ``STALL``: after its first chunk, one step of :data:`STALL_S` seconds that does not
+      look at ``should_stop`` (a long model step on a slow CPU).
 
     Records ``texts``, ``outcomes`` and ``stop_flags`` like :class:`SpyEngine` unless
     ``record`` is False (for memory measurements).
@@ -314,6 +320,8 @@ class FaultyEngine:
                     raise SynthesisFailed("injected failure in graph hift.onnx")
                 if "CRASH" in piece and k == 0:
                     raise RuntimeError("injected bug")
+                if "STALL" in piece and k == 0:
+                    time.sleep(STALL_S)
 
 
 def faulty_factory(model_dir: Path, options: EngineOptions) -> Engine:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 from wyoming.event import async_get_stdin, async_get_stdout
@@ -23,8 +25,11 @@ from .settings import Settings, SettingsError, resolve_settings
 
 _LOGGER = logging.getLogger(__name__)
 
-SHUTDOWN_GRACE_S = 5.0
-"""Seconds in-flight requests get to stop after SIGTERM before the process exits."""
+SHUTDOWN_GRACE_S = 4.5
+"""Seconds the whole stop may take after SIGTERM: syntheses stopping, clients getting their
+last events, connections closing. What is still running then is abandoned and the process
+exits, so that it ends within 5 s of the signal (README, "Protocol behaviour";
+``tests/test_server_faults.py::test_sigterm_exits_within_5_s_while_a_model_step_runs``)."""
 
 
 class RunningServer:
@@ -69,9 +74,20 @@ class RunningServer:
         except (OSError, ImportError) as err:
             _LOGGER.warning("Zeroconf discovery is unavailable: %s", err)
 
-    async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> bool:
         """Stop accepting connections, cancel in-flight syntheses (each client gets its
-        ``error`` and ``audio-stop``), then close every connection."""
+        ``error`` and ``audio-stop``), then close every connection; all of it within
+        ``grace_s`` seconds in total.
+
+        Returns:
+            True when every synthesis thread has stopped; False when one was still inside a
+            model step at the deadline (the caller then exits without waiting for it).
+        """
+        deadline = time.monotonic() + grace_s
+
+        def left_s() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         self.runtime.stopping.set()
         listener = getattr(self.server, "_server", None)
         if listener is not None:
@@ -80,34 +96,45 @@ class RunningServer:
         for connection in connections:
             if isinstance(connection, CosyVoiceEventHandler):
                 connection.begin_shutdown()
-        if not await self.runtime.wait_idle(grace_s):
-            _LOGGER.warning("Syntheses still running after %.0f s; closing anyway", grace_s)
-        await _wait_answered(connections, grace_s)  # their last events are written
+        idle = await self.runtime.wait_idle(left_s())
+        if not idle:
+            _LOGGER.warning("Syntheses still running %.1f s after the stop signal; closing "
+                            "anyway", grace_s)
+        await _wait_answered(connections, left_s())  # their last events are written
         handlers = list(getattr(self.server, "_handlers", {}).keys())
         await self.server.stop()
         if handlers:
-            _done, pending = await asyncio.wait(handlers, timeout=grace_s)
+            _done, pending = await asyncio.wait(handlers, timeout=max(0.01, left_s()))
             for task in pending:
                 task.cancel()
         self.runtime.shutdown()
         _LOGGER.info("Server stopped")
+        return idle or self.runtime.active == 0
 
 
 async def _wait_answered(connections: list[object], timeout_s: float) -> None:
-    """Wait (bounded) until every connection has answered what it accepted."""
+    """Wait (bounded by ``timeout_s``) until every connection has answered what it
+    accepted."""
+    deadline = time.monotonic() + timeout_s
     for _ in range(int(timeout_s / 0.01) + 1):
         if all(not isinstance(c, CosyVoiceEventHandler) or c.answered or c.gone.is_set()
-               for c in connections):
+               for c in connections) or time.monotonic() >= deadline:
             return
         await asyncio.sleep(0.01)
 
 
-async def serve(settings: Settings) -> None:
-    """Run the server until SIGTERM or SIGINT."""
+async def serve(settings: Settings,
+                engine_factory: EngineFactory = default_engine_factory) -> bool:
+    """Run the server until SIGTERM or SIGINT.
+
+    Returns:
+        True when it stopped cleanly; False when a synthesis thread was still inside a model
+        step at the end of the grace time (see :data:`SHUTDOWN_GRACE_S`).
+    """
     if settings.uri.startswith("stdio://"):
         await serve_stdio(settings)
-        return
-    running = RunningServer(settings)
+        return True
+    running = RunningServer(settings, engine_factory=engine_factory)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -118,7 +145,8 @@ async def serve(settings: Settings) -> None:
         await stop.wait()
         _LOGGER.info("Stopping")
     finally:
-        await running.stop()
+        clean = await running.stop()
+    return clean
 
 
 async def serve_stdio(settings: Settings) -> None:
@@ -140,8 +168,14 @@ def setup_logging(settings: Settings) -> None:
                         format=settings.log_format)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point; returns the process exit code."""
+def main(argv: Sequence[str] | None = None,
+         engine_factory: EngineFactory = default_engine_factory) -> int:
+    """Console entry point; returns the process exit code.
+
+    When a synthesis thread is still inside a model step after the grace time, the process
+    ends at once with code 0 (``os._exit`` after flushing the log): the interpreter would
+    otherwise wait for that worker thread at exit.
+    """
     try:
         settings = resolve_settings(argv)
     except SettingsError as err:
@@ -149,12 +183,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     setup_logging(settings)
     try:
-        asyncio.run(serve(settings))
+        clean = asyncio.run(serve(settings, engine_factory))
     except KeyboardInterrupt:
-        pass
+        clean = True
     except OSError as err:  # e.g. the port is taken
         _LOGGER.error("Cannot serve on %s: %s", settings.uri, err)
         return 1
+    if not clean:
+        _LOGGER.warning("Exiting without waiting for the model step still running")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

@@ -193,13 +193,25 @@ def test_mel_for_tokens_prompt_noise_and_lookahead() -> None:
     # the encoder got the L2-normalised embedding
     assert np.isclose(np.linalg.norm(enc.last_embedding), 1.0, atol=1e-6)
 
-    # reference: solve by hand over prompt + generated frames, drop the prompt part
-    mu, spks = runner.encode(tokens, voice.speaker_embedding)
-    mu = mu[:, :-6]
-    cond = np.zeros_like(mu)
+    # reference, independent of the runner: the fake encoder's mu (each token's value on two
+    # frames plus the bin ramp) without the 6 look-ahead frames, spks = the first 80 values of
+    # the unit embedding, the prompt mel as condition on the first 8 frames, 3 Euler steps on
+    # the cosine schedule with CFG 0.7 (unconditional row: mu, spks, cond zeroed); then the
+    # 8 prompt frames are dropped
+    frames = 2 * len(tokens) - 6
+    mu = (np.repeat(0.01 * tokens.astype(np.float64), 2)[None, :]
+          + np.linspace(0, 1, BINS)[:, None])[:, :frames]
+    unit = voice.speaker_embedding.astype(np.float64)
+    spks = (unit / np.linalg.norm(unit))[:BINS]
+    cond = np.zeros((BINS, frames))
     cond[:, :8] = voice.prompt_mel.T
-    ref = runner.solve(buf[:, : mu.shape[1]], mu, spks, cond, 3, 0.7)[:, 8:]
-    assert np.allclose(mel, ref, atol=1e-6)
+    t = [1.0 - math.cos(k / 3 * math.pi / 2) for k in range(4)]
+    x = buf[:, :frames].astype(np.float64)
+    for k in range(3):
+        v_cond = 0.5 * x + 2.0 * mu - 0.25 * cond + t[k] + spks[:, None]
+        v_unc = 0.5 * x + t[k]
+        x = x + (t[k + 1] - t[k]) * (1.7 * v_cond - 0.7 * v_unc)
+    np.testing.assert_allclose(mel, x[:, 8:], rtol=0, atol=1e-6 * np.abs(x).max())
 
     # bounded left context: same frames as the whole history (the fake field is frame-local)
     start = 6

@@ -202,19 +202,26 @@ class _RecordingHift:
         return self.graph.run(feeds, output_names)
 
 
-def _stream(engine: CosyVoice3Engine, mel: np.ndarray, window: int, hops: list[int]) -> Any:
+def _stream(engine: CosyVoice3Engine, mel: np.ndarray, window: int, hops: list[int],
+            runner: Any = None) -> Any:
     from wyoming_cosyvoice3.engine import constants as C
     from wyoming_cosyvoice3.engine.noise import GrowingNoise
     from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 
     graph = _RecordingHift(engine.model.hift)
     noise = GrowingNoise(np.random.default_rng(1), C.HARMONIC_CHANNELS, "uniform", 4800)
-    stream = VocoderStream(HiftRunner(graph), noise, window_frames=window)  # type: ignore[arg-type]
+    stream = VocoderStream(runner or HiftRunner(graph), noise,  # type: ignore[arg-type]
+                           window_frames=window)
     out, start = [], 0
     for i, hop in enumerate(hops):
         out.append(stream.push(mel[:, start : start + hop], i == len(hops) - 1))
         start += hop
     return np.concatenate(out), graph.frames
+
+
+def _snr_db(reference: np.ndarray, other: np.ndarray) -> float:
+    error = np.sum((other.astype(np.float64) - reference) ** 2)
+    return float(10 * np.log10(np.sum(reference.astype(np.float64) ** 2) / max(error, 1e-30)))
 
 
 def test_vocoder_window_bounds_each_call_and_keeps_the_length(engine: CosyVoice3Engine) -> None:
@@ -226,11 +233,55 @@ def test_vocoder_window_bounds_each_call_and_keeps_the_length(engine: CosyVoice3
     assert exact_frames == [20, 40, 80, 120]
     # each call: <= 10 emitted frames of context + the 8 held back + the new frames
     assert all(f <= 10 + 8 + hop for f, hop in zip(frames, hops, strict=True))
+    assert frames[1:] != exact_frames[1:]  # later calls really were cut
     assert len(windowed) == len(exact) == 480 * 120
     # the first call is identical (no earlier context to drop)
     first = 480 * (20 - 8)
     np.testing.assert_array_equal(windowed[:first], exact[:first])
-    assert not np.array_equal(windowed, exact)
+    # the tiny vocoder's receptive field fits in 10 frames: cutting the context leaves the
+    # samples equal up to float rounding (measured 124 dB); a misaligned window, noise
+    # offset or seam would not
+    assert _snr_db(exact, windowed) > 100.0
+
+
+class _LevelRunner:
+    """A vocoder stand-in whose every sample shows which mel frame its call started at and
+    which noise it read: ``mel[0, 0] + 1e-3 * noise[:, 0]`` for the whole call."""
+
+    def waveform(self, mel: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        n = 480 * mel.shape[1]
+        return (mel[0, 0] + 1e-3 * noise[:n, 0]).astype(np.float32)
+
+
+def test_vocoder_window_seams_are_cross_faded(engine: CosyVoice3Engine) -> None:
+    """Where two windowed calls disagree, the seam is a 20 ms (480-sample) monotone blend
+    from the earlier call's samples to the later call's, with no jump; away from the seams
+    each call's samples come from its own window start and the absolute noise columns."""
+    mel = np.zeros((80, 120), dtype=np.float32)
+    mel[0] = 1.0 + np.arange(120)  # level = 1 + the frame a call starts at
+    hops = [20, 20, 40, 40]
+    exact, _ = _stream(engine, mel, 0, hops, _LevelRunner())
+    windowed, _ = _stream(engine, mel, 10, hops, _LevelRunner())
+    noise = exact - 1.0  # exact: every call starts at frame 0
+    fade_in = 480  # FADE_IN_MS of the utterance start
+    # emitted frame bounds of the calls, and the frame each windowed call starts at
+    bounds = [0, 12, 32, 72, 120]
+    starts = [0, 12 - 10, 32 - 10, 72 - 10]
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        level = 1.0 + starts[i]
+        lo = 480 * a + (480 if i else fade_in)  # past the seam (or the fade-in)
+        np.testing.assert_allclose(windowed[lo : 480 * b] - level, noise[lo : 480 * b],
+                                   atol=1e-5)
+        if i == 0:
+            continue
+        seam = windowed[480 * a : 480 * a + 480]
+        before, after = 1.0 + starts[i - 1], level
+        step = after - before
+        assert abs(seam[0] - before) < 0.01 * step and abs(seam[-1] - after) < 0.02 * step
+        smooth = seam - noise[480 * a : 480 * a + 480]
+        assert np.all(np.diff(smooth) >= -1e-5)  # monotone from the old level to the new
+        # no jump: the largest sample step is a small part of the level change
+        assert np.abs(np.diff(windowed[480 * a - 1 : 480 * a + 481])).max() < 0.01 * step
 
 
 def test_vocoder_window_longer_than_the_utterance_is_exact(engine: CosyVoice3Engine) -> None:

@@ -214,8 +214,21 @@ def test_bad_options_fail_at_call(engine, voice) -> None:
         engine.synthesize("Hi.", voice, SynthesisOptions(speed=3.0))
 
 
-def test_warm_up(engine, voice) -> None:
+def test_warm_up(engine, voice, monkeypatch) -> None:
+    """Warm-up runs every graph once on a short text (at most 50 LLM tokens), leaves the
+    voice's prefix KV in the cache, and does not change what a request then produces."""
+    engine.llm.prefix_cache.clear()
+    before = audio(run(engine, MEDIUM_TEXT, voice, seed=4))
+    engine.llm.prefix_cache.clear()
+    rec = Recorder(engine, monkeypatch)
     engine.warm_up(voice)
+    assert {"llm", "flow_encoder", "estimator", "hift"} <= set(rec.calls)
+    assert len(rec.pieces) == 1 and 2 <= len(rec.pieces[0]) <= 50
+    assert len(engine.llm.prefix_cache) == 1
+    monkeypatch.undo()
+    after = audio(run(engine, MEDIUM_TEXT, voice, seed=4))
+    assert len(engine.llm.prefix_cache) == 1  # the request found the warmed prefix
+    np.testing.assert_array_equal(after, before)
 
 
 def test_last_piece_without_tokens_ends_with_empty_last_chunk(engine, voice, monkeypatch) -> None:

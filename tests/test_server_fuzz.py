@@ -90,7 +90,22 @@ event_types = st.sampled_from(["describe", "synthesize", "synthesize", "synthesi
                                "audio-chunk", "select-program"])
 wire_events = st.builds(lambda t, d, p: Event(type=t, data=d, payload=p), event_types, datas,
                    st.one_of(st.none(), st.binary(min_size=1, max_size=8)))
-endings = st.sampled_from(["half-close", "garbage", "hang-up"])
+speakable = st.sampled_from(["Hi.", "Ok. Go", "a\x00b.", "No"])
+good_voices = st.sampled_from([{}, {"voice": "en-male"}, {"voice": {"name": "zh-female"}},
+                               {"voice": {"language": "en"}}])
+one_shots = st.builds(lambda text, voice: [Event(type="synthesize", data={"text": text, **voice})],
+                      speakable, good_voices)
+streams = st.builds(
+    lambda voice, parts: [Event(type="synthesize-start", data=voice),
+                          *(Event(type="synthesize-chunk", data={"text": p}) for p in parts),
+                          Event(type="synthesize-stop")],
+    good_voices, st.lists(speakable, min_size=1, max_size=2))
+units = st.one_of(one_shots, streams, st.lists(wire_events, min_size=1, max_size=3))
+"""A well-formed speakable request (one-shot or stream) or up to three random events, so
+that most sequences mix requests that produce audio with junk around them."""
+sequences = st.lists(units, min_size=1, max_size=3).map(
+    lambda parts: [event for part in parts for event in part])
+endings = st.sampled_from(["half-close", "half-close", "garbage", "hang-up"])
 
 
 def expected_markers(sent: list[Event]) -> list[str]:
@@ -134,9 +149,9 @@ def check_answers(received: list[Event], sent: list[Event]) -> None:
 
 
 @pytest.mark.asyncio(loop_scope="module")
-@settings(max_examples=80, deadline=None,
+@settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(sent=st.lists(wire_events, min_size=1, max_size=10), ending=endings)
+@given(sent=sequences, ending=endings)
 async def test_random_event_sequences(server: RunningServer, sent: list[Event],
                                       ending: str) -> None:
     assert server.port is not None

@@ -146,21 +146,23 @@ async def test_junk_data_on_describe_and_stop(shared: Shared, data: dict[str, An
 
 
 @pytest.mark.parametrize(
-    "text",
-    ["Lights\x00 on\x01\x02 now.\x1b[31m Kitchen\x7f too.", "\x00\x00\x00",
-     "Tab\tand\rreturn.\u2028Line\u2029sep.", "Zero\u200bwidth\ufeff joiner."],
+    ("text", "speakable"),
+    [("Lights\x00 on\x01\x02 now.\x1b[31m Kitchen\x7f too.", True), ("\x00\x00\x00", False),
+     ("Tab\tand\rreturn.\u2028Line\u2029sep.", True), ("Zero\u200bwidth\ufeff joiner.", True)],
 )
-async def test_control_characters_and_nul(shared: Shared, text: str) -> None:
-    """Control characters and NUL reach the engine unchanged and harm nothing: audio (or
-    none for nothing speakable), always ending with audio-stop."""
+async def test_control_characters_and_nul(shared: Shared, text: str, speakable: bool) -> None:
+    """Control characters and NUL reach the engine unchanged and harm nothing: speakable
+    text around them gives audio, only control characters give none; always ending with
+    audio-stop."""
     calls_before = len(shared.spy.texts)
     async with client(shared.server) as cl:
         await cl.write_event(Synthesize(text=text).event())
         response = await collect(cl, "audio-stop")
         assert not response.errors
         check_audio_format(response)
+        assert bool(response.chunks) is speakable, response.types
         await still_serves(cl)
-    assert shared.spy.texts[calls_before:] in ([text], [])  # [] when nothing was speakable
+    assert shared.spy.texts[calls_before:calls_before + 1] == [text]
 
 
 async def test_unpaired_surrogates(shared: Shared) -> None:

@@ -106,22 +106,30 @@ def test_no_installed_voice() -> None:
 
 
 async def read_all(raw: bytes, limit: int = 1000) -> list[object]:
+    results, ended = await read_to_end(raw, limit)
+    assert ended
+    return results
+
+
+async def read_to_end(raw: bytes, limit: int = 1000) -> tuple[list[object], bool]:
+    """Every event / ``(code, fatal)`` read from ``raw``, and whether reading ended (end of
+    input or a fatal error) before a bound of one read per line plus one."""
     reader = asyncio.StreamReader(limit=2**16)
     reader.feed_data(raw)
     reader.feed_eof()
     results: list[object] = []
-    for _ in range(20):
+    for _ in range(raw.count(b"\n") + 2):
         try:
             event = await read_event(reader, limit, limit)
         except ProtocolError as err:
             results.append((err.code, err.fatal))
             if err.fatal:
-                break
+                return results, True
             continue
         if event is None:
-            break
+            return results, True
         results.append((event.type, event.data, event.payload))
-    return results
+    return results, False
 
 
 def frame(header: dict, data: bytes = b"", payload: bytes = b"") -> bytes:
@@ -159,11 +167,31 @@ async def test_reader_rejects_bad_input(raw: bytes, expected: list[object]) -> N
     assert await read_all(raw) == expected
 
 
+FRAGMENTS = [b'{"type": "describe"}\n', b'{"type": "synthesize", "data_length": 13}\n',
+             b'{"text": "Hi"}', b'{"type": "x", "payload_length": 3}\n', b"abc", b"\n",
+             b'{"type": "x", "data_length": 500}\n', b"[1, 2]", b'"data": {"a": 1}}', b"{"]
+"""Pieces of valid and broken events, so that random input also contains readable events."""
+
+
 @settings(max_examples=200, deadline=None)
-@given(raw=st.binary(max_size=300))
+@given(raw=st.one_of(st.binary(max_size=300), st.lists(
+    st.one_of(st.sampled_from(FRAGMENTS), st.binary(max_size=8)), max_size=12).map(b"".join)))
 async def test_reader_never_raises_anything_else(raw: bytes) -> None:
-    results = await read_all(raw + b"\n")
-    assert len(results) <= 20
+    """On any bytes the reader returns events or coded errors, each read consumes at least
+    one line (so it ends within one read per line), a fatal error is the last result, and
+    no event carries more than the limits."""
+    results, ended = await read_to_end(raw + b"\n", limit=100)
+    assert ended
+    for index, result in enumerate(results):
+        assert isinstance(result, tuple)
+        if len(result) == 2:
+            code, fatal = result
+            assert code in {"malformed-event", "event-too-large"}
+            assert not fatal or index == len(results) - 1
+        else:
+            kind, data, payload = result
+            assert isinstance(kind, str) and isinstance(data, dict)
+            assert payload is None or (isinstance(payload, bytes) and len(payload) <= 100)
 
 
 # --- PCM --------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ the plain path, each approximating lever does what its option says (no timing as
 
 from __future__ import annotations
 
+import itertools
 import threading
 from pathlib import Path
 from typing import Any
@@ -267,7 +268,7 @@ def test_vocoder_window_seams_are_cross_faded(engine: CosyVoice3Engine) -> None:
     # emitted frame bounds of the calls, and the frame each windowed call starts at
     bounds = [0, 12, 32, 72, 120]
     starts = [0, 12 - 10, 32 - 10, 72 - 10]
-    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+    for i, (a, b) in enumerate(itertools.pairwise(bounds)):
         level = 1.0 + starts[i]
         lo = 480 * a + (480 if i else fade_in)  # past the seam (or the fade-in)
         np.testing.assert_allclose(windowed[lo : 480 * b] - level, noise[lo : 480 * b],

@@ -196,7 +196,8 @@ class _RecordingHift:
     """Wraps a graph's ``run`` and records the mel frames of every call."""
 
     def __init__(self, graph: Any) -> None:
-        self.graph, self.spec, self.frames = graph, graph.spec, []
+        self.graph, self.spec = graph, graph.spec
+        self.frames: list[int] = []
 
     def run(self, feeds: dict[str, np.ndarray], output_names: Any = None) -> Any:
         self.frames.append(int(feeds["speech_feat"].shape[2]))

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,7 +35,13 @@ from server_support import (
 )
 from wire_support import frame, free_port, server_process, wait_process_ready
 from wyoming.client import AsyncTcpClient
-from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeVoice,
+)
 
 from wyoming_cosyvoice3.server.cli import RunningServer
 
@@ -231,6 +238,48 @@ async def test_bug_in_one_synthesis(tmp_path: Path, make_clip: MakeClip,
     tracebacks = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(tracebacks) == 2 and all(r.exc_info for r in tracebacks)
     assert holder[0].texts[-1] == "Recovered."
+
+
+async def test_bug_outside_the_engine_still_ends_the_response(
+        tmp_path: Path, make_clip: MakeClip, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A plain exception in the server's own request logic before synthesis (here: voice
+    selection): the one-shot client still gets internal-error then audio-stop, the stream
+    client audio-stop + synthesize-stopped, each within 5 s (Home Assistant would otherwise
+    wait for its own timeout); the traceback is logged once each; the connection is reused."""
+    import wyoming_cosyvoice3.server.speech as speech
+
+    original = speech.select_voice
+
+    def buggy_select_voice(voice: Any, *args: Any, **kwargs: Any) -> Any:
+        if voice.name == "buggy":
+            raise RuntimeError("injected bug in voice selection")
+        return original(voice, *args, **kwargs)
+
+    monkeypatch.setattr(speech, "select_voice", buggy_select_voice)
+    holder: list[FaultyEngine] = []
+    settings = make_settings(fake_model_dir(tmp_path, make_clip), tmp_path / "data")
+    with caplog.at_level(logging.INFO):
+        async with running_server(settings, recording_faulty_factory(holder)) as server, \
+                client(server) as cl:
+            await cl.write_event(Synthesize(text="Hello there.", voice=SynthesizeVoice(
+                name="buggy")).event())
+            failed = await collect(cl, "audio-stop", timeout_s=5.0)
+            assert failed.types == ["error", "audio-stop"]
+            assert [e.code for e in failed.errors] == ["internal-error"]
+            await cl.write_event(SynthesizeStart(voice=SynthesizeVoice(name="buggy")).event())
+            await cl.write_event(SynthesizeChunk(text="One. Two.").event())
+            await cl.write_event(SynthesizeStop().event())
+            streamed = await collect(cl, "synthesize-stopped", timeout_s=5.0)
+            assert [e.code for e in streamed.errors] == ["internal-error"]
+            assert streamed.types[-2:] == ["audio-stop", "synthesize-stopped"]
+            assert not streamed.chunks
+            await cl.write_event(Synthesize(text="Recovered.").event())
+            again = await collect(cl, "audio-stop")
+            assert not again.errors and again.chunks
+    assert holder[0].texts == ["Recovered."]
+    tracebacks = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(tracebacks) == 2 and all(r.exc_info for r in tracebacks)
 
 
 # --- SIGTERM -----------------------------------------------------------------------------------

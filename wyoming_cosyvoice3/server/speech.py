@@ -47,6 +47,28 @@ def choose_voice(runtime: ServerRuntime, voice: VoiceRequest) -> VoiceSlot:
     return select_voice(voice, runtime.voices, runtime.default_voice_slot())
 
 
+async def voice_or_error(runtime: ServerRuntime, sink: EventSink,
+                         request: SpeakRequest) -> VoiceSlot | None:
+    """The request's voice, or None after sending its ``error``: the request's own problem
+    or a coded error (model not ready, unknown voice), or ``internal-error`` for any other
+    exception (a bug; its traceback is logged). The caller then ends its response, so a
+    bug before synthesis still gets ``audio-stop`` (and ``synthesize-stopped``).
+
+    Raises:
+        ClientGone: the client disconnected.
+    """
+    try:
+        if request.problem is not None:
+            raise request.problem
+        return choose_voice(runtime, request.voice)
+    except CosyVoiceError as err:
+        await sink.send_error(err.code, str(err))
+    except Exception:  # a bug must not leave the client without the end of its response
+        _LOGGER.exception("Choosing the voice for %s failed unexpectedly", sink.peer)
+        await sink.send_error(INTERNAL_ERROR, "the server failed unexpectedly; see its log")
+    return None
+
+
 async def speak(
     runtime: ServerRuntime, sink: EventSink, text: str, slot: VoiceSlot, stats: RequestStats,
     t0: float, extra_stop: threading.Event | None = None,
@@ -116,12 +138,8 @@ async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRe
         ClientGone: the client disconnected.
     """
     stats = RequestStats(kind="synthesize")
-    try:
-        if request.problem is not None:
-            raise request.problem
-        slot = choose_voice(runtime, request.voice)
-    except CosyVoiceError as err:
-        await sink.send_error(err.code, str(err))
+    slot = await voice_or_error(runtime, sink, request)
+    if slot is None:
         await sink.send(AudioStop().event())
         return
     stats.voice, stats.chars = slot.entry.name, len(request.text)

@@ -25,7 +25,7 @@ from .output import ClientGone, RequestStats
 from .requests import SpeakRequest, check_chunk_text
 from .runtime import ServerRuntime
 from .sink import EventSink
-from .speech import INTERNAL_ERROR, audio_start, choose_voice, speak
+from .speech import INTERNAL_ERROR, audio_start, speak, voice_or_error
 from .streaming_text import SentenceBuffer
 
 _LOGGER = logging.getLogger(__name__)
@@ -134,16 +134,10 @@ async def run_stream(runtime: ServerRuntime, sink: EventSink, stream: StreamRequ
         ClientGone: the client disconnected.
     """
     stats = RequestStats(kind="stream")
-    failed = False
-    slot = None
-    try:
-        if stream.request.problem is not None:
-            raise stream.request.problem
-        slot = choose_voice(runtime, stream.request.voice)
+    slot = await voice_or_error(runtime, sink, stream.request)
+    failed = slot is None
+    if slot is not None:
         stats.voice = slot.entry.name
-    except CosyVoiceError as err:
-        await sink.send_error(err.code, str(err))
-        failed = True
     await sink.send(audio_start().event())
     outcome = "failed" if failed else "done"
     for _ in range(stream.max_items):  # ends at the None marker

@@ -261,6 +261,8 @@ class FaultyEngine:
         self.texts: list[str] = []
         self.outcomes: list[str] = []
         self.stop_flags: list[bool] = []
+        self.ended: list[float] = []
+        """``time.monotonic()`` when each request's iterator ended."""
         self.started = threading.Semaphore(0)
         self.lock = threading.Lock()
 
@@ -301,6 +303,7 @@ class FaultyEngine:
                 with self.lock:
                     self.outcomes.append(outcome)
                     self.stop_flags.append(bool(should_stop and should_stop()))
+                    self.ended.append(time.monotonic())
 
     def _chunks(self, text: str, should_stop: ShouldStop) -> Iterator[EngineChunk]:
         pieces = [p for p in re.split(r"(?<=[.!?。])\s*", text) if re.search(r"\w", p)]

@@ -203,6 +203,67 @@ async def test_client_leaves_while_queued(shared: Shared, reset: bool) -> None:
         assert shared.spy.stop_flags[-1] is True
 
 
+async def _read_until(reader: asyncio.StreamReader, event_type: str) -> None:
+    """Read raw events up to the header of the first ``event_type`` (its data unread)."""
+    for _ in range(100):
+        header = json.loads(await asyncio.wait_for(reader.readline(), 60))
+        if header["type"] == event_type:
+            return
+        await reader.readexactly((header.get("data_length") or 0)
+                                 + (header.get("payload_length") or 0))
+    raise AssertionError(f"no {event_type}")
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["close", "reset"])
+async def test_disconnect_stops_the_synthesis_in_time(tmp_path: Path, make_clip: MakeClip,
+                                                      reset: bool) -> None:
+    """When the synthesis stops after the client leaves, measured from the hang-up (README,
+    "Protocol behaviour"). The stand-in engine's steps: 10 ms per chunk; before the first
+    chunk of a ``HOLD`` sentence, a wait that checks the stop flag every 0.1 s.
+
+    * while audio is being written: the next write fails (close) or the read fails (reset);
+      the engine stops within one step;
+    * while the engine computes and nothing is due to be written: a reset stops it within one
+      step; a plain close looks like a half-close, so the engine goes on until its first audio
+      write after the close, then stops within one step."""
+    holder: list[FaultyEngine] = []
+    settings = make_settings(fake_model_dir(tmp_path, make_clip), tmp_path / "data")
+    async with running_server(settings, recording_faulty_factory(holder)) as server:
+        assert server.port is not None
+        engine = holder[0]
+
+        async def ended(count: int) -> float:
+            assert await asyncio.to_thread(wait_until, lambda: len(engine.ended) >= count, 30)
+            return engine.ended[count - 1]
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(frame(Synthesize(text="Talk ENDLESS.").event()))
+        await _read_until(reader, "audio-chunk")
+        left = time.monotonic()
+        reset_socket(writer) if reset else writer.close()
+        writing_s = await ended(1) - left
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(frame(Synthesize(text="Wait HOLD.").event()))
+        await _read_until(reader, "audio-start")
+        await asyncio.sleep(0.2)  # the engine is inside its wait
+        left = time.monotonic()
+        reset_socket(writer) if reset else writer.close()
+        if reset:
+            computing_s = await ended(2) - left
+        else:
+            await asyncio.sleep(1.0)
+            assert len(engine.ended) == 1  # still computing: nothing was written yet
+            released = time.monotonic()
+            engine.gate.set()  # the first chunk is ready and written: the close is noticed
+            computing_s = await ended(2) - released
+    print(f"stopped {writing_s:.3f} s after the hang-up while writing, {computing_s:.3f} s "
+          f"{'after the hang-up' if reset else 'after the first audio'} while computing")
+    assert len(engine.outcomes) == 2 and set(engine.outcomes) <= {"closed", "cancelled"}
+    assert all(engine.stop_flags)
+    assert writing_s < 0.5 and computing_s < 0.5
+
+
 # --- an exception inside one synthesis ---------------------------------------------------------
 
 

@@ -24,6 +24,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_synthetic_model(tmp_path_factory.mktemp("tiny_model"), size="tiny", seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_dit_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Path of a synthetic ``tiny-dit`` model directory (seed 0): the tiny model with an
+    upstream-structured DiT estimator, on which the split and int8 derivations work, so the
+    default preset's int8 DiT really runs. Shared by the session; never modify it (derived
+    files go to each test's own cache directory)."""
+    return build_synthetic_model(tmp_path_factory.mktemp("tiny_dit_model"), size="tiny-dit",
+                                 seed=0)
+
+
 @pytest.fixture
 def tiny_model_copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
     """A private copy of the tiny model directory that a test may modify or break."""

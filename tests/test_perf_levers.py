@@ -176,13 +176,30 @@ def test_quality_preset_is_spec_exact() -> None:
     assert (q.flow_precision, q.flow_left_context_tokens, q.flow_prompt_tokens) == ("fp32", 0, 0)
 
 
+@pytest.fixture(scope="module")
+def dit_engine(tiny_dit_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+               ) -> CosyVoice3Engine:
+    """An engine on the model with an upstream-structured DiT, deriving its split (and int8)
+    estimators into its own cache: every preset runs with its own DiT precision."""
+    cache = tmp_path_factory.mktemp("dit-cache")
+    return CosyVoice3Engine.load(tiny_dit_model_dir,
+                                 EngineOptions(threads=1, llm_precision="fp32", cache_dir=cache))
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_validates_and_synthesises(
-    engine: CosyVoice3Engine, voice: VoicePrompt, name: str
+    dit_engine: CosyVoice3Engine, tmp_path: Path, name: str
 ) -> None:
-    opts = PRESETS[name].replace(max_decode_tokens=30, flow_precision="fp32")
+    from wyoming_cosyvoice3.engine.derive.estimator_split import SplitEstimator
+
+    voice = dit_engine.prepare_voice(write_clip(tmp_path / "ref.wav", seconds=3.0),
+                                     transcript="This is a reference clip.", name="perf")
+    opts = PRESETS[name].replace(max_decode_tokens=30)
     opts.validate()
-    assert len(audio(engine, voice, **_fields(opts))) > 0
+    assert len(audio(dit_engine, voice, **_fields(opts))) > 0
+    estimator = dit_engine.model.estimator_for(opts.flow_precision)
+    assert isinstance(estimator, SplitEstimator)  # no fallback to the whole graph
+    assert ("int8main" in estimator.path.name) is (opts.flow_precision == "int8")
 
 
 def _fields(opts: SynthesisOptions) -> dict[str, Any]:

@@ -61,8 +61,10 @@ class SyntheticConfig:
     """EOS logit at the target (about the largest random speech logit)."""
 
 
-SIZES: dict[str, SyntheticConfig] = {"tiny": SyntheticConfig()}
-"""Known sizes; ``full`` (real widths, random weights) is planned for the benchmark."""
+SIZES: dict[str, SyntheticConfig] = {"tiny": SyntheticConfig(), "tiny-dit": SyntheticConfig()}
+"""Known small sizes. ``tiny-dit`` is ``tiny`` with an upstream-structured DiT estimator
+(:data:`.build.UPSTREAM_DIT_SIZES`), on which the split and int8 derivations work; the full
+sizes (real widths) are in :mod:`.full_config`."""
 
 
 def get_config(size: str) -> SyntheticConfig:

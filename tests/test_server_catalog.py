@@ -183,3 +183,21 @@ def test_huge_catalog_is_capped(tmp_path: Path, caplog: pytest.LogCaptureFixture
         entries = load_catalog_file(catalog, [tmp_path])
     assert len(entries) == 256
     assert "only the first 256" in caplog.records[0].getMessage()
+
+
+def test_catalog_file_over_1_mib_is_skipped(tmp_path: Path,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """README "Limits": a catalog file is read only up to 1 MiB (1048576 bytes): a file of
+    exactly that size is read, one byte more and it is skipped with one warning."""
+    entry = "voices:\n  - {name: big, languages: [en], clip: c.wav}\n"
+    for size, read in ((1 << 20, True), ((1 << 20) + 1, False)):
+        catalog = write(tmp_path / f"voices-{size}.yaml",
+                        entry + "#" * (size - len(entry) - 1) + "\n")
+        assert catalog.stat().st_size == size
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            entries = load_catalog_file(catalog, [tmp_path])
+        assert [e.name for e in entries] == (["big"] if read else [])
+        warnings = [r.getMessage() for r in caplog.records]
+        assert warnings == ([] if read else [
+            f"Voice catalog {catalog} is unreadable and was skipped: larger than 1048576 bytes"])

@@ -97,7 +97,7 @@ def test_version_and_help() -> None:
 
 async def test_sigterm_cancels_in_flight_requests(tiny_model_dir: Path, tmp_path: Path) -> None:
     """SIGTERM during a long synthesis: the client gets a coded error and audio-stop, the
-    process exits promptly with code 0."""
+    process exits with code 0 within 5 s of the signal (measured)."""
     port = free_port()
     uri = f"tcp://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSYVOICE3_")}
@@ -116,10 +116,13 @@ async def test_sigterm_cancels_in_flight_requests(tiny_model_dir: Path, tmp_path
         async with AsyncTcpClient("127.0.0.1", port) as client:
             await client.write_event(Synthesize(text=text).event())
             await collect(client, "audio-chunk")
+            signalled = time.monotonic()
             process.send_signal(signal.SIGTERM)
             rest = await collect(client, "audio-stop")
         assert [e.code for e in rest.errors] == ["cancelled"]
         code = process.wait(timeout=30)
+        exit_s = time.monotonic() - signalled
+        assert exit_s < 5.0, f"exited {exit_s:.2f} s after SIGTERM (README: at most 5 s)"
     finally:
         if process.poll() is None:
             process.kill()

@@ -128,3 +128,20 @@ def test_every_option_is_documented() -> None:
         assert opt.flag in help_text and opt.env in help_text
         row = f"| `{opt.flag}"
         assert row in readme and f"`{opt.env}`" in readme and f"`{opt.key}`" in readme, opt.flag
+
+
+@pytest.mark.parametrize(("flags", "advertised"), [([], True), (["--no-streaming"], False)])
+def test_streaming_is_advertised_unless_turned_off(tmp_path: Path, flags: list[str],
+                                                    advertised: bool) -> None:
+    """README "Connecting Home Assistant": ``supports_synthesize_streaming`` is advertised by
+    default and not with ``--no-streaming``."""
+    from wyoming_cosyvoice3.server.info import build_info
+    from wyoming_cosyvoice3.server.runtime import ServerRuntime
+
+    settings = resolve_settings(["--data-dir", str(tmp_path), *flags], environ={})
+    runtime = ServerRuntime(settings)
+    try:
+        program = build_info(runtime).tts[0]
+    finally:
+        runtime.shutdown()
+    assert program.supports_synthesize_streaming is advertised

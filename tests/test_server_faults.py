@@ -391,9 +391,9 @@ async def test_sigterm_with_streaming_and_queued_requests(tiny_model_dir: Path,
 async def test_sigterm_exits_within_5_s_while_a_model_step_runs(tmp_path: Path,
                                                                 make_clip: MakeClip) -> None:
     """SIGTERM while the engine is inside one step that takes 20 s and does not look at its
-    stop flag (a long model step on a slow CPU), with a second request queued behind it: the
-    process still exits with code 0 within 5 s of the signal (measured), and logs that a
-    synthesis was still running."""
+    stop flag (a long model step on a slow CPU), with a second request queued behind it: both
+    clients still get ``cancelled`` and ``audio-stop`` within 5 s, and the process exits with
+    code 0 within 5 s of the signal (measured), logging that a synthesis was still running."""
     port = free_port()
     model_dir = fake_model_dir(tmp_path, make_clip)
     process = server_process(port, model_dir, tmp_path / "data", "--no-warm-up",
@@ -409,6 +409,8 @@ async def test_sigterm_exits_within_5_s_while_a_model_step_runs(tmp_path: Path,
             await asyncio.sleep(0.3)
             signalled = time.monotonic()
             process.send_signal(signal.SIGTERM)
+            answers = [await collect(cl, "audio-stop", timeout_s=5.0) for cl in (stuck, queued)]
+            answered_s = time.monotonic() - signalled
             code = await asyncio.to_thread(process.wait, 60)
             exit_s = time.monotonic() - signalled
     finally:
@@ -417,7 +419,11 @@ async def test_sigterm_exits_within_5_s_while_a_model_step_runs(tmp_path: Path,
             process.wait()
     stderr = process.stderr.read().decode() if process.stderr else ""
     assert code == 0, stderr
-    assert exit_s < 5.0, f"exited {exit_s:.2f} s after SIGTERM (README: at most 5 s)"
+    for answer in answers:
+        assert [e.code for e in answer.errors] == ["cancelled"]
+        assert answer.types[-2:] == ["error", "audio-stop"]
+    assert answered_s < 5.0 and exit_s < 5.0, (
+        f"answered {answered_s:.2f} s, exited {exit_s:.2f} s after SIGTERM (README: 5 s)")
     assert "Traceback" not in stderr and "still running" in stderr, stderr
 
 

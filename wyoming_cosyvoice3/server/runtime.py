@@ -310,35 +310,58 @@ class ServerRuntime:
         loop = asyncio.get_running_loop()
         self._waiting += 1
         try:
-            await semaphore.acquire()
+            await self._acquire(semaphore)
         finally:
             self._waiting -= 1
         self.active += 1
         started = time.monotonic()
         work = _Work()
+        abandoned = False
         try:
             if should_stop():
                 raise SynthesisCancelled("the request was cancelled before synthesis started")
             work.pending = loop.run_in_executor(
                 self.executor, _start, engine, text, voice, options, should_stop, result
             )
-            work.iterator = await work.pending
+            await _wait_step(work.pending, should_stop)
+            work.iterator = work.pending.result()
             while True:
                 work.pending = loop.run_in_executor(self.executor, _next_chunk, work.iterator)
-                chunk = await work.pending
+                await _wait_step(work.pending, should_stop)
+                chunk = work.pending.result()
                 work.pending = None
                 if chunk is None:
                     work.iterator = None
                     break
                 await on_chunk(chunk)
+        except _Abandoned:
+            abandoned = True
+            raise
         finally:
             # Release the worker only after its thread has really stopped, even when this
-            # task is cancelled (the cleanup then finishes in the background).
+            # task is cancelled or the request stops waiting for a step that goes on (the
+            # cleanup then finishes in the background).
             cleanup = asyncio.ensure_future(self._finish(loop, work, semaphore))
             self._cleanups.add(cleanup)
             cleanup.add_done_callback(self._cleanups.discard)
-            await asyncio.shield(cleanup)
+            if not abandoned:
+                await asyncio.shield(cleanup)
         return time.monotonic() - started
+
+    async def _acquire(self, semaphore: asyncio.Semaphore) -> None:
+        """Wait for a worker (in arrival order); raise ``SynthesisCancelled`` as soon as the
+        server stops, without waiting for the running synthesis to give its worker back."""
+        acquire = asyncio.ensure_future(semaphore.acquire())
+        try:
+            while not acquire.done():
+                await asyncio.wait({acquire}, timeout=STOP_POLL_S)
+                if not acquire.done() and self.stopping.is_set():
+                    raise SynthesisCancelled("the server is shutting down")
+        except BaseException:
+            if acquire.done() and not acquire.cancelled() and acquire.exception() is None:
+                semaphore.release()
+            acquire.cancel()
+            raise
 
     async def _finish(
         self, loop: asyncio.AbstractEventLoop, work: _Work, semaphore: asyncio.Semaphore
@@ -362,6 +385,37 @@ class ServerRuntime:
         """Stop loading and the worker threads (queued calls are dropped)."""
         self.stopping.set()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+STOP_POLL_S = 0.05
+"""How often a request waiting for a worker or for a model step looks at its stop flag."""
+STEP_STOP_WAIT_S = 0.5
+"""How long a stopped request waits for the model step in flight to notice the stop (the engine
+checks between steps); after that it stops waiting, so its client gets its answer (``cancelled``,
+``timeout``) at once, while the step finishes in the background holding its worker."""
+
+
+async def _wait_step(pending: asyncio.Future[Any], should_stop: ShouldStop) -> None:
+    """Wait for one model step (an executor call).
+
+    Raises:
+        SynthesisCancelled: (``_Abandoned``) ``should_stop()`` had held for
+            :data:`STEP_STOP_WAIT_S` and the step was still running.
+    """
+    stopped_at: float | None = None
+    while not pending.done():
+        await asyncio.wait({pending}, timeout=STOP_POLL_S)
+        if pending.done():
+            break
+        if stopped_at is None:
+            if should_stop():
+                stopped_at = time.monotonic()
+        elif time.monotonic() - stopped_at >= STEP_STOP_WAIT_S:
+            raise _Abandoned("a model step was still running when the request stopped")
+
+
+class _Abandoned(SynthesisCancelled):
+    """The request stopped waiting for a model step that went on (see :func:`_wait_step`)."""
 
 
 def _start(

@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from wyoming.event import async_get_stdin, async_get_stdout
 from wyoming.server import AsyncServer, AsyncTcpServer
@@ -22,6 +23,9 @@ from .. import __version__
 from .handler import CosyVoiceEventHandler, make_handler_factory
 from .runtime import EngineFactory, ServerRuntime, default_engine_factory
 from .settings import Settings, SettingsError, resolve_settings
+
+if TYPE_CHECKING:
+    from .web import WebServer
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -46,6 +50,8 @@ class RunningServer:
         self.runtime = ServerRuntime(settings, engine_factory=engine_factory)
         self.server = AsyncServer.from_uri(settings.uri)
         self._zeroconf: object | None = None
+        self.web: WebServer | None = None
+        """The voice page (``--http-port``), once started."""
 
     @property
     def port(self) -> int | None:
@@ -60,6 +66,11 @@ class RunningServer:
         await self.server.start(make_handler_factory(self.runtime))
         _LOGGER.info("wyoming-cosyvoice3 %s listening on %s", __version__, self.settings.uri)
         self.runtime.start_loading()
+        if self.settings.http_port is not None:
+            from .web import WebServer  # aiohttp is imported only when the page is wanted
+
+            self.web = WebServer(self.runtime, self.settings.http_host, self.settings.http_port)
+            await self.web.start()
         if self.settings.zeroconf and self.port is not None:
             await self._announce(self.settings.zeroconf, self.port)
 
@@ -89,6 +100,8 @@ class RunningServer:
             return max(0.0, deadline - time.monotonic())
 
         self.runtime.stopping.set()
+        if self.web is not None:
+            await self.web.stop()
         listener = getattr(self.server, "_server", None)
         if listener is not None:
             listener.close()

@@ -28,6 +28,7 @@ DEFAULT_URI = "tcp://0.0.0.0:10200"
 DEFAULT_OPTIONS_FILE = Path("/data/options.json")
 DEFAULT_ZEROCONF_NAME = "cosyvoice3"
 DEFAULT_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DEFAULT_HTTP_HOST = "127.0.0.1"
 
 
 class SettingsError(ValueError):
@@ -61,6 +62,8 @@ class Settings:
     options_file: Path | None = None
     bench_stats_file: Path | None = None
     bench_tokens_per_char: float | None = None
+    http_port: int | None = None
+    http_host: str = DEFAULT_HTTP_HOST
     limits: Limits = field(default_factory=Limits)
 
     @property
@@ -119,6 +122,13 @@ def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise ValueError(f"must be > 0, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"must be a TCP port 0..65535, got {value}")
     return value
 
 
@@ -193,6 +203,10 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("--bench-tokens-per-char", "bench_tokens_per_char", "benchmarks: decode exactly "
             "this many speech tokens per character, ignoring the stop token",
             convert=_positive_float),
+    _Option("--http-port", "http_port", "serve the voice page (add, preview and delete voices "
+            "in a browser) on this TCP port; off by default; no authentication", convert=_port),
+    _Option("--http-host", "http_host", "address the voice page listens on (default "
+            f"{DEFAULT_HTTP_HOST}: this machine only)"),
     # limits (see limits.Limits; each exceeded one is a coded error)
     _Option("--max-text-chars", "max_text_chars", "longest text accepted per request, also "
             "per stream (default 10000)", convert=_positive_int),

@@ -100,7 +100,8 @@ function renderTable(data) {
     const row = el("tr", {}, name,
       el("td", { textContent: voice.languages.join(", ") }),
       el("td", { textContent: voice.mode }),
-      el("td", { textContent: voice.clip_s === null ? "–" : voice.clip_s.toFixed(1) + " s" }),
+      el("td", { className: "nowrap",
+                 textContent: voice.clip_s === null ? "–" : voice.clip_s.toFixed(1) + " s" }),
       state, actions);
     row.dataset.voice = voice.name;
     body.append(row);

@@ -1,0 +1,187 @@
+"""The voice page in a real headless browser (Debian's Chromium driven by Selenium) against the
+real server on the tiny synthetic model: add a voice by upload, preview it, see it in
+``describe`` over a real Wyoming TCP client, delete it.
+
+Needs ``chromium`` and ``chromium-driver`` (Debian packages; ``.ci/run`` installs them) and
+the ``selenium`` package (``.[dev]``). ``VOICE_PAGE_SCREENSHOT=docs/voice-page.png`` saves the
+screenshot used in the README.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from server_support import SpyEngine, describe, make_settings, running_server, spy_factory
+from web_support import catalog_items, page_url
+
+from wyoming_cosyvoice3.engine.synthetic.audio import write_clip
+from wyoming_cosyvoice3.server.cli import RunningServer
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed "
+                                "(pip install -e '.[dev]')")
+from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+if CHROMIUM is None or CHROMEDRIVER is None:
+    pytest.skip("Chromium is not installed: apt-get install chromium chromium-driver "
+                "(.ci/run does this in CI)", allow_module_level=True)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+WAIT_S = 120.0
+"""Upper bound for the page to reach a state (a hang guard on a busy 2-core machine)."""
+
+
+class Shared:
+    server: RunningServer
+    spy: SpyEngine
+    data_dir: Path
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> AsyncIterator[Shared]:
+    data_dir = tmp_path_factory.mktemp("data")
+    holder: list[SpyEngine] = []
+    settings = make_settings(tiny_model_dir, data_dir, http_port=0, preset="quality")
+    async with running_server(settings, spy_factory(holder)) as server:
+        state = Shared()
+        state.server, state.spy, state.data_dir = server, holder[0], data_dir
+        yield state
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--autoplay-policy=no-user-gesture-required",
+                     "--window-size=1100,1500",
+                     f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(argument)
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    driver = webdriver.Chrome(service=service, options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(driver: Any, condition: Any, what: str) -> Any:
+    try:
+        return WebDriverWait(driver, WAIT_S, poll_frequency=0.2).until(condition)
+    except TimeoutException:
+        message = driver.find_element(By.ID, "form-message").text
+        preview = driver.find_element(By.ID, "preview-message").text
+        raise AssertionError(f"timed out waiting for {what}; form says {message!r}, "
+                             f"preview says {preview!r}") from None
+
+
+def row_state(driver: Any, name: str) -> str | None:
+    rows = driver.find_elements(By.CSS_SELECTOR, f'tr[data-voice="{name}"]')
+    return rows[0].find_elements(By.TAG_NAME, "td")[4].text if rows else None
+
+
+def fill_voice_form(driver: Any, name: str, clip: Path, transcript: str = "") -> None:
+    driver.find_element(By.ID, "f-name").send_keys(name)
+    driver.find_element(By.ID, "f-languages").send_keys("en, de")
+    driver.find_element(By.ID, "f-description").send_keys(f"{name} from the browser")
+    if transcript:
+        driver.find_element(By.ID, "f-transcript").send_keys(transcript)
+    driver.find_element(By.ID, "f-clip").send_keys(str(clip))
+    driver.find_element(By.ID, "save").click()
+
+
+def add_preview_delete(driver: Any, url: str, clips: Path, data_dir: Path,
+                       check_describe: Any, screenshot: Path) -> dict[str, Any]:
+    """The user's path through the page (blocking Selenium calls; runs in a thread)."""
+    found: dict[str, Any] = {}
+    driver.get(url)
+    wait_for(driver, lambda d: "model ready" in d.find_element(By.ID, "status").text,
+             "the model state")
+    assert row_state(driver, "en-male") == "installed"
+
+    # a clip the catalog would refuse: the page shows what to change, nothing is saved
+    fill_voice_form(driver, "tooshort", write_clip(clips / "short.wav", seconds=0.5))
+    wait_for(driver, lambda d: "shorter than 1 s" in d.find_element(By.ID, "form-message").text,
+             "the refusal of a 0.5 s clip")
+    found["refusal"] = driver.find_element(By.ID, "form-message").text
+    assert catalog_items(data_dir) == []
+    driver.execute_script("document.getElementById('voice-form').reset()")
+
+    # add a voice by upload
+    clip = write_clip(clips / "anna.flac", seconds=3.0, sample_rate_hz=44100, seed=4)
+    fill_voice_form(driver, "anna", clip, transcript="Hello, this is Anna.")
+    wait_for(driver, lambda d: row_state(d, "anna") == "installed", "the new voice's row")
+    found["saved_message"] = driver.find_element(By.ID, "form-message").text
+    found["row"] = driver.find_element(By.CSS_SELECTOR, 'tr[data-voice="anna"]').text
+    found["describe_after_add"] = check_describe()
+
+    # preview: the page selected the new voice; the audio element gets the streamed WAV
+    assert Select(driver.find_element(By.ID, "preview-voice")).first_selected_option.text == "anna"
+    text_box = driver.find_element(By.ID, "preview-text")
+    text_box.clear()
+    text_box.send_keys("Good morning, the coffee is ready.")
+    driver.find_element(By.ID, "preview-button").click()
+    wait_for(driver, lambda d: d.execute_script(
+        "const a = document.getElementById('preview-audio'); return a.ended || a.error;"),
+        "the preview to play to its end")
+    found["audio"] = driver.execute_script(
+        "const a = document.getElementById('preview-audio');"
+        "return {error: a.error && a.error.message, duration: a.duration,"
+        " played: a.played.length ? a.played.end(0) : 0, src: a.currentSrc};")
+    driver.execute_script("window.scrollTo(0, 0)")
+    driver.save_screenshot(str(screenshot))
+
+    # delete it (the page asks for confirmation)
+    row = driver.find_element(By.CSS_SELECTOR, 'tr[data-voice="anna"]')
+    row.find_element(By.XPATH, ".//button[text()='Delete']").click()
+    alert = WebDriverWait(driver, WAIT_S).until(lambda d: d.switch_to.alert)
+    found["confirm"] = alert.text
+    alert.accept()
+    wait_for(driver, lambda d: row_state(d, "anna") is None, "the row to disappear")
+    found["describe_after_delete"] = check_describe()
+    return found
+
+
+async def test_add_preview_delete_in_a_real_browser(shared: Shared, browser: Any,
+                                                    tmp_path: Path) -> None:
+    loop = asyncio.get_running_loop()
+    checked = threading.Event()
+
+    def check_describe() -> dict[str, bool]:
+        """A real Wyoming client's view (run on the server's loop from the browser thread)."""
+        info = asyncio.run_coroutine_threadsafe(describe(shared.server), loop).result(60)
+        checked.set()
+        return {voice.name: voice.installed for voice in info.tts[0].voices}
+
+    screenshot = Path(os.environ.get("VOICE_PAGE_SCREENSHOT") or tmp_path / "page.png")
+    found = await asyncio.to_thread(add_preview_delete, browser, page_url(shared.server),
+                                    tmp_path, shared.data_dir, check_describe, screenshot)
+
+    assert "shorter than 1 s" in found["refusal"] and "3-30 s" in found["refusal"]
+    assert "reload the Wyoming integration" in found["saved_message"]
+    assert "zero-shot" in found["row"] and "3.0 s" in found["row"]
+    assert found["describe_after_add"].get("anna") is True
+    audio = found["audio"]
+    assert audio["error"] is None and "/api/voices/anna/preview?text=" in audio["src"]
+    assert audio["duration"] > 0.1 and audio["played"] == pytest.approx(audio["duration"],
+                                                                        abs=0.05)
+    spoken = [(v, t) for v, t in zip(shared.spy.voices, shared.spy.texts, strict=True)
+              if v == "anna"]
+    assert spoken == [("anna", "Good morning, the coffee is ready.")]
+    assert "Delete the voice anna" in found["confirm"]
+    assert "anna" not in found["describe_after_delete"]
+    assert catalog_items(shared.data_dir) == []
+    assert not list((shared.data_dir / "clips").glob("anna*"))
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,176 @@
+"""The voice page's catalog writer: atomic writes, locking across processes, hand-written
+entries kept, clip names that never overwrite; and the page's limits on a fast stand-in engine
+(upload size, model not ready)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from server_support import (
+    FaultyEngine,
+    fake_model_dir,
+    make_settings,
+    running_server,
+)
+from web_support import CHANGE, add_voice, catalog_items, clip_bytes, page_url
+
+from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.server.catalog import MAX_CATALOG_VOICES, load_catalog_file
+from wyoming_cosyvoice3.server.limits import Limits
+from wyoming_cosyvoice3.server.runtime import Engine
+from wyoming_cosyvoice3.server.web import store as store_module
+from wyoming_cosyvoice3.server.web.errors import Conflict
+from wyoming_cosyvoice3.server.web.store import CatalogStore
+
+HAND_WRITTEN = """\
+# my voices
+voices:
+  - name: grandma
+    description: Grandma
+    languages: [de]
+    clip: recordings/grandma.flac
+    attribution: {name: "Recorded by me", url: ""}
+    custom_key: kept
+"""
+
+
+def test_update_keeps_hand_written_entries_and_a_backup(tmp_path: Path) -> None:
+    (tmp_path / "voices.yaml").write_text(HAND_WRITTEN, encoding="utf-8")
+    (tmp_path / "voices.yaml").chmod(0o640)
+    store = CatalogStore(tmp_path)
+    store.update(lambda items: [*items, {"name": "new", "languages": ["en"],
+                                         "clip": "clips/new.wav"}])
+    items = catalog_items(tmp_path)
+    assert items[0] == {"name": "grandma", "description": "Grandma", "languages": ["de"],
+                        "clip": "recordings/grandma.flac",
+                        "attribution": {"name": "Recorded by me", "url": ""},
+                        "custom_key": "kept"}
+    assert items[1]["name"] == "new"
+    assert (tmp_path / "voices.yaml.bak").read_text(encoding="utf-8") == HAND_WRITTEN
+    assert (tmp_path / "voices.yaml").stat().st_mode & 0o777 == 0o640
+    # the server reads what the page wrote
+    names = [e.name for e in load_catalog_file(tmp_path / "voices.yaml", [tmp_path])]
+    assert names == ["grandma", "new"]
+
+
+def test_a_failed_write_leaves_the_old_file(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "voices.yaml"
+    path.write_text(HAND_WRITTEN, encoding="utf-8")
+    store = CatalogStore(tmp_path)
+
+    def broken_replace(src: Any, dst: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module.os, "replace", broken_replace)
+    with pytest.raises(OSError, match="No space"):
+        store.update(lambda items: [])
+    assert path.read_text(encoding="utf-8") == HAND_WRITTEN
+    assert not list(tmp_path.glob("*.tmp"))  # no temporary file left behind
+
+
+@pytest.mark.parametrize("text", ["voices: [unclosed", "- just\n- a list\n", "voices: 3\n"])
+def test_a_broken_file_is_never_rewritten(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "voices.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(Conflict, match=r"voices\.yaml"):
+        CatalogStore(tmp_path).update(lambda items: [*items, {"name": "x"}])
+    assert path.read_text(encoding="utf-8") == text
+
+
+def test_catalog_limits_are_kept(tmp_path: Path) -> None:
+    store = CatalogStore(tmp_path)
+    many = [{"name": f"v{i}", "languages": ["en"], "clip": f"clips/v{i}.wav"}
+            for i in range(MAX_CATALOG_VOICES + 1)]
+    with pytest.raises(Conflict, match="256"):
+        store.update(lambda items: many)
+    assert not (tmp_path / "voices.yaml").exists()
+
+
+def test_clips_never_overwrite_and_only_managed_clips_are_deleted(tmp_path: Path) -> None:
+    store = CatalogStore(tmp_path)
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips" / "anna.wav").write_bytes(b"hand placed")
+    assert store.write_clip("anna", "wav", b"one") == "clips/anna-2.wav"
+    assert store.write_clip("anna", "wav", b"two") == "clips/anna-3.wav"
+    assert (tmp_path / "clips" / "anna.wav").read_bytes() == b"hand placed"
+    assert (tmp_path / "clips" / "anna-3.wav").read_bytes() == b"two"
+    assert not list((tmp_path / "clips").glob(".upload-*"))
+    (tmp_path / "outside.wav").write_bytes(b"x")
+    for value in ("../outside.wav", "clips/../outside.wav", str(tmp_path / "outside.wav"),
+                  "clips/sub/a.wav", "clips/", "clips/..", 42, None):
+        assert store.managed_clip(value) is None, value
+    items = [{"name": "b", "clip": "clips/anna-2.wav"}]
+    assert not store.remove_clip_if_unused("clips/anna-2.wav", items)  # still used
+    assert store.remove_clip_if_unused("clips/anna-2.wav", [])
+    assert not (tmp_path / "clips" / "anna-2.wav").exists()
+
+
+def _add_many(data_dir: str, prefix: str, count: int) -> None:
+    store = CatalogStore(Path(data_dir))
+    for i in range(count):
+        store.update(lambda items, i=i: [*items, {"name": f"{prefix}{i}", "languages": ["en"],
+                                                  "clip": "clips/x.wav"}])
+
+
+def test_two_processes_writing_at_once_lose_nothing(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_add_many, args=(str(tmp_path), p, 25)) for p in "ab"]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+        assert worker.exitcode == 0
+    names = sorted(item["name"] for item in catalog_items(tmp_path))
+    assert names == sorted([f"a{i}" for i in range(25)] + [f"b{i}" for i in range(25)])
+    yaml.safe_load((tmp_path / "voices.yaml").read_text(encoding="utf-8"))
+
+
+# --- limits through the HTTP API, on the fast stand-in engine ------------------------------
+
+
+async def test_upload_size_limit(tmp_path: Path, make_clip: Any) -> None:
+    model_dir = fake_model_dir(tmp_path, make_clip)
+    settings = make_settings(model_dir, tmp_path / "data", http_port=0,
+                             limits=Limits(max_clip_bytes=100_000))
+    async with running_server(settings, FaultyEngine) as server, aiohttp.ClientSession() as http:
+        status, body = await add_voice(http, server, "big", clip_bytes(3.0, 24000))  # 144 kB
+        assert status == 413 and "--max-clip-bytes" in body["error"]
+        status, body = await add_voice(http, server, "small", clip_bytes(1.5, 24000))  # 72 kB
+        assert status == 201, body
+    assert [i["name"] for i in catalog_items(tmp_path / "data")] == ["small"]
+
+
+async def test_changes_wait_for_the_model(tmp_path: Path, make_clip: Any) -> None:
+    model_dir = fake_model_dir(tmp_path, make_clip)
+    gate = threading.Event()
+
+    def slow_factory(directory: Path, options: EngineOptions) -> Engine:
+        gate.wait(60)
+        return FaultyEngine(directory, options)
+
+    settings = make_settings(model_dir, tmp_path / "data", http_port=0)
+    try:
+        async with running_server(settings, slow_factory, wait_ready=False) as server, \
+                aiohttp.ClientSession() as http:
+            async with http.get(page_url(server, "api/voices")) as response:
+                data = await response.json()
+                assert data["state"] == "loading"
+                assert not any(v["installed"] for v in data["voices"])
+            status, body = await add_voice(http, server, "early", clip_bytes())
+            assert status == 503 and "model is still loading" in body["error"]
+            async with http.get(page_url(server, "api/voices/en-male/preview"),
+                                params={"text": "Hi."}) as response:
+                assert response.status == 503
+            async with http.delete(page_url(server, "api/voices/en-male"),
+                                   headers=CHANGE) as response:
+                assert response.status == 503
+    finally:
+        gate.set()
+    assert catalog_items(tmp_path / "data") == []

@@ -116,6 +116,7 @@ async def test_add_preview_describe_delete(shared: Shared,
     server, data_dir = shared.server, shared.data_dir
     clip = clip_bytes(3.0, 48000, channels=2, seed=3)
     status, voice = await add_voice(session, server, "grandpa", clip,
+                                    filename="../../../etc/grandpa.wav",  # never used as a path
                                     description="Grandpa (German)",
                                     transcript="Guten Morgen, wie geht es dir heute?")
     assert status == 201, voice

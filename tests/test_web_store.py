@@ -24,6 +24,7 @@ from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.server.catalog import MAX_CATALOG_VOICES, load_catalog_file
 from wyoming_cosyvoice3.server.limits import Limits
 from wyoming_cosyvoice3.server.runtime import Engine
+from wyoming_cosyvoice3.server.settings import resolve_settings
 from wyoming_cosyvoice3.server.web import store as store_module
 from wyoming_cosyvoice3.server.web.errors import Conflict
 from wyoming_cosyvoice3.server.web.store import CatalogStore
@@ -174,3 +175,32 @@ async def test_changes_wait_for_the_model(tmp_path: Path, make_clip: Any) -> Non
     finally:
         gate.set()
     assert catalog_items(tmp_path / "data") == []
+
+
+async def test_allow_from_limits_the_clients(tmp_path: Path, make_clip: Any) -> None:
+    model_dir = fake_model_dir(tmp_path, make_clip)
+    for allow, status in ((("172.30.32.2",), 403), (("10.0.0.0/8", "127.0.0.0/8"), 200)):
+        settings = make_settings(model_dir, tmp_path / str(status), http_port=0,
+                                 http_allow_from=allow)
+        async with running_server(settings, FaultyEngine) as server, \
+                aiohttp.ClientSession() as http, \
+                http.get(page_url(server, "api/voices")) as response:
+            assert response.status == status
+            if status == 403:
+                assert "--http-allow-from" in (await response.json())["error"]
+
+
+def test_page_settings_from_flags_environment_and_options_file(tmp_path: Path) -> None:
+    options = tmp_path / "options.json"
+    options.write_text('{"http_port": 8099, "http_host": "0.0.0.0", '
+                       '"http_allow_from": ["172.30.32.2"]}', encoding="utf-8")
+    settings = resolve_settings(["--data-dir", str(tmp_path), "--options-file", str(options)],
+                                environ={})
+    assert (settings.http_port, settings.http_host, settings.http_allow_from) == (
+        8099, "0.0.0.0", ("172.30.32.2",))
+    settings = resolve_settings(["--data-dir", str(tmp_path), "--http-port", "0"],
+                                environ={"COSYVOICE3_HTTP_ALLOW_FROM": "10.1.0.0/16, ::1"})
+    assert settings.http_port == 0 and settings.http_allow_from == ("10.1.0.0/16", "::1")
+    for bad in (["--http-port", "70000"], ["--http-allow-from", "not-an-address"]):
+        with pytest.raises(SystemExit):
+            resolve_settings(["--data-dir", str(tmp_path), *bad], environ={})

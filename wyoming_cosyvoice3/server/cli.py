@@ -69,7 +69,8 @@ class RunningServer:
         if self.settings.http_port is not None:
             from .web import WebServer  # aiohttp is imported only when the page is wanted
 
-            self.web = WebServer(self.runtime, self.settings.http_host, self.settings.http_port)
+            self.web = WebServer(self.runtime, self.settings.http_host, self.settings.http_port,
+                                 self.settings.http_allow_from)
             await self.web.start()
         if self.settings.zeroconf and self.port is not None:
             await self._announce(self.settings.zeroconf, self.port)

@@ -9,6 +9,7 @@ environment, options file, built-in default.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
@@ -64,6 +65,7 @@ class Settings:
     bench_tokens_per_char: float | None = None
     http_port: int | None = None
     http_host: str = DEFAULT_HTTP_HOST
+    http_allow_from: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
 
     @property
@@ -130,6 +132,13 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise ValueError(f"must be a TCP port 0..65535, got {value}")
     return value
+
+
+def _networks(text: str) -> list[str]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    for part in parts:
+        ipaddress.ip_network(part, strict=False)  # ValueError names the bad one
+    return parts
 
 
 def _path_list(text: str) -> list[str]:
@@ -207,6 +216,9 @@ OPTIONS: tuple[_Option, ...] = (
             "in a browser) on this TCP port; off by default; no authentication", convert=_port),
     _Option("--http-host", "http_host", "address the voice page listens on (default "
             f"{DEFAULT_HTTP_HOST}: this machine only)"),
+    _Option("--http-allow-from", "http_allow_from", "answer voice page requests only from "
+            "these addresses or networks, comma-separated (e.g. 172.30.32.2, Home Assistant's "
+            "ingress proxy; default: anyone who can connect)", convert=_networks),
     # limits (see limits.Limits; each exceeded one is a coded error)
     _Option("--max-text-chars", "max_text_chars", "longest text accepted per request, also "
             "per stream (default 10000)", convert=_positive_int),
@@ -315,10 +327,12 @@ def _from_json(opt: _Option, value: Any, source: str) -> Any:
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return list(value)
         raise SettingsError(f"{source}: expected a list of paths, got {value!r}")
-    if isinstance(value, (dict, list)) and opt.dest != "providers":
+    if isinstance(value, (dict, list)) and opt.dest not in ("providers", "http_allow_from"):
         raise SettingsError(f"{source}: expected a single value, got {value!r}")
     if opt.dest == "providers" and isinstance(value, list):
         return [str(v) for v in value]
+    if isinstance(value, list):  # http_allow_from as a JSON list
+        return _from_text(opt, ",".join(str(v) for v in value), source)
     return _from_text(opt, str(value), source)
 
 
@@ -392,6 +406,8 @@ def resolve_settings(
     for key in ("download_dir", "model_dir", "voices_file", "bench_stats_file"):
         if key in merged and merged[key] is not None:
             merged[key] = Path(merged[key]).expanduser()
+    if "http_allow_from" in merged:
+        merged["http_allow_from"] = tuple(merged["http_allow_from"])
     if "providers" in merged:
         merged["providers"] = tuple(merged["providers"]) or ("CPUExecutionProvider",)
     settings = Settings(limits=limits, options_file=options_path, **merged)

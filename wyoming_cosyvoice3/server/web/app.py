@@ -15,10 +15,12 @@ Routes (all answers of ``/api`` are JSON except the audio):
 =========================================  ==================================================
 
 No authentication (like the Wyoming port): the page listens on 127.0.0.1 unless
-``--http-host`` says otherwise. Two guards keep other web sites out of it: requests that
-change something must carry the header ``X-Voice-Page: 1`` (a cross-site page cannot send it
-without a CORS preflight, which is never granted), and while bound to a loopback address
-only ``localhost``/``127.0.0.1``/``[::1]`` host names are answered (against DNS rebinding).
+``--http-host`` says otherwise; ``--http-allow-from`` limits the client addresses (the add-on
+answers only Home Assistant's ingress proxy). Two guards keep other web sites out of it:
+requests that change something must carry the header ``X-Voice-Page: 1`` (a cross-site page
+cannot send it without a CORS preflight, which is never granted), and while bound to a
+loopback address only ``localhost``/``127.0.0.1``/``[::1]`` host names are answered (against
+DNS rebinding).
 No part of a URL or form is ever used as a file path: static files come from a fixed table,
 clips are named after the validated voice name.
 """
@@ -28,7 +30,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import mimetypes
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -77,20 +79,36 @@ def _host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-def build_app(runtime: ServerRuntime, loopback_only: bool) -> web.Application:
+def _client_allowed(remote: str | None, networks: Sequence[Any]) -> bool:
+    try:
+        address = ipaddress.ip_address((remote or "").split("%", 1)[0])
+    except ValueError:
+        return False
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in networks)
+
+
+def build_app(runtime: ServerRuntime, loopback_only: bool,
+              allow_from: Sequence[str] = ()) -> web.Application:
     """The aiohttp application of the voice page.
 
     Args:
         runtime: the server runtime whose voices the page shows and changes.
         loopback_only: answer only requests addressed to a loopback host name.
+        allow_from: when not empty, answer only clients in these addresses / networks
+            (``--http-allow-from``, e.g. the add-on's ingress proxy 172.30.32.2).
     """
     admin = VoiceAdmin(runtime)
+    networks = [ipaddress.ip_network(item, strict=False) for item in allow_from]
     package = resources.files(__package__).joinpath("static")
     static = {name: package.joinpath(name).read_bytes() for name in STATIC_FILES}
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
+            if networks and not _client_allowed(request.remote, networks):
+                raise Forbidden("this address may not use the voice page (--http-allow-from)")
             if loopback_only and not _is_loopback(_host_name(request.host)):
                 raise Forbidden("the voice page answers only to localhost / 127.0.0.1; open "
                                 "it at http://127.0.0.1:<port>/ (or start with --http-host)")
@@ -170,13 +188,15 @@ class WebServer:
         runtime: the server runtime.
         host: address to bind (``--http-host``, default 127.0.0.1).
         port: TCP port (``--http-port``; 0 picks a free one, see :attr:`port`).
+        allow_from: client addresses / networks answered (``--http-allow-from``; empty: all).
     """
 
-    def __init__(self, runtime: ServerRuntime, host: str, port: int) -> None:
+    def __init__(self, runtime: ServerRuntime, host: str, port: int,
+                 allow_from: Sequence[str] = ()) -> None:
         self.host = host
         self.requested_port = port
-        self._runner = web.AppRunner(build_app(runtime, _is_loopback(host)), access_log=None,
-                                     shutdown_timeout=2.0)
+        app = build_app(runtime, _is_loopback(host), allow_from)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         self._site: web.TCPSite | None = None
 
     @property

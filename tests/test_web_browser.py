@@ -22,8 +22,8 @@ import pytest_asyncio
 from server_support import SpyEngine, describe, make_settings, running_server, spy_factory
 from web_support import catalog_items, page_url
 
-from wyoming_cosyvoice3.engine.synthetic.audio import write_clip
 from wyoming_cosyvoice3.server.cli import RunningServer
+from wyoming_cosyvoice3.synthetic.audio import write_clip
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed "
                                 "(pip install -e '.[dev]')")

@@ -25,7 +25,7 @@ from ..engine.errors import CosyVoiceError, ModelNotReady, SynthesisCancelled
 from ..engine.hooks import EngineObserver
 from ..engine.options import EngineOptions, SynthesisOptions
 from ..engine.types import AudioChunk, ShouldStop, SynthesisResult, VoicePrompt
-from .catalog import VoiceEntry, check_clip_size, load_catalogs, resolve_clip, with_model_dir
+from .catalog import load_catalogs, with_model_dir
 from .engine_port import (
     Engine,
     EngineFactory,
@@ -35,6 +35,7 @@ from .engine_port import (
 )
 from .limits import ConnectionCounter
 from .settings import Settings
+from .voice_slots import VoiceSlot, prepare_slot
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -51,19 +52,6 @@ class ServerBusy(CosyVoiceError):
     """Too many syntheses are already waiting for a worker."""
 
     code = "server-busy"
-
-
-@dataclass
-class VoiceSlot:
-    """A catalog voice and, once prepared, its prompt (``prompt`` None = not installed)."""
-
-    entry: VoiceEntry
-    prompt: VoicePrompt | None = None
-    problem: str | None = None
-
-    @property
-    def installed(self) -> bool:
-        return self.prompt is not None
 
 
 class ServerRuntime:
@@ -176,19 +164,10 @@ class ServerRuntime:
 
     def _prepare_voices(self, engine: Engine, model_dir: Path) -> None:
         entries = with_model_dir([slot.entry for slot in self.voices.values()], model_dir)
-        for entry in entries:
+        for entry in entries:  # updated in place: the table keeps its slots and order
+            done = prepare_slot(engine, entry, self.settings.limits.max_clip_bytes)
             slot = self.voices[entry.name]
-            slot.entry = entry
-            if entry.problem:
-                continue  # already logged when the catalog was read
-            try:
-                clip = resolve_clip(entry)
-                check_clip_size(clip, self.settings.limits.max_clip_bytes)
-                slot.prompt = engine.prepare_voice(clip, entry.transcript, entry.instruction,
-                                                   entry.name)
-            except (ValueError, OSError, CosyVoiceError) as err:
-                slot.problem = str(err)
-                _LOGGER.warning("Voice %r (%s) is disabled: %s", entry.name, entry.source, err)
+            slot.entry, slot.prompt, slot.problem = done.entry, done.prompt, done.problem
 
     def _warm_up(self, engine: Engine) -> None:
         voice = self.default_voice_slot()

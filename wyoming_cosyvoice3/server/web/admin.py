@@ -26,13 +26,13 @@ import soundfile as sf
 from ...engine.errors import CosyVoiceError, VoiceError
 from ..catalog import (
     VoiceEntry,
-    check_clip_size,
     default_catalog_path,
     load_catalogs,
     resolve_clip,
     with_model_dir,
 )
-from ..runtime import Engine, ModelState, ServerRuntime, VoiceSlot
+from ..runtime import Engine, ModelState, ServerRuntime
+from ..voice_slots import VoiceSlot, prepare_slot
 from .errors import BadRequest, Conflict, NotFound, PageError, Unavailable
 from .store import CatalogStore, Items
 from .uploads import CheckedClip, VoiceFields, VoiceForm, check_clip, check_name, parse_fields
@@ -46,24 +46,6 @@ def voice_mode(entry: VoiceEntry) -> str:
     if entry.instruction:
         return "instruct"
     return "zero-shot" if entry.transcript else "cross-lingual"
-
-
-def prepare_slot(engine: Engine, entry: VoiceEntry, max_clip_bytes: int) -> VoiceSlot:
-    """Prepare one catalog entry as the runtime does at start (blocking; run in a thread).
-
-    Returns:
-        The slot, with ``prompt`` set, or ``problem`` saying why the voice is disabled.
-    """
-    if entry.problem:
-        return VoiceSlot(entry, None, entry.problem)
-    try:
-        clip = resolve_clip(entry)
-        check_clip_size(clip, max_clip_bytes)
-        return VoiceSlot(entry, engine.prepare_voice(clip, entry.transcript, entry.instruction,
-                                                     entry.name))
-    except (ValueError, OSError, CosyVoiceError) as err:
-        _LOGGER.warning("Voice %r (%s) is disabled: %s", entry.name, entry.source, err)
-        return VoiceSlot(entry, None, str(err))
 
 
 class VoiceAdmin:

@@ -1,7 +1,7 @@
 """Reading a voice form (multipart upload) and checking its fields and clip.
 
 The fields are checked by the catalog's own parser (:func:`..catalog.parse_entry`) and the clip
-by the engine's own decoder (:func:`...engine.audio_io.decode_clip`: readable audio, at least
+by the engine's own decoder (:func:`...engine.voice.audio_io.decode_clip`: readable audio, at least
 16 kHz, at least 1 s, not silent, finite samples) plus the catalog's size limit
 (``--max-clip-bytes``), so a voice the page accepts is one the catalog would accept. The page
 adds two limits of its own: clips longer than the model's 30 s prompt window
@@ -21,9 +21,9 @@ from typing import Any
 import soundfile as sf
 from aiohttp import BodyPartReader, web
 
-from ...engine.audio_io import decode_clip
 from ...engine.constants import MAX_PROMPT_SECONDS
 from ...engine.errors import VoiceError
+from ...engine.voice.audio_io import decode_clip
 from ..catalog import MAX_TEXT_FIELD_CHARS, VOICE_NAME_RE, parse_entry
 from .errors import BadRequest, TooLarge
 

@@ -27,7 +27,10 @@ from wyoming_cosyvoice3.synthetic.audio import write_clip
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed "
                                 "(pip install -e '.[dev]')")
-from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
@@ -88,8 +91,24 @@ def wait_for(driver: Any, condition: Any, what: str) -> Any:
 
 
 def row_state(driver: Any, name: str) -> str | None:
-    rows = driver.find_elements(By.CSS_SELECTOR, f'tr[data-voice="{name}"]')
-    return rows[0].find_elements(By.TAG_NAME, "td")[4].text if rows else None
+    """The State cell of a voice's row (read in one script: the table may re-render)."""
+    state: str | None = driver.execute_script(
+        "const row = [...document.querySelectorAll('#voices tbody tr')]"
+        "  .find(r => r.dataset.voice === arguments[0]);"
+        "return row ? row.cells[4].innerText : null;", name)
+    return state
+
+
+def click_row_button(driver: Any, name: str, label: str) -> None:
+    """Click a button of a voice's row like a user (found again if the table re-rendered)."""
+    for _ in range(5):
+        try:
+            row = driver.find_element(By.CSS_SELECTOR, f'tr[data-voice="{name}"]')
+            row.find_element(By.XPATH, f".//button[text()='{label}']").click()
+            return
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"the {label} button of {name} kept being replaced")
 
 
 def fill_voice_form(driver: Any, name: str, clip: Path, transcript: str = "") -> None:
@@ -124,7 +143,8 @@ def add_preview_delete(driver: Any, url: str, clips: Path, data_dir: Path,
     fill_voice_form(driver, "anna", clip, transcript="Hello, this is Anna.")
     wait_for(driver, lambda d: row_state(d, "anna") == "installed", "the new voice's row")
     found["saved_message"] = driver.find_element(By.ID, "form-message").text
-    found["row"] = driver.find_element(By.CSS_SELECTOR, 'tr[data-voice="anna"]').text
+    found["row"] = driver.execute_script(
+        "return document.querySelector('tr[data-voice=\"anna\"]').innerText;")
     found["describe_after_add"] = check_describe()
 
     # preview: the page selected the new voice; the audio element gets the streamed WAV
@@ -144,8 +164,7 @@ def add_preview_delete(driver: Any, url: str, clips: Path, data_dir: Path,
     driver.save_screenshot(str(screenshot))
 
     # delete it (the page asks for confirmation)
-    row = driver.find_element(By.CSS_SELECTOR, 'tr[data-voice="anna"]')
-    row.find_element(By.XPATH, ".//button[text()='Delete']").click()
+    click_row_button(driver, "anna", "Delete")
     alert = WebDriverWait(driver, WAIT_S).until(lambda d: d.switch_to.alert)
     found["confirm"] = alert.text
     alert.accept()

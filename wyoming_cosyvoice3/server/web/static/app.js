@@ -10,6 +10,7 @@ let voices = [];
 let editing = null;          // name of the voice being edited, or null when adding
 let recorded = null;         // WAV Blob of a browser recording
 let recorder = null;
+let shown = "";               // the last listing rendered (JSON text)
 
 function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
@@ -48,6 +49,9 @@ async function refresh() {
     $("status").textContent = "The server does not answer: " + err.message;
     return;
   }
+  const seen = JSON.stringify(data);
+  if (seen === shown) return;  // unchanged: keep the table (and the user's focus) as it is
+  shown = seen;
   voices = data.voices;
   const installed = voices.filter((v) => v.installed).length;
   const states = { ready: "model ready", loading: "model loading (" + data.phase + ")",

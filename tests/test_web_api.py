@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -342,3 +343,26 @@ async def test_preview_errors(shared: Shared, session: aiohttp.ClientSession, pa
     async with session.get(page_url(shared.server, path), params=params) as response:
         assert response.status == status
         assert says in (await response.json())["error"]
+
+
+async def test_describe_stays_prompt_while_a_voice_is_added(
+    shared: Shared, session: aiohttp.ClientSession,
+) -> None:
+    """The upload check, the clip decoding and the voice preparation run off the event loop."""
+    clip = clip_bytes(30.0, 48000, channels=2, seed=11)  # the largest clip the page takes
+    adding = asyncio.ensure_future(add_voice(session, shared.server, "big-voice", clip))
+    latencies: list[float] = []
+    for _ in range(200):  # bounded: 200 x (describe + 50 ms)
+        started = time.monotonic()
+        await describe(shared.server)
+        latencies.append(time.monotonic() - started)
+        if adding.done():
+            break
+        await asyncio.sleep(0.05)
+    status, voice = await adding
+    assert status == 201 and voice["clip_s"] == pytest.approx(30.0, abs=0.01), voice
+    print(f"describe during an add: n={len(latencies)} median="
+          f"{sorted(latencies)[len(latencies) // 2]:.3f}s max={max(latencies):.3f}s")
+    assert len(latencies) >= 3  # describe was asked while the voice was being added
+    assert max(latencies) < 1.0, sorted(latencies)[-5:]
+    assert (await delete_voice(session, shared.server, "big-voice"))[0] == 200

@@ -51,7 +51,14 @@ class RunningServer:
         self.server = AsyncServer.from_uri(settings.uri)
         self._zeroconf: object | None = None
         self.web: WebServer | None = None
-        """The voice page (``--http-port``), once started."""
+        """The voice page (``--http-port``). Imported and built here, before anything
+        listens: importing aiohttp takes seconds on a small board and would hold up
+        ``describe`` if done on the running loop."""
+        if settings.http_port is not None:
+            from .web import WebServer  # aiohttp is imported only when the page is wanted
+
+            self.web = WebServer(self.runtime, settings.http_host, settings.http_port,
+                                 settings.http_allow_from)
 
     @property
     def port(self) -> int | None:
@@ -66,11 +73,7 @@ class RunningServer:
         await self.server.start(make_handler_factory(self.runtime))
         _LOGGER.info("wyoming-cosyvoice3 %s listening on %s", __version__, self.settings.uri)
         self.runtime.start_loading()
-        if self.settings.http_port is not None:
-            from .web import WebServer  # aiohttp is imported only when the page is wanted
-
-            self.web = WebServer(self.runtime, self.settings.http_host, self.settings.http_port,
-                                 self.settings.http_allow_from)
+        if self.web is not None:
             await self.web.start()
         if self.settings.zeroconf and self.port is not None:
             await self._announce(self.settings.zeroconf, self.port)

@@ -1,6 +1,7 @@
 """The voice page in a real headless browser (Debian's Chromium driven by Selenium) against the
 real server on the tiny synthetic model: add a voice by upload, preview it, see it in
-``describe`` over a real Wyoming TCP client, delete it.
+``describe`` over a real Wyoming TCP client, delete it; record a voice with the page's recorder
+(Chromium's fake microphone plays a speech-like clip).
 
 Needs ``chromium`` and ``chromium-driver`` (Debian packages; ``.ci/run`` installs them) and
 the ``selenium`` package (``.[dev]``). ``VOICE_PAGE_SCREENSHOT=docs/voice-page.png`` saves the
@@ -17,10 +18,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import pytest_asyncio
+import soundfile as sf
 from server_support import SpyEngine, describe, make_settings, running_server, spy_factory
-from web_support import catalog_items, page_url
+from web_support import catalog_items, delete_voice, page_url
 
 from wyoming_cosyvoice3.server.cli import RunningServer
 from wyoming_cosyvoice3.synthetic.audio import write_clip
@@ -67,9 +70,14 @@ async def shared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
+    # the microphone is a fake device playing a speech-like clip (allowed without a prompt)
+    microphone = write_clip(tmp_path_factory.mktemp("microphone") / "mic.wav", seconds=6.0,
+                            sample_rate_hz=48000, seed=12)
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
                      "--disable-gpu", "--autoplay-policy=no-user-gesture-required",
-                     "--window-size=1100,1500",
+                     "--window-size=1100,1500", "--use-fake-ui-for-media-stream",
+                     "--use-fake-device-for-media-stream",
+                     f"--use-file-for-fake-audio-capture={microphone}",
                      f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
         options.add_argument(argument)
     service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
@@ -204,3 +212,41 @@ async def test_add_preview_delete_in_a_real_browser(shared: Shared, browser: Any
     assert catalog_items(shared.data_dir) == []
     assert not list((shared.data_dir / "clips").glob("anna*"))
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def record_and_save(driver: Any, url: str, seconds: float) -> dict[str, Any]:
+    """Record a clip with the page's recorder (the fake microphone) and save it as a voice."""
+    driver.get(url)
+    wait_for(driver, lambda d: "model ready" in d.find_element(By.ID, "status").text,
+             "the model state")
+    driver.find_element(By.ID, "f-name").send_keys("recorded")
+    driver.find_element(By.ID, "f-languages").send_keys("en")
+    driver.find_element(By.ID, "record").click()
+    wait_for(driver, lambda d: "recording" in d.find_element(By.ID, "record-state").text,
+             "the recorder to start")
+    threading.Event().wait(seconds)
+    driver.find_element(By.ID, "record").click()
+    wait_for(driver, lambda d: "recorded" in d.find_element(By.ID, "record-state").text,
+             "the recording to be encoded")
+    found = {"state": driver.find_element(By.ID, "record-state").text}
+    driver.find_element(By.ID, "save").click()
+    wait_for(driver, lambda d: row_state(d, "recorded") == "installed", "the recorded voice")
+    found["row"] = driver.execute_script(
+        "return document.querySelector('tr[data-voice=\"recorded\"]').innerText;")
+    return found
+
+
+async def test_record_a_voice_in_the_browser(shared: Shared, browser: Any) -> None:
+    found = await asyncio.to_thread(record_and_save, browser, page_url(shared.server), 3.0)
+    items = [item for item in catalog_items(shared.data_dir) if item["name"] == "recorded"]
+    assert len(items) == 1 and items[0]["clip"] == "clips/recorded.wav"
+    info = sf.info(str(shared.data_dir / "clips" / "recorded.wav"))
+    # the page encodes the recording as 16-bit mono WAV at the browser's rate
+    assert (info.format, info.subtype, info.channels) == ("WAV", "PCM_16", 1)
+    assert info.samplerate >= 16000 and 2.0 < info.duration < 10.0
+    assert f"recorded {info.duration:.1f} s" in found["state"]
+    assert "cross-lingual" in found["row"] and f"{info.duration:.1f} s" in found["row"]
+    installed = {v.name: v.installed for v in (await describe(shared.server)).tts[0].voices}
+    assert installed.get("recorded") is True
+    async with aiohttp.ClientSession() as http:
+        assert (await delete_voice(http, shared.server, "recorded"))[0] == 200

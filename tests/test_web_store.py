@@ -204,3 +204,22 @@ def test_page_settings_from_flags_environment_and_options_file(tmp_path: Path) -
     for bad in (["--http-port", "70000"], ["--http-allow-from", "not-an-address"]):
         with pytest.raises(SystemExit):
             resolve_settings(["--data-dir", str(tmp_path), *bad], environ={})
+
+
+async def test_a_disk_error_is_reported_and_nothing_half_written(
+    tmp_path: Path, make_clip: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model_dir = fake_model_dir(tmp_path, make_clip)
+
+    def read_only(self: CatalogStore, items: Any) -> Any:
+        raise PermissionError(13, "Permission denied", str(self.path))
+
+    monkeypatch.setattr(CatalogStore, "update", read_only)
+    settings = make_settings(model_dir, tmp_path / "data", http_port=0)
+    async with running_server(settings, FaultyEngine) as server, aiohttp.ClientSession() as http:
+        status, body = await add_voice(http, server, "nowhere", clip_bytes())
+        assert status == 500 and "Permission denied" in body["error"], body
+        assert "nowhere" not in server.runtime.voices
+        async with http.get(page_url(server, "api/voices")) as response:
+            assert response.status == 200  # the page goes on
+    assert not list((tmp_path / "data" / "clips").glob("nowhere*"))  # the clip was removed

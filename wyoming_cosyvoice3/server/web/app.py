@@ -120,6 +120,16 @@ def build_app(runtime: ServerRuntime, loopback_only: bool,
             if err.status == 500:
                 _LOGGER.warning("Voice page %s %s: %s", request.method, request.path, err)
             response = web.json_response({"error": str(err)}, status=err.status)
+        except web.HTTPException:
+            raise  # aiohttp's own answers (404 of an unknown route, 413 of an oversized body)
+        except OSError as err:  # e.g. a read-only or full data dir
+            _LOGGER.warning("Voice page %s %s: %s", request.method, request.path, err)
+            response = web.json_response(
+                {"error": f"the server could not read or write a file: {err}"}, status=500)
+        except Exception:  # a bug: logged with its traceback; the page and the server go on
+            _LOGGER.exception("Voice page %s %s failed", request.method, request.path)
+            response = web.json_response(
+                {"error": "the server failed unexpectedly; see its log"}, status=500)
         for key, value in SECURITY_HEADERS.items():
             response.headers.setdefault(key, value)
         return response

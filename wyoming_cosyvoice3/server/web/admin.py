@@ -39,6 +39,9 @@ from .uploads import CheckedClip, VoiceFields, VoiceForm, check_clip, check_name
 
 _LOGGER = logging.getLogger(__name__)
 
+MAX_CACHED_DURATIONS = 1024
+"""Clip lengths remembered (by path, mtime and size) so the list does not reopen every clip."""
+
 
 def voice_mode(entry: VoiceEntry) -> str:
     """``instruct`` (an instruction is set; the transcript is then not part of the prompt),
@@ -123,6 +126,8 @@ class VoiceAdmin:
                 stat = path.stat()
                 key = (str(path), stat.st_mtime_ns, stat.st_size)
                 if key not in self._durations:
+                    if len(self._durations) >= MAX_CACHED_DURATIONS:
+                        self._durations.clear()
                     info = sf.info(str(path))
                     self._durations[key] = info.frames / info.samplerate
                 result[slot.entry.name] = self._durations[key]

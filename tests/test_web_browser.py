@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 import soundfile as sf
 from server_support import SpyEngine, describe, make_settings, running_server, spy_factory
-from web_support import catalog_items, delete_voice, page_url
+from web_support import catalog_items, delete_voice, ingress_proxy, page_url
 
 from wyoming_cosyvoice3.server.cli import RunningServer
 from wyoming_cosyvoice3.synthetic.audio import write_clip
@@ -183,7 +183,22 @@ def add_preview_delete(driver: Any, url: str, clips: Path, data_dir: Path,
 
 async def test_add_preview_delete_in_a_real_browser(shared: Shared, browser: Any,
                                                     tmp_path: Path) -> None:
+    await check_add_preview_delete(shared, browser, tmp_path, page_url(shared.server),
+                                   os.environ.get("VOICE_PAGE_SCREENSHOT"))
+
+
+async def test_the_same_through_an_ingress_proxy(shared: Shared, browser: Any,
+                                                 tmp_path: Path) -> None:
+    """Home Assistant's add-on ingress serves the page under a path prefix of its own origin:
+    every URL of the page is relative, so the same steps work there."""
+    async with ingress_proxy(page_url(shared.server).rstrip("/")) as url:
+        await check_add_preview_delete(shared, browser, tmp_path, url, None)
+
+
+async def check_add_preview_delete(shared: Shared, browser: Any, tmp_path: Path, url: str,
+                                   screenshot_path: str | None) -> None:
     loop = asyncio.get_running_loop()
+    syntheses_before = len(shared.spy.texts)
     checked = threading.Event()
 
     def check_describe() -> dict[str, bool]:
@@ -192,20 +207,20 @@ async def test_add_preview_delete_in_a_real_browser(shared: Shared, browser: Any
         checked.set()
         return {voice.name: voice.installed for voice in info.tts[0].voices}
 
-    screenshot = Path(os.environ.get("VOICE_PAGE_SCREENSHOT") or tmp_path / "page.png")
-    found = await asyncio.to_thread(add_preview_delete, browser, page_url(shared.server),
-                                    tmp_path, shared.data_dir, check_describe, screenshot)
+    screenshot = Path(screenshot_path or tmp_path / "page.png")
+    found = await asyncio.to_thread(add_preview_delete, browser, url, tmp_path,
+                                    shared.data_dir, check_describe, screenshot)
 
     assert "shorter than 1 s" in found["refusal"] and "3-30 s" in found["refusal"]
     assert "reload the Wyoming integration" in found["saved_message"]
     assert "zero-shot" in found["row"] and "3.0 s" in found["row"]
     assert found["describe_after_add"].get("anna") is True
     audio = found["audio"]
-    assert audio["error"] is None and "/api/voices/anna/preview?text=" in audio["src"]
+    assert audio["error"] is None
+    assert audio["src"].startswith(url + "api/voices/anna/preview?text=")
     assert audio["duration"] > 0.1 and audio["played"] == pytest.approx(audio["duration"],
                                                                         abs=0.05)
-    spoken = [(v, t) for v, t in zip(shared.spy.voices, shared.spy.texts, strict=True)
-              if v == "anna"]
+    spoken = list(zip(shared.spy.voices, shared.spy.texts, strict=True))[syntheses_before:]
     assert spoken == [("anna", "Good morning, the coffee is ready.")]
     assert "Delete the voice anna" in found["confirm"]
     assert "anna" not in found["describe_after_delete"]

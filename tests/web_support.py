@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ import aiohttp
 import numpy as np
 import soundfile as sf
 import yaml
+from aiohttp import web
 
 from wyoming_cosyvoice3.server.cli import RunningServer
 from wyoming_cosyvoice3.synthetic.audio import speech_like
@@ -89,3 +92,46 @@ def pcm_of_wav_stream(body: bytes) -> np.ndarray:
     assert int.from_bytes(body[24:28], "little") == 24000
     assert int.from_bytes(body[34:36], "little") == 16
     return np.frombuffer(body[44:], dtype="<i2")
+
+
+INGRESS_PREFIX = "/api/hassio_ingress/test-token"
+"""Path under which the stand-in ingress proxy serves the page (as Home Assistant does)."""
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host",
+               "content-length", "te", "trailer", "proxy-authorization", "proxy-authenticate"}
+
+
+@contextlib.asynccontextmanager
+async def ingress_proxy(target: str) -> AsyncIterator[str]:
+    """A reverse proxy shaped like Home Assistant's ingress: the page appears under
+    ``INGRESS_PREFIX/`` of another origin, the prefix is stripped, requests and answers are
+    streamed, ``X-Ingress-Path`` is added. Yields the page's URL through the proxy."""
+    session = aiohttp.ClientSession(auto_decompress=False)
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers["X-Ingress-Path"] = INGRESS_PREFIX
+        async with session.request(
+            request.method, f"{target}/{request.match_info['tail']}", params=request.query,
+            headers=headers, data=request.content if request.body_exists else None,
+            allow_redirects=False,
+        ) as upstream:
+            response = web.StreamResponse(status=upstream.status, headers={
+                k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP})
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app = web.Application(client_max_size=1 << 27)
+    app.router.add_route("*", INGRESS_PREFIX + "/{tail:.*}", forward)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}{INGRESS_PREFIX}/"
+    finally:
+        await runner.cleanup()
+        await session.close()

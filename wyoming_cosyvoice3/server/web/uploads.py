@@ -227,7 +227,7 @@ async def _read_part(part: BodyPartReader, limit: int, error: type[BadRequest] |
                      field: str | None = None) -> bytes:
     chunks: list[bytes] = []
     size = 0
-    for _ in range(limit // _READ_CHUNK_BYTES + 2):
+    for _ in range(limit + 2):  # bounded: every chunk but the last adds at least one byte
         chunk = await part.read_chunk(_READ_CHUNK_BYTES)
         if not chunk:
             return b"".join(chunks)

@@ -4,6 +4,7 @@ entries kept, clip names that never overwrite; and the page's limits on a fast s
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import threading
 from pathlib import Path
@@ -223,3 +224,31 @@ async def test_a_disk_error_is_reported_and_nothing_half_written(
         async with http.get(page_url(server, "api/voices")) as response:
             assert response.status == 200  # the page goes on
     assert not list((tmp_path / "data" / "clips").glob("nowhere*"))  # the clip was removed
+
+
+async def test_a_clip_arriving_in_small_pieces_is_read_whole(tmp_path: Path,
+                                                              make_clip: Any) -> None:
+    model_dir = fake_model_dir(tmp_path, make_clip)
+    settings = make_settings(model_dir, tmp_path / "data", http_port=0,
+                             limits=Limits(max_clip_bytes=200_000))
+    clip = clip_bytes(3.0, 24000)  # 144 kB: 36 pieces of 4 kB
+    boundary = "voicepageboundary"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\nslow\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"languages\"\r\n\r\nen\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"clip\"; "
+            f"filename=\"slow.wav\"\r\nContent-Type: audio/wav\r\n\r\n").encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+
+    async def body() -> Any:
+        yield head
+        for offset in range(0, len(clip), 4096):
+            yield clip[offset:offset + 4096]
+            await asyncio.sleep(0.005)  # separate reads on the server
+        yield tail
+
+    headers = {**CHANGE, "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    async with running_server(settings, FaultyEngine) as server, \
+            aiohttp.ClientSession() as http, \
+            http.post(page_url(server, "api/voices"), data=body(), headers=headers) as response:
+        assert response.status == 201, await response.text()
+    assert (tmp_path / "data" / "clips" / "slow.wav").read_bytes() == clip

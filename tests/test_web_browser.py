@@ -171,6 +171,17 @@ def add_preview_delete(driver: Any, url: str, clips: Path, data_dir: Path,
     driver.execute_script("window.scrollTo(0, 0)")
     driver.save_screenshot(str(screenshot))
 
+    # edit it: the form is filled with the voice; a new instruction switches to instruct mode
+    click_row_button(driver, "anna", "Edit")
+    assert driver.find_element(By.ID, "f-languages").get_attribute("value") == "en, de"
+    assert driver.find_element(By.ID, "f-name").get_attribute("readOnly") == "true"
+    driver.find_element(By.ID, "f-instruction").send_keys("Speak slowly.")
+    driver.find_element(By.ID, "save").click()
+    wait_for(driver, lambda d: "instruct" in d.execute_script(
+        "const r = document.querySelector('tr[data-voice=\"anna\"]');"
+        "return r ? r.innerText : '';"), "the edited row")
+    found["edited"] = [item for item in catalog_items(data_dir) if item["name"] == "anna"]
+
     # delete it (the page asks for confirmation)
     click_row_button(driver, "anna", "Delete")
     alert = WebDriverWait(driver, WAIT_S).until(lambda d: d.switch_to.alert)
@@ -222,6 +233,8 @@ async def check_add_preview_delete(shared: Shared, browser: Any, tmp_path: Path,
                                                                         abs=0.05)
     spoken = list(zip(shared.spy.voices, shared.spy.texts, strict=True))[syntheses_before:]
     assert spoken == [("anna", "Good morning, the coffee is ready.")]
+    assert [item["instruction"] for item in found["edited"]] == ["Speak slowly."]
+    assert found["edited"][0]["transcript"] == "Hello, this is Anna."  # kept
     assert "Delete the voice anna" in found["confirm"]
     assert "anna" not in found["describe_after_delete"]
     assert catalog_items(shared.data_dir) == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,14 @@ from server_support import (
     FaultyEngine,
     fake_model_dir,
     make_settings,
+    recording_faulty_factory,
     running_server,
 )
 from web_support import CHANGE, add_voice, catalog_items, clip_bytes, page_url
 
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.server.catalog import MAX_CATALOG_VOICES, load_catalog_file
+from wyoming_cosyvoice3.server.cli import RunningServer
 from wyoming_cosyvoice3.server.limits import Limits
 from wyoming_cosyvoice3.server.runtime import Engine
 from wyoming_cosyvoice3.server.settings import resolve_settings
@@ -252,3 +255,29 @@ async def test_a_clip_arriving_in_small_pieces_is_read_whole(tmp_path: Path,
             http.post(page_url(server, "api/voices"), data=body(), headers=headers) as response:
         assert response.status == 201, await response.text()
     assert (tmp_path / "data" / "clips" / "slow.wav").read_bytes() == clip
+
+
+async def test_stopping_the_server_ends_a_preview_at_once(tmp_path: Path,
+                                                          make_clip: Any) -> None:
+    holder: list[FaultyEngine] = []
+    settings = make_settings(fake_model_dir(tmp_path, make_clip), tmp_path / "data",
+                             http_port=0)
+    server = RunningServer(settings, engine_factory=recording_faulty_factory(holder))
+    await server.start()
+    try:
+        assert await asyncio.to_thread(server.runtime.ready_event.wait, 60)
+        async with aiohttp.ClientSession() as http:
+            answer = asyncio.ensure_future(http.get(
+                page_url(server, "api/voices/en-male/preview"), params={"text": "HOLD on."}))
+            assert await asyncio.to_thread(holder[0].started.acquire, True, 30)
+            started = time.monotonic()
+            await server.stop(grace_s=5.0)
+            stopped_s = time.monotonic() - started
+            response = await asyncio.wait_for(answer, 10)
+            assert response.status == 503
+            assert "stopped" in (await response.json())["error"]
+    finally:
+        for engine in holder:
+            engine.gate.set()
+    assert stopped_s < 5.0
+    assert holder[0].outcomes == ["cancelled"] and holder[0].stop_flags == [True]

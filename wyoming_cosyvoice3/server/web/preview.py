@@ -13,6 +13,7 @@ after audio has been sent the stream just ends (and the server logs why).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import struct
@@ -113,12 +114,16 @@ async def stream_preview(request: web.Request, runtime: ServerRuntime, name: str
     except ClientGone:
         stats.log("cancelled (client gone)")
         return response
+    except asyncio.CancelledError:  # the page server is closing (shutdown)
+        stats.log("cancelled (server stopping)")
+        raise
     except EmptyText as err:
         raise BadRequest(f"nothing speakable in the text ({err}); type words") from err
     except ServerBusy as err:
         raise Unavailable(str(err)) from err
     except SynthesisCancelled as err:
         if not response.prepared:
+            stats.log("cancelled")
             raise Unavailable(f"the preview was stopped: {err}") from err
         outcome = "cancelled"
     except CosyVoiceError as err:

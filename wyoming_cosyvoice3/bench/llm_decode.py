@@ -22,16 +22,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 
 from ..engine import constants as C
-from ..engine.llm import LlmDecoder
 from ..engine.graphs import SPEECH_EMBEDDING, TEXT_EMBEDDING, Graph, count_llm_layers
+from ..engine.llm.decoder import LlmDecoder
+from ..engine.llm.sampling import sample_step
 from ..engine.model import CosyVoice3Model, ModelDims, _load_llm
 from ..engine.options import EngineOptions
-from ..engine.sampling import sample_step
 from ..engine.types import LlmPrompt
 
 
@@ -76,11 +77,17 @@ def _rss_mb() -> float:
     return float("nan")
 
 
-def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+def measure(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Interleaved decode timing of every graph (module docstring)."""
     prompt = _prompt(args.prompt_tokens)
-    decoders = {g: LlmDecoder(_load(args.model_dir, g, args.cache_dir, args.threads), prefix_cache_entries=0) for g in args.graphs}
-    states, logits, times, prefill = {}, {}, {g: [] for g in args.graphs}, {}
+    decoders = {
+        g: LlmDecoder(
+            _load(args.model_dir, g, args.cache_dir, args.threads), prefix_cache_entries=0
+        )
+        for g in args.graphs
+    }
+    states, logits, prefill = {}, {}, {}
+    times: dict[str, list[float]] = {g: [] for g in args.graphs}
     rngs = {g: np.random.default_rng(0) for g in args.graphs}
     for g, dec in decoders.items():
         started = time.perf_counter()
@@ -93,7 +100,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             started = time.perf_counter()
             logits[g] = dec.step(states[g], token)
             times[g].append((time.perf_counter() - started) * 1e3)
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for g, dec in decoders.items():
         ms = np.array(times[g][5:])
         nodes = len(onnx.load(str(dec._llm.path), load_external_data=False).graph.node)
@@ -111,9 +118,11 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 def rss_of(args: argparse.Namespace, graph: str) -> float:
     """Steady RSS (MB) of a fresh process: load with ``graph``, decode 20 tokens."""
+    model_dir, cache_dir = str(args.model_dir), str(args.cache_dir)
+    call = f"Path({model_dir!r}), {graph!r}, Path({cache_dir!r}), {args.threads}"
     code = (
-        "import sys; from pathlib import Path; from wyoming_cosyvoice3.bench import llm_decode as m;"
-        f"print(m._child_rss(Path({str(args.model_dir)!r}), {graph!r}, Path({str(args.cache_dir)!r}), {args.threads}))"
+        "from pathlib import Path; from wyoming_cosyvoice3.bench import llm_decode as m;"
+        f"print(m._child_rss({call}))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(done.stdout.strip().splitlines()[-1])
@@ -123,9 +132,9 @@ def _child_rss(model_dir: Path, graph: str, cache_dir: Path, threads: int) -> fl
     from ..engine.memory import return_freed_memory
 
     dec = LlmDecoder(_load(model_dir, graph, cache_dir, threads), prefix_cache_entries=0)
-    state, logits, _ = dec.prefill_prompt(_prompt(125))
+    state, _, _ = dec.prefill_prompt(_prompt(125))
     for token in range(20):
-        logits = dec.step(state, token)
+        dec.step(state, token)
     return_freed_memory()
     return _rss_mb()
 
@@ -153,10 +162,19 @@ def deviation(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     out = {}
     for g in ("published", "fused", "fused-q4"):
         vs_fp32, vs_int8 = compare(logp["fp32"], logp[g]), compare(logp["published"], logp[g])
-        out[g] = {"fp32_max": vs_fp32[0], "fp32_mean": vs_fp32[1], "fp32_greedy": vs_fp32[2],
-                  "int8_max": vs_int8[0], "int8_mean": vs_int8[1], "int8_greedy": vs_int8[2]}
-        print(f"{g:10s} vs fp32: max {vs_fp32[0]:.3f} mean {vs_fp32[1]:.4f} greedy {vs_fp32[2]:.3f};"
-              f" vs published int8: max {vs_int8[0]:.3f} mean {vs_int8[1]:.4f} greedy {vs_int8[2]:.3f}")
+        out[g] = {
+            "fp32_max": vs_fp32[0],
+            "fp32_mean": vs_fp32[1],
+            "fp32_greedy": vs_fp32[2],
+            "int8_max": vs_int8[0],
+            "int8_mean": vs_int8[1],
+            "int8_greedy": vs_int8[2],
+        }
+        print(
+            f"{g:10s} vs fp32: max {vs_fp32[0]:.3f} mean {vs_fp32[1]:.4f} "
+            f"greedy {vs_fp32[2]:.3f}; vs published int8: max {vs_int8[0]:.3f} "
+            f"mean {vs_int8[1]:.4f} greedy {vs_int8[2]:.3f}"
+        )
     return out
 
 
@@ -180,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     base = result[args.graphs[0]]["median_ms"]
     for g, r in result.items():
         print(
-            f"{g:10s} {r['median_ms']:7.2f} ms/token (p10 {r['p10_ms']:.2f}, p90 {r['p90_ms']:.2f}; "
+            f"{g:10s} {r['median_ms']:7.2f} ms/token (p10 {r['p10_ms']:.2f}, "
+            f"p90 {r['p90_ms']:.2f}; "
             f"x{r['median_ms'] / base:.2f}), prefill {r['prefill_ms']:.0f} ms for "
             f"{r['prefill_positions']} positions, {r['nodes']} nodes, "
             f"RSS {r.get('rss_mb', float('nan')):.0f} MB  [{r['file']}]"

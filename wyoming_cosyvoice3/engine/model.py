@@ -186,8 +186,8 @@ def _load_llm(
     source = model_dir / LLM_FILES[options.llm_precision]
     providers, spin = options.providers, options.spin_wait
     if options.llm_graph != "published":
-        from .derive.llm_fused import VALIDATION_SPLIT, load_fused_llm
         from .derive.files import derived_files_dir
+        from .derive.llm_fused import VALIDATION_SPLIT, load_fused_llm
 
         # validation input: speech-embedding rows of seeded random speech tokens
         ids = np.random.default_rng(0).integers(0, C.SPEECH_TOKEN_VOCAB, sum(VALIDATION_SPLIT))

@@ -53,7 +53,8 @@ from .files import (
     replace_atomically,
 )
 from .llm_fused_graph import build_fused_llm
-from .llm_weights import LlmStructureError, float_activation_reference, read_llm_weights
+from .llm_patterns import float_activation_reference
+from .llm_weights import LlmStructureError, read_llm_weights
 
 logger = logging.getLogger(__name__)
 

@@ -1,31 +1,48 @@
 """The fused-operator LLM decode graph: derived once from the published LLM, validated, cached.
 
-Why: the published ``llm_int8.onnx`` runs about 2200 onnxruntime nodes per decoded token
-(Qwen2 exported op by op plus the dynamic-quantisation pattern); per-node overhead, not the
-weights, dominates a decode step. The fused graph (:mod:`.llm_fused_graph`) has 11 nodes per
-layer (274 for the published 24 layers) and the same inputs, outputs and KV-cache layout, so
-the decoder and the prefix cache use it unchanged.
+Why: the published ``llm_int8.onnx`` runs 2222 onnxruntime nodes per decoded token (Qwen2
+exported op by op plus the dynamic-quantisation pattern around every MatMul); per-node
+overhead is a large part of a decode step. The fused graph (:mod:`.llm_fused_graph`) has 11
+nodes per layer (274 for the published 24 layers) and the same inputs, outputs and KV-cache
+layout ([1, kv_heads, positions, head_dim], keys after RoPE), so the decoder and the prefix
+cache use it unchanged and a cache made by one graph continues in the other.
 
 Variants (``EngineOptions.llm_graph``):
 
-* ``"fused"``: the projections keep the source's numbers: ``DynamicQuantizeMatMul`` with the
-  same per-column int8 weights and the same per-tensor uint8 activation quantisation as
-  ``llm_int8.onnx`` (q|k|v and gate|up read one input, so one quantisation of it is what the
-  published graph computes three and two times); ``MatMul`` with the float weights for
-  ``llm.onnx``. Lossless: teacher-forced log-probs equal the published graph's to float
-  rounding (measured 7.6e-6 on the parity model).
-* ``"fused-q4"``: ``MatMulNBits`` 4-bit weights (blocks of 32 along K, asymmetric, quantised
-  by onnxruntime from the source weights) with int8 compute (``accuracy_level`` 4). Lossy:
-  fewer weight bytes per token; its deviation from the published graph is measured at
-  derivation, stored beside the file and must stay below :data:`LOSSY_MAX_ABS_LOGP`.
+* ``"fused"``, lossless: the projections keep the source's numbers. From ``llm_int8.onnx``:
+  ``DynamicQuantizeMatMul`` with the same per-column int8 weights and the same per-tensor
+  uint8 quantisation of the activations (q|k|v and gate|up read one input, which the published
+  graph quantises identically three and two times). From ``llm.onnx``: float ``MatMul``.
+  Only float rounding differs (fused kernels sum in another order); with int8 activations a
+  rounding difference occasionally moves one activation by one quantisation step, so the
+  int8 form differs from the published graph by less than the published graph's own
+  activation-quantisation error (measured below).
+* ``"fused-q4"``, lossy: ``MatMulNBits`` 4-bit weights (blocks of :data:`Q4_BLOCK_SIZE` along
+  K, asymmetric, quantised by onnxruntime from the source weights) with int8 compute
+  (``accuracy_level`` 4): fewer weight bytes per token.
 
-Validation at derivation (both variants): the exact variant is built and run teacher-forced
-against the published graph (prefill in two calls as the decoder does: 20 positions, then 40,
-then 30 single-token steps, seeded random embeddings or the caller's); every log-prob must
-agree within :data:`EXACT_MAX_ABS_LOGP`. Only then is the requested variant written. Any
-failure (structure not recognised, q4 source, validation) raises :class:`ModelLoadError`, is
-remembered by a ``.failed`` marker (no retry on every start) and the caller keeps the
-published graph with one warning.
+Validation when derived (prefill in the decoder's two calls, 20 then 40 positions, then
+single-token steps, teacher-forced on the caller's embeddings or seeded N(0, 1) ones):
+
+1. structure: the fused graph and the published graph, both with float activations and the
+   same weights (:func:`~.llm_patterns.float_activation_reference` rewrites the published
+   int8 pattern to ``MatMul(x, DequantizeLinear(w))``; the fused graph uses the same
+   ``dequant`` kernel), must agree within :data:`EXACT_MAX_ABS_LOGP` in every log-prob. This
+   checks every weight found by structure, the rotary tables, the norms and the attention.
+   The same comparison of the published int8 graph with its float form gives its own
+   activation-quantisation error (``int8_noise``).
+2. the variant written: ``fused`` must stay within ``max(EXACT_MAX_ABS_LOGP, int8_noise)`` of
+   the published graph, ``fused-q4`` within ``max(LOSSY_MAX_ABS_LOGP, int8_noise)``.
+
+Measured (teacher-forced, 90 positions; ``python -m wyoming_cosyvoice3.bench.llm_decode``):
+parity model structure 6e-6, full-size synthetic 4e-6; full-size synthetic ``fused`` against
+``llm_int8.onnx`` max 0.12 / mean 0.019 nats (``llm_int8.onnx`` itself against ``llm.onnx``:
+max 0.55 / mean 0.088), ``fused-q4`` max 0.7-1.4 / mean 0.10-0.23.
+
+The report of each derivation is stored beside the file (``.json``). Any failure (structure
+not recognised, q4 source, validation) raises :class:`ModelLoadError`, is remembered by a
+``.failed`` marker (no retry on every start) and the caller keeps the published graph with
+one warning.
 """
 
 from __future__ import annotations
@@ -68,9 +85,11 @@ faster per token on AVX2 but with 1.3x the weight error)."""
 EXACT_MAX_ABS_LOGP = 1e-3
 """Lossless variant: largest accepted teacher-forced log-prob difference (float rounding is
 about 1e-5; a wrong structure gives differences of order 1)."""
-LOSSY_MAX_ABS_LOGP = 1.0
+LOSSY_MAX_ABS_LOGP = 2.0
 """fused-q4: largest accepted teacher-forced log-prob difference from the published graph
-(or the published int8 graph's own activation-quantisation error, when that is larger)."""
+(or the published int8 graph's own activation-quantisation error, when that is larger): a
+gross-error guard. Measured 0.7-1.4 on the full-size synthetic model; the parity model, whose
+head weights are scaled x8, loses 3-11 and is refused."""
 VALIDATION_SPLIT = (20, 40, 30)
 """Teacher-forced validation: prefix positions, request positions, single-token steps."""
 STRUCTURE_SPLIT = (20, 40, 4)

@@ -7,7 +7,7 @@ float32 [1, vocab] (last position) and ``present.{i}.{key,value}`` float32
 [1, kv_heads, past + S, head_dim] (keys after RoPE, as the published graph stores them, so
 caches made by either graph can be continued by the other).
 
-One decoder layer is 10 onnxruntime nodes instead of about 90 (onnxruntime contrib operators,
+One decoder layer is 11 onnxruntime nodes instead of about 90 (onnxruntime contrib operators,
 domain ``com.microsoft``; documented in onnxruntime ``docs/ContribOperators.md``):
 
 * ``SkipSimplifiedLayerNormalization``: residual add + RMSNorm in one kernel (the first norm

@@ -83,6 +83,10 @@ def test_fused_graph_is_validated_and_matches_the_published_graph(
     # second call: the cached file and its stored report, nothing derived again
     again, cached = ensure_fused_llm(qwen_dir / source, tmp_path, "fused")
     assert again == path and cached == report
+    # an unreadable report (e.g. from an older version) makes it derive again
+    path.with_name(path.name + ".json").write_text("{}", encoding="utf-8")
+    _, fresh = ensure_fused_llm(qwen_dir / source, tmp_path, "fused")
+    assert fresh.max_abs_logp == report.max_abs_logp and fresh.nodes == report.nodes
 
 
 def test_fused_q4_is_lossy_and_records_its_deviation(qwen_dir: Path, tmp_path: Path) -> None:

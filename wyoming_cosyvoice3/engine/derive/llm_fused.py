@@ -75,8 +75,6 @@ from .llm_weights import LlmStructureError, read_llm_weights
 
 logger = logging.getLogger(__name__)
 
-LLM_GRAPHS = ("published", "fused", "fused-q4")
-"""Values of ``EngineOptions.llm_graph``."""
 FUSED_TAGS = {"fused": "fused1", "fused-q4": "fusedq4r1"}
 """File tags per variant (bumped when the recipe changes)."""
 Q4_BLOCK_SIZE = 32
@@ -285,7 +283,10 @@ def ensure_fused_llm(
     report_path = target.with_name(target.name + ".json")
     with lock_for(target):
         if target.is_file() and report_path.is_file():
-            return target, FusedReport(**json.loads(report_path.read_text(encoding="utf-8")))
+            try:
+                return target, FusedReport(**json.loads(report_path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError) as exc:  # unreadable or older report
+                logger.info("re-deriving %s: its report is unreadable (%s)", target.name, exc)
         check_failed_before(target)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         logger.info(

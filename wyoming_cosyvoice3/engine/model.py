@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from . import constants as C
@@ -177,6 +178,34 @@ def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> E
     return Graph(path, ESTIMATOR, threads, providers, spin_wait=spin)
 
 
+def _load_llm(
+    model_dir: Path, options: EngineOptions, threads: int, speech_embedding: Graph
+) -> Graph:
+    """The LLM graph of ``options.llm_precision``, or its fused form (``options.llm_graph``;
+    falls back to the published file with one warning, see :mod:`.derive.llm_fused`)."""
+    source = model_dir / LLM_FILES[options.llm_precision]
+    providers, spin = options.providers, options.spin_wait
+    if options.llm_graph != "published":
+        from .derive.files import derived_files_dir
+        from .derive.llm_fused import VALIDATION_SPLIT, load_fused_llm
+
+        # validation input: speech-embedding rows of seeded random speech tokens
+        ids = np.random.default_rng(0).integers(0, C.SPEECH_TOKEN_VOCAB, sum(VALIDATION_SPLIT))
+        embeds = speech_embedding.run({"input_ids": ids[None, :]}, ["inputs_embeds"])
+        try:
+            cache = derived_files_dir(model_dir, options.cache_dir)
+        except ModelLoadError as exc:
+            log.warning("%s LLM graph not used (%s); using %s", options.llm_graph, exc, source.name)
+            return load_llm(source, threads, providers, spin)
+        fused = load_fused_llm(
+            source, options.llm_graph, cache, threads, providers, spin,
+            np.asarray(embeds["inputs_embeds"], np.float32),
+        )
+        if fused is not None:
+            return fused
+    return load_llm(source, threads, providers, spin)
+
+
 def _text_embedding(model_dir: Path, options: EngineOptions) -> TableEmbedding | None:
     """The memory-mapped text embedding, or None (option off, not a plain lookup, no cache)."""
     wanted = options.mmap_embeddings
@@ -293,11 +322,10 @@ class CosyVoice3Model:
         def graph(spec: GraphSpec) -> Graph:
             return Graph(model_dir / spec.file, spec, threads, providers, spin_wait=spin)
 
+        speech_embedding = graph(SPEECH_EMBEDDING)
         graphs: dict[str, Graph | TableEmbedding | SplitEstimator] = {
-            "speech_embedding": graph(SPEECH_EMBEDDING),
-            "llm": load_llm(
-                model_dir / LLM_FILES[options.llm_precision], llm_threads, providers, spin
-            ),
+            "speech_embedding": speech_embedding,
+            "llm": _load_llm(model_dir, options, llm_threads, speech_embedding),
             "flow_encoder": graph(FLOW_ENCODER),
             "estimator": load_estimator(model_dir, options, options.flow_precision),
             "hift": graph(HIFT),

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .hooks import EngineObserver
 
 LlmPrecision = Literal["fp32", "int8", "q4"]
+LlmGraph = Literal["published", "fused", "fused-q4"]
 FlowPrecision = Literal["fp32", "int8"]
 LLM_FILES: dict[str, str] = {"fp32": "llm.onnx", "int8": "llm_int8.onnx", "q4": "llm_q4.onnx"}
 """LLM graph file per precision (model card of the ONNX export)."""
@@ -48,6 +49,14 @@ class EngineOptions:
             from text_embedding_fp16.onnx into ``cache_dir`` (only when the graph is a plain
             Gather [+ Cast], so the output is bit-identical; otherwise the graph is used).
             ``None`` (default) = on when ``cache_dir`` is set, so a bare engine writes nothing.
+        llm_graph: ``published`` runs the LLM file of ``llm_precision`` as shipped; ``fused``
+            derives once (into ``cache_dir``) a graph with fused onnxruntime operators from
+            it: same weights and numbers (lossless: log-probs equal to float rounding, and
+            to the published int8 graph's own rounding of activations), about 11 instead of
+            90 nodes per layer; ``fused-q4`` the same graph with 4-bit weights (lossy,
+            deviation measured at derivation and logged). Not derivable (q4 file, another
+            structure, failed validation): the published graph, with one warning. See
+            :mod:`.derive.llm_fused`.
         split_estimator: split the DiT estimator once into its time-conditioning graph
             (AdaLN modulation: 0.55 GB of fp32 weights that depend on ``t`` only, run once per
             distinct ``t`` and released) and its per-frame graph, written to ``cache_dir``
@@ -68,12 +77,17 @@ class EngineOptions:
     mmap_embeddings: bool | None = None
     split_estimator: bool | None = None
     observer: EngineObserver | None = field(default=None, compare=False)
+    llm_graph: LlmGraph = "published"
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value is out of range."""
         if self.llm_precision not in LLM_FILES:
             raise ValueError(
                 f"llm_precision must be one of {sorted(LLM_FILES)}, got {self.llm_precision!r}"
+            )
+        if self.llm_graph not in ("published", "fused", "fused-q4"):
+            raise ValueError(
+                f"llm_graph must be published, fused or fused-q4, got {self.llm_graph!r}"
             )
         if self.threads < 0 or (self.llm_threads is not None and self.llm_threads < 0):
             raise ValueError(f"threads must be >= 0, got {self.threads} / {self.llm_threads}")

@@ -117,6 +117,7 @@ class ServerRuntime:
             self.phase = "loading the model"
             options = EngineOptions(
                 llm_precision=self.settings.llm_precision,  # type: ignore[arg-type]
+                llm_graph=self.settings.llm_graph,  # type: ignore[arg-type]
                 threads=self.settings.threads,
                 providers=self.settings.providers,
                 voice_cache_dir=self.settings.cache_dir,

@@ -1,0 +1,159 @@
+"""The fused-operator LLM graph: weights found by structure, validation, cache, fallback.
+
+A Qwen2-structured LLM with the published interface (hidden 896, 2 KV heads of 64, 6761
+logits) but 2 layers and a narrow MLP is built with the full-size synthetic builder; the
+tiny synthetic LLM (not a Qwen2 stack) exercises the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from wyoming_cosyvoice3.engine.derive import llm_fused
+from wyoming_cosyvoice3.engine.derive.llm_fused import (
+    EXACT_MAX_ABS_LOGP,
+    ensure_fused_llm,
+    teacher_forced_logp,
+    validation_embeddings,
+)
+from wyoming_cosyvoice3.engine.derive.llm_weights import LlmStructureError, read_llm_weights
+from wyoming_cosyvoice3.engine.errors import ModelLoadError
+from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
+from wyoming_cosyvoice3.engine.model import CosyVoice3Model
+from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.synthetic.full_config import FullConfig
+from wyoming_cosyvoice3.synthetic.full_llm import build_llm
+from wyoming_cosyvoice3.synthetic.onnx_builder import save_model
+from wyoming_cosyvoice3.synthetic.quant import quantize_int8
+
+MINI = replace(FullConfig(), llm_layers=2, llm_intermediate=256)
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """The tiny model directory with a 2-layer Qwen2-structured llm.onnx / llm_int8.onnx."""
+    out = tmp_path_factory.mktemp("qwen_mini")
+    for path in tiny_model_dir.iterdir():
+        if not path.name.startswith("llm"):
+            (out / path.name).symlink_to(path)
+    llm = build_llm(MINI, 0)
+    save_model(llm, out / "llm.onnx", external_data=True)
+    save_model(quantize_int8(llm), out / "llm_int8.onnx", external_data=True)
+    return out
+
+
+def _session(path: Path) -> object:
+    return llm_fused._session(path)
+
+
+@pytest.mark.parametrize("source", ["llm.onnx", "llm_int8.onnx"])
+def test_weights_are_found_by_structure(qwen_dir: Path, source: str) -> None:
+    w = read_llm_weights(qwen_dir / source)
+    assert (w.hidden, w.heads, w.kv_heads, w.head_dim, w.vocab) == (896, 14, 2, 64, 6761)
+    assert len(w.layers) == 2 and w.layers[0].gate.n == 256
+    assert w.eps == pytest.approx(1e-6) and w.int8 == (source == "llm_int8.onnx")
+    # rotary table of theta 1e6 (Qwen2), read from the graph's own Cos subgraph
+    inv_freq = 1.0 / 1e6 ** (np.arange(0, 64, 2) / 64)
+    np.testing.assert_allclose(w.cos[7], np.cos(7 * inv_freq), atol=1e-6)
+    assert w.layers[0].q.bias is not None and w.layers[0].o.bias is None
+
+
+@pytest.mark.parametrize("source", ["llm.onnx", "llm_int8.onnx"])
+def test_fused_graph_is_validated_and_matches_the_published_graph(
+    qwen_dir: Path, tmp_path: Path, source: str
+) -> None:
+    path, report = ensure_fused_llm(qwen_dir / source, tmp_path, "fused")
+    assert report.structure_max_abs_logp < EXACT_MAX_ABS_LOGP
+    # 11 nodes per layer (+1 bias Add with float weights) + 10 outside the layers
+    assert report.nodes <= 10 + 12 * MINI.llm_layers < report.source_nodes / 3
+    assert report.greedy_agreement == 1.0
+    embeds = validation_embeddings(896, seed=5)
+    ours = teacher_forced_logp(_session(path), embeds)
+    theirs = teacher_forced_logp(_session(qwen_dir / source), embeds)
+    tolerance = 1e-4 if source == "llm.onnx" else max(1e-4, report.int8_noise_max_abs_logp)
+    assert np.abs(ours - theirs).max() < tolerance
+    ops = {node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node}
+    assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"} <= ops
+    # second call: the cached file and its stored report, nothing derived again
+    again, cached = ensure_fused_llm(qwen_dir / source, tmp_path, "fused")
+    assert again == path and cached == report
+    # an unreadable report (e.g. from an older version) makes it derive again
+    path.with_name(path.name + ".json").write_text("{}", encoding="utf-8")
+    _, fresh = ensure_fused_llm(qwen_dir / source, tmp_path, "fused")
+    assert fresh.max_abs_logp == report.max_abs_logp and fresh.nodes == report.nodes
+
+
+def test_fused_q4_is_lossy_and_records_its_deviation(qwen_dir: Path, tmp_path: Path) -> None:
+    path, report = ensure_fused_llm(qwen_dir / "llm_int8.onnx", tmp_path, "fused-q4")
+    assert (
+        1e-3
+        < report.max_abs_logp
+        <= max(llm_fused.LOSSY_MAX_ABS_LOGP, report.int8_noise_max_abs_logp)
+    )
+    ops = [node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node]
+    assert ops.count("MatMulNBits") == 2 * 4 + 1
+
+
+def test_a_misread_structure_fails_validation_and_is_not_retried(
+    qwen_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = llm_fused.read_llm_weights
+
+    def swapped(path: Path, max_positions: int = 32768) -> object:
+        w = real(path, max_positions)
+        w.layers[1].gate, w.layers[1].up = w.layers[1].up, w.layers[1].gate
+        return w
+
+    monkeypatch.setattr(llm_fused, "read_llm_weights", swapped)
+    with pytest.raises(ModelLoadError, match="structure was misread"):
+        ensure_fused_llm(qwen_dir / "llm.onnx", tmp_path, "fused")
+    monkeypatch.setattr(llm_fused, "read_llm_weights", real)
+    with pytest.raises(ModelLoadError, match="earlier attempt"):
+        ensure_fused_llm(qwen_dir / "llm.onnx", tmp_path, "fused")
+    assert not list(tmp_path.glob("*.onnx"))
+
+
+def test_the_tiny_synthetic_llm_is_not_a_qwen2_stack(tiny_model_dir: Path) -> None:
+    with pytest.raises(LlmStructureError):
+        read_llm_weights(tiny_model_dir / "llm_int8.onnx")
+
+
+def test_engine_falls_back_to_the_published_graph_with_one_warning(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    options = EngineOptions(llm_graph="fused", cache_dir=tmp_path)
+    for _ in range(2):  # the second load reads the failure marker: still one warning
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            model = CosyVoice3Model.load(tiny_model_dir, options)
+        assert model.llm.path == tiny_model_dir / "llm_int8.onnx"
+        warnings = [r for r in caplog.records if "LLM graph not used" in r.getMessage()]
+        assert len(warnings) == 1
+
+
+def test_decoder_runs_the_fused_graph_with_the_same_logits(qwen_dir: Path, tmp_path: Path) -> None:
+    """Prefill in two calls (the prefix cache's split) and decode steps: the fused fp32 graph
+    gives the published graph's logits; its caches continue in the published graph."""
+    fused = CosyVoice3Model.load(
+        qwen_dir, EngineOptions(llm_precision="fp32", llm_graph="fused", cache_dir=tmp_path)
+    )
+    published = CosyVoice3Model.load(qwen_dir, EngineOptions(llm_precision="fp32"))
+    assert fused.llm.path.parent == tmp_path and fused.llm.spec.file == "llm.onnx"
+    rng = np.random.default_rng(1)
+    embeds = rng.standard_normal((1, 30, 896)).astype(np.float32)
+    a, b = LlmDecoder(fused), LlmDecoder(published)
+    sa, sb = a.new_state(), b.new_state()
+    for part in (embeds[:, :12], embeds[:, 12:20]):
+        np.testing.assert_allclose(a.prefill(sa, part), b.prefill(sb, part), atol=2e-4)
+    for token in (5, 17, 6000):
+        np.testing.assert_allclose(a.step(sa, token), b.step(sb, token), atol=2e-4)
+    # a cache made by the fused graph continues in the published one (same layout)
+    sc = sb.fork()
+    sc.kv = list(sa.kv)
+    np.testing.assert_allclose(b.step(sc, 42), b.step(sb, 42), atol=2e-4)

@@ -1,0 +1,372 @@
+"""The fused-operator LLM decode graph: derived once from the published LLM, validated, cached.
+
+Why: the published ``llm_int8.onnx`` runs 2222 onnxruntime nodes per decoded token (Qwen2
+exported op by op plus the dynamic-quantisation pattern around every MatMul); per-node
+overhead is a large part of a decode step. The fused graph (:mod:`.llm_fused_graph`) has 11
+nodes per layer (274 for the published 24 layers) and the same inputs, outputs and KV-cache
+layout ([1, kv_heads, positions, head_dim], keys after RoPE), so the decoder and the prefix
+cache use it unchanged and a cache made by one graph continues in the other.
+
+Variants (``EngineOptions.llm_graph``):
+
+* ``"fused"``, lossless: the projections keep the source's numbers. From ``llm_int8.onnx``:
+  ``DynamicQuantizeMatMul`` with the same per-column int8 weights and the same per-tensor
+  uint8 quantisation of the activations (q|k|v and gate|up read one input, which the published
+  graph quantises identically three and two times). From ``llm.onnx``: float ``MatMul``.
+  Only float rounding differs (fused kernels sum in another order); with int8 activations a
+  rounding difference occasionally moves one activation by one quantisation step, so the
+  int8 form differs from the published graph by less than the published graph's own
+  activation-quantisation error (measured below).
+* ``"fused-q4"``, lossy: ``MatMulNBits`` 4-bit weights (blocks of :data:`Q4_BLOCK_SIZE` along
+  K, asymmetric, quantised by onnxruntime from the source weights) with int8 compute
+  (``accuracy_level`` 4): fewer weight bytes per token.
+
+Validation when derived (prefill in the decoder's two calls, 20 then 40 positions, then
+single-token steps, teacher-forced on the caller's embeddings or seeded N(0, 1) ones):
+
+1. structure: the fused graph and the published graph, both with float activations and the
+   same weights (:func:`~.llm_patterns.float_activation_reference` rewrites the published
+   int8 pattern to ``MatMul(x, DequantizeLinear(w))``; the fused graph uses the same
+   ``dequant`` kernel), must agree within :data:`EXACT_MAX_ABS_LOGP` in every log-prob. This
+   checks every weight found by structure, the rotary tables, the norms and the attention.
+   The same comparison of the published int8 graph with its float form gives its own
+   activation-quantisation error (``int8_noise``).
+2. the variant written: ``fused`` must stay within ``max(EXACT_MAX_ABS_LOGP, int8_noise)`` of
+   the published graph, ``fused-q4`` within ``max(LOSSY_MAX_ABS_LOGP, int8_noise)``.
+
+Measured (teacher-forced, 90 positions; ``python -m wyoming_cosyvoice3.bench.llm_decode``):
+parity model structure 6e-6, full-size synthetic 4e-6; full-size synthetic ``fused`` against
+``llm_int8.onnx`` max 0.12 / mean 0.019 nats (``llm_int8.onnx`` itself against ``llm.onnx``:
+max 0.55 / mean 0.088), ``fused-q4`` max 0.7-1.4 / mean 0.10-0.23.
+
+The report of each derivation is stored beside the file (``.json``). Any failure (structure
+not recognised, q4 source, validation) raises :class:`ModelLoadError`, is remembered by a
+``.failed`` marker (no retry on every start) and the caller keeps the published graph with
+one warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ..errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
+from ..graphs import Graph, count_llm_layers, llm_spec, open_session
+from .files import (
+    check_failed_before,
+    keyed_name,
+    lock_for,
+    record_failure,
+    remove_stale,
+    replace_atomically,
+)
+from .llm_fused_graph import build_fused_llm
+from .llm_patterns import float_activation_reference
+from .llm_weights import LlmStructureError, read_llm_weights
+
+logger = logging.getLogger(__name__)
+
+FUSED_TAGS = {"fused": "fused1", "fused-q4": "fusedq4r1"}
+"""File tags per variant (bumped when the recipe changes)."""
+Q4_BLOCK_SIZE = 32
+"""K-block of the 4-bit weights (onnxruntime's default for MatMulNBits; 128 measured 10 %
+faster per token on AVX2 but with 1.3x the weight error)."""
+EXACT_MAX_ABS_LOGP = 1e-3
+"""Lossless variant: largest accepted teacher-forced log-prob difference (float rounding is
+about 1e-5; a wrong structure gives differences of order 1)."""
+LOSSY_MAX_ABS_LOGP = 2.0
+"""fused-q4: largest accepted teacher-forced log-prob difference from the published graph
+(or the published int8 graph's own activation-quantisation error, when that is larger): a
+gross-error guard. Measured 0.7-1.4 on the full-size synthetic model; the parity model, whose
+head weights are scaled x8, loses 3-11 and is refused."""
+VALIDATION_SPLIT = (20, 40, 30)
+"""Teacher-forced validation: prefix positions, request positions, single-token steps."""
+STRUCTURE_SPLIT = (20, 40, 4)
+"""The structure check's shorter run (its graphs dequantise every weight on every call)."""
+
+
+@dataclass(frozen=True)
+class FusedReport:
+    """Teacher-forced comparison of a fused graph with the published one.
+
+    Attributes:
+        variant: ``"fused"`` or ``"fused-q4"``.
+        source: file name of the published graph.
+        max_abs_logp: largest |log p_fused - log p_published| over all steps and ids.
+        mean_abs_logp: mean of the same.
+        greedy_agreement: fraction of steps whose argmax agree.
+        structure_max_abs_logp: the structure check: the fused graph against the published
+            one, both with float activations and the same weights (only rounding remains).
+        int8_noise_max_abs_logp: the published int8 graph against its float-activation
+            form (its own activation-quantisation error; 0 for an fp32 source).
+        nodes: node count of the fused graph; source_nodes: of the published graph.
+        derive_s: seconds to read, build, validate and write.
+    """
+
+    variant: str
+    source: str
+    max_abs_logp: float
+    mean_abs_logp: float
+    greedy_agreement: float
+    structure_max_abs_logp: float
+    int8_noise_max_abs_logp: float
+    nodes: int
+    source_nodes: int
+    derive_s: float
+
+
+def _session(model: onnx.ModelProto | Path, optimize: bool = True) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # the reference graph leaves unused initializers behind
+    if not optimize:  # keep DequantizeLinear of constant weights unfolded (int8 in memory)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    source = str(model) if isinstance(model, Path) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def teacher_forced_logp(
+    session: Any, embeds: np.ndarray, split: tuple[int, int, int] = VALIDATION_SPLIT
+) -> np.ndarray:
+    """Log-probs float64 [2 + steps, V] of an LLM session fed ``embeds`` [1, n, H] the way the
+    decoder feeds it (two prefill calls, then one position per call).
+
+    Raises:
+        ValueError: ``embeds`` has fewer than ``sum(split)`` positions.
+    """
+    prefix, request, steps = split
+    if embeds.shape[1] < prefix + request + steps:
+        raise ValueError("not enough validation embeddings")
+    names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+    shape = session.get_inputs()[[i.name for i in session.get_inputs()].index(names[0])].shape
+    kv = {n: np.zeros((1, int(shape[1]), 0, int(shape[3])), np.float32) for n in names}
+    bounds = [(0, prefix), (prefix, prefix + request)]
+    bounds += [(t, t + 1) for t in range(prefix + request, prefix + request + steps)]
+    out = []
+    for start, end in bounds:
+        feeds = {
+            "inputs_embeds": np.ascontiguousarray(embeds[:, start:end], np.float32),
+            "attention_mask": np.ones((1, end), np.int64),
+            "position_ids": np.arange(start, end, dtype=np.int64)[None, :],
+            **kv,
+        }
+        names_out = [o.name for o in session.get_outputs()]
+        outputs = dict(zip(names_out, session.run(None, feeds), strict=True))
+        kv = {n: outputs[n.replace("past_key_values.", "present.")] for n in names}
+        logits = outputs["logits"].reshape(-1).astype(np.float64)
+        logits -= logits.max()
+        out.append(logits - np.log(np.exp(logits).sum()))
+    return np.array(out)
+
+
+def compare(reference: np.ndarray, other: np.ndarray) -> tuple[float, float, float]:
+    """(max abs, mean abs, greedy agreement) of two log-prob arrays [steps, V]."""
+    if not np.all(np.isfinite(other)):
+        return float("inf"), float("inf"), 0.0
+    diff = np.abs(other - reference)
+    agree = float(np.mean(np.argmax(other, axis=1) == np.argmax(reference, axis=1)))
+    return float(diff.max()), float(diff.mean()), agree
+
+
+def validation_embeddings(hidden: int, seed: int = 0) -> np.ndarray:
+    """Seeded N(0, 1) embeddings float32 [1, sum(VALIDATION_SPLIT), hidden] (the first
+    RMSNorm removes the scale; callers may pass real embedding rows instead)."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((1, sum(VALIDATION_SPLIT), hidden)).astype(np.float32)
+
+
+def derive_fused_llm(
+    source: Path, target: Path, variant: str, embeds: np.ndarray | None = None
+) -> FusedReport:
+    """Read ``source``, build, validate and write the ``variant`` graph to ``target``
+    (+ ``target.data``). See the module docstring.
+
+    Raises:
+        LlmStructureError: structure not recognised.
+        ModelLoadError: validation failed.
+        ValueError: unknown variant.
+    """
+    if variant not in FUSED_TAGS:
+        raise ValueError(f"variant must be one of {sorted(FUSED_TAGS)}, got {variant!r}")
+    started = time.perf_counter()
+    weights = read_llm_weights(source)
+    if embeds is None:
+        embeds = validation_embeddings(weights.hidden)
+    split = VALIDATION_SPLIT
+    published = teacher_forced_logp(_session(source), embeds, split)
+    # 1. structure: float activations on both sides, same weights -> equal to rounding
+    if weights.int8:
+        float_ref = _session(float_activation_reference(source), optimize=False)
+        exact = _session(build_fused_llm(weights, kernel="dequant"), optimize=False)
+        reference = teacher_forced_logp(float_ref, embeds, STRUCTURE_SPLIT)
+        del float_ref
+        int8_noise = compare(reference, published[: len(reference)])[0]
+    else:
+        exact = _session(build_fused_llm(weights, kernel="fp32"))
+        reference, int8_noise = published[: sum(STRUCTURE_SPLIT[2:]) + 2], 0.0
+    structure = compare(reference, teacher_forced_logp(exact, embeds, STRUCTURE_SPLIT))[0]
+    del exact
+    if not structure <= EXACT_MAX_ABS_LOGP:
+        raise ModelLoadError(
+            f"the fused graph of {source.name} differs from it by {structure:.3g} in log-probs "
+            f"with float activations (allowed {EXACT_MAX_ABS_LOGP}); its structure was misread"
+        )
+    # 2. the deployed variant against the published graph
+    if variant == "fused":
+        model = build_fused_llm(weights, kernel="int8" if weights.int8 else "fp32")
+        limit = max(EXACT_MAX_ABS_LOGP, int8_noise)
+    else:
+        model = build_fused_llm(weights, kernel="nbits4", block_size=Q4_BLOCK_SIZE)
+        limit = max(LOSSY_MAX_ABS_LOGP, int8_noise)
+    del weights
+    _save(model, target)
+    stats = compare(published, teacher_forced_logp(_session(target), embeds, split))
+    report = FusedReport(
+        variant,
+        source.name,
+        *stats,
+        structure,
+        int8_noise,
+        len(model.graph.node),
+        _node_count(source),
+        time.perf_counter() - started,
+    )
+    if not report.max_abs_logp <= limit:
+        raise ModelLoadError(
+            f"{variant} graph of {source.name} differs from it by {report.max_abs_logp:.3g} "
+            f"in log-probs (allowed {limit:.3g})"
+        )
+    return report
+
+
+def _node_count(path: Path) -> int:
+    return len(onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def _save(model: onnx.ModelProto, target: Path) -> None:
+    data = target.name + ".data"
+    (target.parent / data).unlink(missing_ok=True)
+    onnx.save(model, str(target), save_as_external_data=True, location=data, size_threshold=1024)
+
+
+def ensure_fused_llm(
+    source: Path, cache_dir: Path, variant: str, embeds: np.ndarray | None = None
+) -> tuple[Path, FusedReport]:
+    """Path of the fused graph of ``source`` (deriving and validating it once) and its report.
+
+    Returns:
+        (``cache_dir / "<stem>.<tag>-<size>-<mtime_ns>.onnx"``, the report stored beside it).
+
+    Raises:
+        ModelFilesMissing: ``source`` does not exist.
+        ModelLoadError: not derivable or not valid (now or in an earlier attempt).
+    """
+    source = Path(source)
+    if not source.is_file():
+        raise ModelFilesMissing(str(source.parent), [source.name])
+    if variant not in FUSED_TAGS:
+        raise ValueError(f"variant must be one of {sorted(FUSED_TAGS)}, got {variant!r}")
+    tag = FUSED_TAGS[variant]
+    target = Path(cache_dir) / keyed_name(source, tag, ".onnx")
+    report_path = target.with_name(target.name + ".json")
+    with lock_for(target):
+        if target.is_file() and report_path.is_file():
+            try:
+                return target, FusedReport(**json.loads(report_path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError) as exc:  # unreadable or older report
+                logger.info("re-deriving %s: its report is unreadable (%s)", target.name, exc)
+        check_failed_before(target)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        logger.info(
+            "deriving the %s LLM graph from %s (once; written to %s)", variant, source.name, target
+        )
+        try:
+            report = derive_fused_llm(source, tmp, variant, embeds)
+            report_path.write_text(json.dumps(asdict(report), indent=1), encoding="utf-8")
+            os.replace(tmp.with_name(tmp.name + ".data"), target.with_name(target.name + ".data"))
+            _relocate(tmp, target)
+        except (LlmStructureError, ModelLoadError, ValueError, OSError) as exc:
+            for leftover in (tmp, tmp.with_name(tmp.name + ".data"), report_path):
+                leftover.unlink(missing_ok=True)
+            record_failure(target, exc)
+            if isinstance(exc, ModelLoadError):
+                raise
+            raise ModelLoadError(f"{variant} LLM graph of {source.name}: {exc}") from exc
+        stem = target.name.split(f".{tag}-")[0]
+        remove_stale(target.parent, f"{stem}.{tag}-*.onnx", target)
+        logger.info(
+            "%s LLM graph ready in %.1f s: %d nodes (published %d), teacher-forced log-prob "
+            "max abs %.2g, greedy agreement %.3f",
+            variant,
+            report.derive_s,
+            report.nodes,
+            report.source_nodes,
+            report.max_abs_logp,
+            report.greedy_agreement,
+        )
+        return target, report
+
+
+def _relocate(tmp: Path, target: Path) -> None:
+    """Point ``tmp``'s external-data entries at ``target``'s data file, write it atomically."""
+    model = onnx.load(str(tmp), load_external_data=False)
+    data = target.name + ".data"
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = data
+    tmp.write_bytes(model.SerializeToString())
+    replace_atomically(tmp, target)
+
+
+def load_fused_llm(
+    source: Path,
+    variant: str,
+    cache_dir: Path,
+    threads: int,
+    providers: tuple[str, ...],
+    spin_wait: bool = True,
+    embeds: np.ndarray | None = None,
+) -> Graph | None:
+    """The ``variant`` LLM graph of ``source`` as a checked :class:`~..graphs.Graph` whose spec
+    keeps the contract's file name, or None after ONE warning when it cannot be derived,
+    validated or loaded (the caller then loads ``source``).
+
+    Args:
+        source: the published graph (``llm_int8.onnx`` or ``llm.onnx``).
+        variant: ``"fused"`` or ``"fused-q4"``.
+        cache_dir: directory of derived files.
+        threads, providers, spin_wait: session settings (as :func:`~..graphs.open_session`).
+        embeds: validation embeddings float32 [1, >= 90, hidden] (default: seeded N(0, 1)).
+    """
+    try:
+        path, report = ensure_fused_llm(source, cache_dir, variant, embeds)
+        session = open_session(path, threads, providers, spin_wait)
+        layers = count_llm_layers([arg.name for arg in session.get_inputs()])
+        graph = Graph(path, llm_spec(source.name, layers), threads, providers, session=session)
+    except (ModelLoadError, ModelFilesMissing, GraphSignatureMismatch) as exc:
+        logger.warning("%s LLM graph not used (%s); using %s", variant, exc, source.name)
+        return None
+    logger.info(
+        "LLM: %s graph of %s (%d nodes instead of %d; teacher-forced log-prob max abs %.2g "
+        "from the published graph, greedy agreement %.3f)",
+        variant,
+        source.name,
+        report.nodes,
+        report.source_nodes,
+        report.max_abs_logp,
+        report.greedy_agreement,
+    )
+    return graph

@@ -248,3 +248,29 @@ def test_last_piece_without_tokens_ends_with_empty_last_chunk(engine, voice, mon
     assert [c.is_last for c in chunks] == [False] * (len(chunks) - 1) + [True]
     assert len(chunks[-1].samples) == 0 and chunks[-1].piece_index == 1
     assert all(c.piece_index == 0 for c in chunks[:-1])
+
+
+def test_unpunctuated_10k_text_is_bounded_pieces(engine, voice, monkeypatch) -> None:
+    """Issue 12 item 5: 10,000 characters without punctuation become pieces of at most
+    80 + 20 text tokens, each decoded and vocoded on its own (upstream split_paragraph
+    token_max_n 80, merge_len 20), never one huge piece."""
+    rec = Recorder(engine, monkeypatch)
+    words = ("kitchen", "light", "door", "garden", "window", "morning", "twenty", "locked")
+    text = " ".join(words[i % len(words)] for i in range(1700))[:10_000]
+    assert len(text) == 10_000 and not any(c in text for c in ".,;:!?")
+    result = SynthesisResult()
+    per_char = 0.02
+    chunks = list(engine.synthesize(text, voice, SynthesisOptions(
+        streaming=False, seed=1, fixed_tokens_per_char=per_char), result=result))
+    pieces = engine.frontend.split_pieces(text)
+    counts = [engine.frontend.text_token_count(p) for p in pieces]
+    assert result.pieces == len(pieces) == len(rec.pieces) >= 15  # ~555 characters each
+    assert max(counts) <= 100 and min(counts) >= 20
+    # every piece decoded exactly max(1, round(0.02 x its characters)) tokens
+    assert [len(t) for t in rec.pieces] == [max(1, round(per_char * len(p))) for p in pieces]
+    assert rec.calls.count("hift") == len(pieces)
+    by_piece = np.bincount([c.piece_index for c in chunks],
+                           weights=[len(c.samples) for c in chunks])
+    assert len(by_piece) == len(pieces)
+    assert by_piece.max() <= 2 * 480 * max(len(t) for t in rec.pieces)
+    assert result.audio_s == pytest.approx(by_piece.sum() / 24000)

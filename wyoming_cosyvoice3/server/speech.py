@@ -14,6 +14,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 from wyoming.audio import AudioChunk as WyomingAudioChunk
@@ -23,6 +24,7 @@ from ..engine.constants import OUTPUT_SAMPLE_RATE_HZ
 from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, SynthesisTimeout
 from ..engine.types import AudioChunk
 from .output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
+from .preroll import PrerollGate, expected_speech_s
 from .requests import SpeakRequest, VoiceRequest, select_voice
 from .runtime import ServerRuntime, VoiceSlot
 from .sink import EventSink
@@ -71,9 +73,12 @@ async def voice_or_error(runtime: ServerRuntime, sink: EventSink,
 
 async def speak(
     runtime: ServerRuntime, sink: EventSink, text: str, slot: VoiceSlot, stats: RequestStats,
-    t0: float, extra_stop: threading.Event | None = None,
+    t0: float, extra_stop: threading.Event | None = None, gate: PrerollGate | None = None,
 ) -> None:
     """Synthesise ``text`` and send its audio-chunk events (audio-start already sent).
+
+    With ``gate`` the events go through the response's pre-roll gate (:mod:`.preroll`), which
+    may hold back the first audio; ``stats.first_chunk_s`` is when audio was really sent.
 
     The wall-clock limit (``max_request_s``) counts from the first ``should_stop`` call, made
     when the request got its worker; the engine enforces the same limit, this is a backstop.
@@ -101,16 +106,24 @@ async def speak(
     async def on_chunk(chunk: AudioChunk) -> None:
         pcm = pcm16(np.asarray(chunk.samples))
         step = samples_per_chunk * SAMPLE_WIDTH_BYTES
-        for offset in range(0, len(pcm), step):
-            piece = pcm[offset:offset + step]
-            await sink.send(WyomingAudioChunk(rate=OUTPUT_SAMPLE_RATE_HZ,
-                                                 width=SAMPLE_WIDTH_BYTES, channels=CHANNELS,
-                                                 audio=piece).event())
-            if stats.first_chunk_s is None:
-                stats.first_chunk_s = time.monotonic() - t0
-            stats.audio_samples += len(piece) // SAMPLE_WIDTH_BYTES
+        events = [
+            WyomingAudioChunk(rate=OUTPUT_SAMPLE_RATE_HZ, width=SAMPLE_WIDTH_BYTES,
+                              channels=CHANNELS, audio=pcm[offset:offset + step]).event()
+            for offset in range(0, len(pcm), step)
+        ]
+        samples = len(pcm) // SAMPLE_WIDTH_BYTES
+        if gate is not None:
+            await gate.audio(events, samples / OUTPUT_SAMPLE_RATE_HZ)
+            stats.audio_samples += samples
+        else:
+            for event in events:
+                await sink.send(event)
+                stats.audio_samples += len(event.payload or b"") // SAMPLE_WIDTH_BYTES
+        note_first_chunk(stats, gate, t0)
 
     stats.sentences += 1
+    if gate is not None:
+        gate.start()
     if slot.prompt is None:
         raise CosyVoiceError(f"voice {slot.entry.name!r} is not prepared")
     try:
@@ -131,6 +144,35 @@ async def speak(
         raise
 
 
+def note_first_chunk(stats: RequestStats, gate: PrerollGate | None, t0: float) -> None:
+    """Set ``stats.first_chunk_s`` once audio was sent (by the gate, maybe held before)."""
+    if stats.first_chunk_s is not None:
+        return
+    if gate is None:
+        stats.first_chunk_s = time.monotonic() - t0
+    elif gate.first_sent_at is not None:
+        stats.first_chunk_s = gate.first_sent_at - t0
+
+
+def preroll_gate(runtime: ServerRuntime, sink: EventSink,
+                 expected_s: Callable[[], float]) -> PrerollGate:
+    """The pre-roll gate of one response (``--max-preroll-ms``; 0 sends at once)."""
+    return PrerollGate(sink.send, runtime.settings.max_preroll_ms / 1000.0, expected_s)
+
+
+async def finish_gate(gate: PrerollGate, sink: EventSink) -> None:
+    """Send what ``gate`` holds (unless the client is gone) and stop its timer.
+
+    Raises:
+        ClientGone: the client disconnected while the held audio was sent.
+    """
+    try:
+        if not sink.gone.is_set():
+            await gate.release()
+    finally:
+        await gate.close()
+
+
 async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRequest) -> None:
     """Answer one ``synthesize``: audio, or a coded ``error``; always ending with ``audio-stop``.
 
@@ -145,8 +187,14 @@ async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRe
     stats.voice, stats.chars = slot.entry.name, len(request.text)
     await sink.send(audio_start().event())
     outcome = "done"
+    expected_s = expected_speech_s(request.text)
+    gate = preroll_gate(runtime, sink, lambda: expected_s)
     try:
-        await speak(runtime, sink, request.text, slot, stats, request.received)
+        try:
+            await speak(runtime, sink, request.text, slot, stats, request.received, gate=gate)
+        finally:
+            await finish_gate(gate, sink)  # the audio made so far, also before an error
+        note_first_chunk(stats, gate, request.received)
     except ClientGone:
         stats.log("cancelled (client gone)")
         raise

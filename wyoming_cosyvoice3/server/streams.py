@@ -22,10 +22,19 @@ from wyoming.tts import SynthesizeStopped
 
 from ..engine.errors import CosyVoiceError, TextError, TextTooLong
 from .output import ClientGone, RequestStats
+from .preroll import PrerollGate, expected_speech_s
 from .requests import SpeakRequest, check_chunk_text
-from .runtime import ServerRuntime
+from .runtime import ServerRuntime, VoiceSlot
 from .sink import EventSink
-from .speech import INTERNAL_ERROR, audio_start, speak, voice_or_error
+from .speech import (
+    INTERNAL_ERROR,
+    audio_start,
+    finish_gate,
+    note_first_chunk,
+    preroll_gate,
+    speak,
+    voice_or_error,
+)
 from .streaming_text import SentenceBuffer
 
 _LOGGER = logging.getLogger(__name__)
@@ -71,6 +80,8 @@ class StreamRequest:
     failed: bool = False
     finished: bool = False
     waiting_for_text: bool = False
+    expected_speech_s: float = 0.0
+    """Expected seconds of speech of all text received so far (pre-roll, :mod:`.preroll`)."""
 
     @property
     def max_items(self) -> int:
@@ -92,6 +103,7 @@ class StreamRequest:
                              f"{self.max_chars} characters; the rest of this response is "
                              "dropped (raise --max-text-chars)")
             return
+        self.expected_speech_s += expected_speech_s(text)
         now = time.monotonic()
         for sentence in self.buffer.add(text):
             self.items.put_nowait(StreamText(sentence, now))
@@ -140,6 +152,24 @@ async def run_stream(runtime: ServerRuntime, sink: EventSink, stream: StreamRequ
         stats.voice = slot.entry.name
     await sink.send(audio_start().event())
     outcome = "failed" if failed else "done"
+    gate = preroll_gate(runtime, sink, lambda: stream.expected_speech_s)
+    try:
+        failed, outcome = await _speak_items(runtime, sink, stream, slot, stats, gate, failed,
+                                             outcome)
+    finally:
+        await finish_gate(gate, sink)
+    if stream.cancelled.is_set():
+        outcome = "abandoned (no synthesize-stop)"
+    await sink.send(AudioStop().event())
+    await sink.send(SynthesizeStopped().event())
+    stats.log(outcome)
+
+
+async def _speak_items(
+    runtime: ServerRuntime, sink: EventSink, stream: StreamRequest, slot: VoiceSlot | None,
+    stats: RequestStats, gate: PrerollGate, failed: bool, outcome: str,
+) -> tuple[bool, str]:
+    """Speak the stream's sentences until its end marker; returns (failed, outcome)."""
     for _ in range(stream.max_items):  # ends at the None marker
         stream.waiting_for_text = True
         try:
@@ -152,6 +182,7 @@ async def run_stream(runtime: ServerRuntime, sink: EventSink, stream: StreamRequ
             continue
         if isinstance(item, StreamError):
             if not failed:
+                await gate.release()
                 await sink.send_error(item.code, item.text)
                 failed, outcome = True, f"failed [{item.code}]"
             continue
@@ -159,20 +190,22 @@ async def run_stream(runtime: ServerRuntime, sink: EventSink, stream: StreamRequ
         if failed or slot is None:
             continue
         try:
-            await speak(runtime, sink, item.text, slot, stats, item.queued_at, stream.cancelled)
+            await speak(runtime, sink, item.text, slot, stats, item.queued_at, stream.cancelled,
+                        gate=gate)
+            if stream.items.empty():  # waiting for text: holding audio back gains nothing
+                await gate.release()
+                note_first_chunk(stats, gate, item.queued_at)
         except ClientGone:
             stats.log("cancelled (client gone)")
             raise
         except CosyVoiceError as err:
+            await gate.release()  # the audio made before the error comes first
             await sink.send_error(err.code, str(err))
             failed, outcome = True, f"failed [{err.code}]"
         except Exception:  # a bug must not leave the client without synthesize-stopped
             _LOGGER.exception("Synthesis for %s failed unexpectedly", sink.peer)
+            await gate.release()
             await sink.send_error(INTERNAL_ERROR, "the server failed unexpectedly; see its "
                                      "log")
             failed, outcome = True, f"failed [{INTERNAL_ERROR}]"
-    if stream.cancelled.is_set():
-        outcome = "abandoned (no synthesize-stop)"
-    await sink.send(AudioStop().event())
-    await sink.send(SynthesizeStopped().event())
-    stats.log(outcome)
+    return failed, outcome

@@ -1,0 +1,131 @@
+"""Adaptive pre-roll through the real server and a Wyoming client over TCP (issue 12 item 4).
+
+A paced stand-in engine makes 0.2 s of audio every 0.3 s (production rate r = 2/3 of real
+time) and exactly as much audio as the server expects for the text (42 letters at 14 per
+second = 3.0 s). Playback that starts with A seconds in hand never runs dry when
+A >= (3 - A)(1 / r - 1) + 0.2 (one chunk), i.e. A >= 1.2 s: six chunks, made 1.8 s after the
+request. The client measures when every chunk arrives; the benchmark's player model counts
+the stalls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from server_support import (
+    FaultyEngine,
+    client,
+    fake_model_dir,
+    make_settings,
+    read,
+    running_server,
+)
+from wyoming.audio import AudioChunk
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
+
+from wyoming_cosyvoice3.bench.player import simulate_playback
+from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
+from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.engine.types import AudioChunk as EngineChunk
+from wyoming_cosyvoice3.engine.types import ShouldStop
+from wyoming_cosyvoice3.server.preroll import expected_speech_s, needed_preroll_s
+from wyoming_cosyvoice3.server.runtime import Engine
+
+CHUNK_S = 0.2
+INTERVAL_S = 0.3
+TEXT = "a" * 42  # 42 / 14 characters per second = 3.0 s expected
+MakeClip = Callable[..., Path]
+JITTER_S = 0.1
+"""Gaps shorter than this are scheduling noise on a shared machine, not stalls."""
+
+
+class PacedEngine(FaultyEngine):
+    """0.2 s of audio every 0.3 s, ``expected_speech_s(text)`` seconds in all."""
+
+    def _chunks(self, text: str, should_stop: ShouldStop) -> Iterator[EngineChunk]:
+        count = round(expected_speech_s(text) / CHUNK_S)
+        samples = (0.1 * np.sin(np.arange(round(24000 * CHUNK_S)) * 0.05)).astype(np.float32)
+        for _ in range(count):
+            if should_stop():
+                raise SynthesisCancelled("stopped")
+            time.sleep(INTERVAL_S)
+            yield EngineChunk(samples, 24000, 0, False, 0.0)
+
+
+def paced_factory(model_dir: Path, options: EngineOptions) -> Engine:
+    return PacedEngine(model_dir, options)
+
+
+async def _arrivals(cl, stop_type: str) -> list[tuple[float, float]]:
+    """(arrival s after now, duration s) of every audio-chunk until ``stop_type``."""
+    t0 = time.monotonic()
+    arrivals: list[tuple[float, float]] = []
+    for _ in range(1000):
+        event = await read(cl)
+        if AudioChunk.is_type(event.type):
+            chunk = AudioChunk.from_event(event)
+            arrivals.append((time.monotonic() - t0, len(chunk.audio) / 2 / 24000))
+        elif event.type == stop_type:
+            return arrivals
+    raise AssertionError("no end event")
+
+
+async def _one_shot(server) -> list[tuple[float, float]]:
+    async with client(server) as cl:
+        await cl.write_event(Synthesize(text=TEXT).event())
+        return await _arrivals(cl, "audio-stop")
+
+
+async def _stream(server) -> list[tuple[float, float]]:
+    async with client(server) as cl:
+        await cl.write_event(SynthesizeStart().event())
+        await cl.write_event(SynthesizeChunk(text=TEXT[:20]).event())
+        await cl.write_event(SynthesizeChunk(text=TEXT[20:]).event())
+        task = asyncio.ensure_future(_arrivals(cl, "synthesize-stopped"))
+        await cl.write_event(SynthesizeStop().event())
+        return await task
+
+
+def test_needed_preroll_formula() -> None:
+    assert expected_speech_s(TEXT) == pytest.approx(3.0)
+    assert expected_speech_s("你好世界") == pytest.approx(1.0)
+    # six 0.2 s chunks in hand after 1.8 s: exactly enough (0.9 s + one chunk for 1.8 s to come)
+    assert needed_preroll_s(1.2, 1.8, 3.0, 0.2) == pytest.approx(1.1)
+    assert needed_preroll_s(1.0, 1.5, 3.0, 0.2) == pytest.approx(1.2)
+    assert needed_preroll_s(1.0, 1.5, 3.0) == pytest.approx(1.0)
+    assert needed_preroll_s(1.0, 0.5, 3.0) == 0.0  # faster than real time
+    assert needed_preroll_s(0.0, 0.5, 3.0) == float("inf")
+
+
+@pytest.mark.parametrize("mode", ["one-shot", "stream"])
+async def test_preroll_holds_first_audio_until_playback_cannot_run_dry(
+    tmp_path: Path, make_clip: MakeClip, mode: str
+) -> None:
+    model_dir = fake_model_dir(tmp_path, make_clip)
+    results = {}
+    for bound_ms in (0, 500, 3000):
+        settings = make_settings(model_dir, tmp_path / f"data{bound_ms}", max_preroll_ms=bound_ms)
+        async with running_server(settings, paced_factory) as server:
+            results[bound_ms] = await (_one_shot(server) if mode == "one-shot"
+                                       else _stream(server))
+    for arrivals in results.values():
+        assert sum(d for _, d in arrivals) == pytest.approx(3.0)
+    # no pre-roll: the first chunk after one interval, then a stall before nearly every chunk
+    first, report = results[0][0][0], simulate_playback(results[0], JITTER_S / 2)
+    assert INTERVAL_S - 0.01 <= first < 2 * INTERVAL_S + JITTER_S
+    assert report.stalls >= 10
+    # bound 500 ms: held 0.5 s after the first chunk was made, then stalls remain
+    first = results[500][0][0]
+    assert INTERVAL_S + 0.5 - 0.01 <= first < 2 * INTERVAL_S + 0.5 + JITTER_S
+    assert simulate_playback(results[500], JITTER_S).stalls >= 1
+    # bound 3000 ms: nothing before six chunks (1.8 s; a slower machine measures a lower rate
+    # and holds longer, the bound being 3.3 s), never dry afterwards
+    first = results[3000][0][0]
+    assert 6 * INTERVAL_S - 0.01 <= first < INTERVAL_S + 3.0
+    assert results[3000][5][0] - first < JITTER_S  # the six held chunks come together
+    assert simulate_playback(results[3000], JITTER_S).stalls == 0

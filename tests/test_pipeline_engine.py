@@ -274,3 +274,31 @@ def test_unpunctuated_10k_text_is_bounded_pieces(engine, voice, monkeypatch) -> 
     assert len(by_piece) == len(pieces)
     assert by_piece.max() <= 2 * 480 * max(len(t) for t in rec.pieces)
     assert result.audio_s == pytest.approx(by_piece.sum() / 24000)
+
+
+def test_vocoder_defer_is_exact_and_runs_fewer_frames(engine, voice, monkeypatch) -> None:
+    """Issue 12 item 2: while the audio already emitted lasts, the vocoder skips flow chunks;
+    the exact vocoder's samples are unchanged and it runs fewer mel frames. The audio in hand
+    is set to 60 s after the first chunk (a shared test machine does not run the tiny model
+    faster than real time reliably)."""
+    from wyoming_cosyvoice3.engine.request import RequestState
+
+    real_lead = RequestState.lead_s
+    runs = {}
+    for defer in (False, True):
+        rec = Recorder(engine, monkeypatch)
+        monkeypatch.setattr(RequestState, "lead_s",
+                            lambda self: 60.0 if real_lead(self) != 0.0 else 0.0)
+        result = SynthesisResult()
+        opts = SynthesisOptions(seed=4, first_hop_tokens=5, max_hop_tokens=10,
+                                vocoder_defer=defer, fixed_tokens_per_char=0.8)
+        chunks = list(engine.synthesize(LONG_TEXT, voice, opts, result=result))
+        runs[defer] = (audio(chunks), rec.calls.count("hift"), rec.calls.count("flow_encoder"),
+                       result.times.vocoder_frames)
+        monkeypatch.undo()
+    (plain, plain_hift, plain_flow, plain_frames) = runs[False]
+    (deferred, deferred_hift, deferred_flow, deferred_frames) = runs[True]
+    assert plain_flow == deferred_flow >= 10 and plain_hift == plain_flow
+    assert deferred_hift < plain_hift and deferred_frames < plain_frames
+    assert deferred.shape == plain.shape
+    assert np.max(np.abs(deferred - plain)) <= 1e-5

@@ -174,3 +174,62 @@ def test_streamed_equals_offline_with_tiny_hift(tiny_model_dir) -> None:
     partial = runner.waveform(mel[:, :30], make_noise().take(480 * 30))
     assert np.max(np.abs(partial[480 : 480 * 22] - ref[480 : 480 * 22])) <= 1e-6
     assert np.max(np.abs(partial[480 * 22 : 480 * 23] - ref[480 * 22 : 480 * 23])) > 1e-4
+
+
+def test_deferred_calls_equal_offline_and_run_fewer_frames() -> None:
+    """Issue 12 item 2: deferring pushes (decoupled vocoder calls) keeps the exact samples and
+    runs fewer frames than a call per flow chunk."""
+    from wyoming_cosyvoice3.engine.types import StageTimes
+
+    mel = np.random.default_rng(3).standard_normal((80, 140)).astype(np.float32)
+    cuts = [20, 60, 140]  # flow chunks of 20, 40, 80 frames
+    ref = offline(HiftRunner(FakeHift()), mel)  # type: ignore[arg-type]
+    runs = {}
+    for defer in (False, True):
+        hift = FakeHift()
+        stream = VocoderStream(HiftRunner(hift), make_noise())  # type: ignore[arg-type]
+        times, parts, prev = StageTimes(), [], 0
+        for k, c in enumerate(cuts):
+            final = c == cuts[-1]
+            parts.append(stream.push(mel[:, prev:c], final, times=times, defer=defer and k == 1))
+            prev = c
+        runs[defer] = (np.concatenate(parts), hift.calls, times)
+    (plain, plain_calls, plain_times), (deferred, deferred_calls, deferred_times) = (
+        runs[False], runs[True])
+    assert plain_calls == [20, 60, 140] and deferred_calls == [20, 140]
+    assert (plain_times.vocoder_frames, deferred_times.vocoder_frames) == (220, 160)
+    assert np.max(np.abs(plain - ref)) <= 1e-6 and np.max(np.abs(deferred - ref)) <= 1e-6
+
+
+def test_frames_for_call_counts_window() -> None:
+    stream = VocoderStream(HiftRunner(FakeHift()), make_noise(),  # type: ignore[arg-type]
+                           window_frames=16)
+    mel = np.zeros((80, 40), dtype=np.float32)
+    assert stream.frames_for_call(40) == 40
+    stream.push(mel, final=False)  # emits 32 frames
+    assert stream.frames_for_call(20) == 20 + 8 + 16  # new + held + window
+    exact = VocoderStream(HiftRunner(FakeHift()), make_noise())  # type: ignore[arg-type]
+    exact.push(mel, final=False)
+    assert exact.frames_for_call(20) == 60
+
+
+def test_may_defer_rule() -> None:
+    from wyoming_cosyvoice3.engine.vocoder.schedule import may_defer
+
+    # 3 s in hand; next chunk ~2 x 0.5 s, vocoder 0.01 s/frame x 100 frames: 1.5 x 2 s = 3 s
+    assert not may_defer(3.0, 0.5, 0.01, 100)
+    assert may_defer(3.01, 0.5, 0.01, 100)
+    assert not may_defer(10.0, 0.5, None, 100)  # nothing measured yet
+    assert not may_defer(0.0, 0.0, 0.0, 0)
+
+
+def test_request_lead_counts_from_the_first_chunk() -> None:
+    from wyoming_cosyvoice3.engine.options import SynthesisOptions
+    from wyoming_cosyvoice3.engine.request import RequestState
+    from wyoming_cosyvoice3.engine.types import SynthesisResult
+
+    req = RequestState.create(SynthesisOptions(), None, SynthesisResult())
+    req.samples_out = 48000
+    assert req.lead_s() == 0.0  # no chunk yet: nothing is playing
+    req.result.first_chunk_s = req.now() - 0.5
+    assert 1.4 < req.lead_s() <= 1.5  # 2 s emitted, 0.5 s played

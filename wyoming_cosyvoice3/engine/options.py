@@ -125,6 +125,10 @@ class SynthesisOptions:
         vocoder_window_frames: when > 0, each vocoder call sees only this many already-emitted
             mel frames of left context (linear instead of quadratic cost; seams cross-faded,
             see :mod:`.vocoder`); 0 = all mel of the utterance (spec-exact).
+        vocoder_defer: let the vocoder skip a non-final flow chunk while the audio already
+            emitted lasts until its next call (fewer calls, fewer re-run frames; see
+            :mod:`.vocoder.schedule`). Exact with ``vocoder_window_frames`` 0 (the samples do
+            not depend on how the mel is cut); with a window it moves the seams.
         max_decode_tokens: hard cap on decoded speech tokens per piece, on top of 20x text.
         max_request_s: wall-clock limit of one request; exceeded raises SynthesisTimeout.
         output_dtype: ``float32`` samples in [-1, 1] or ``int16`` PCM.
@@ -147,6 +151,7 @@ class SynthesisOptions:
     flow_prompt_tokens: int = 0
     overlap_decoding: bool = False
     vocoder_window_frames: int = 0
+    vocoder_defer: bool = True
     max_decode_tokens: int = 3000
     max_request_s: float = 300.0
     output_dtype: Literal["float32", "int16"] = "float32"

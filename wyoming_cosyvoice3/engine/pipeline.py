@@ -279,6 +279,7 @@ class CosyVoice3Engine:
 
     def _new_piece(self, index: int, req: RequestState) -> PieceState:
         return PieceState(
+            last_chunk_s=req.now(),
             index=index,
             hop_tokens=req.options.first_hop_tokens,
             resampler=SpeedResampler(req.options.speed),
@@ -356,7 +357,8 @@ class CosyVoice3Engine:
         resampled = piece.resampler.push(new_mel, final)
         began = req.now()
         calls = req.times.vocoder_calls
-        samples = piece.vocoder.push(resampled, final, req.check, req.times)
+        defer = piece.defer_vocoder(req, resampled.shape[1], final)
+        samples = piece.vocoder.push(resampled, final, req.check, req.times, defer)
         if req.times.vocoder_calls != calls:
             req.event("vocoder", began)
         logger.debug(

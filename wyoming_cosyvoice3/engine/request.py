@@ -21,6 +21,7 @@ from .noise import GrowingNoise
 from .options import StageTimes, SynthesisOptions
 from .types import ShouldStop, SynthesisResult, VoiceFeatures
 from .vocoder.hift import VocoderStream
+from .vocoder.schedule import may_defer
 
 FLOW_NOISE_BLOCK_FRAMES = 1000
 VOCODER_NOISE_BLOCK_SAMPLES = 480 * 500
@@ -88,6 +89,14 @@ class RequestState:
             )
         return False
 
+    def lead_s(self) -> float:
+        """Seconds of emitted audio not yet played by a player that started at the first
+        chunk (0 before the first chunk)."""
+        first = self.result.first_chunk_s
+        if first is None:
+            return 0.0
+        return self.samples_out / C.OUTPUT_SAMPLE_RATE_HZ - (self.now() - first)
+
     def event(self, stage: str, start_s: float, end_s: float | None = None) -> None:
         """Record a timeline event from ``start_s`` until ``end_s`` (default now), both
         request-relative seconds."""
@@ -105,6 +114,21 @@ class PieceState:
     tokens: list[int] = field(default_factory=list)
     offset_tokens: int = 0
     silent_filter: SilentRunFilter = field(default_factory=SilentRunFilter)
+    last_chunk_s: float = 0.0
+    """Request-relative time of the piece's previous flow chunk (or of its start)."""
+
+    def defer_vocoder(self, req: RequestState, new_frames: int, final: bool) -> bool:
+        """Whether the vocoder leaves this chunk's ``new_frames`` mel frames for its next
+        call (``SynthesisOptions.vocoder_defer``, :func:`.vocoder.schedule.may_defer`); also
+        starts timing the next chunk."""
+        now = req.now()
+        since, self.last_chunk_s = now - self.last_chunk_s, now
+        if final or not req.options.vocoder_defer:
+            return False
+        times = req.times
+        per_frame = times.vocoder_s / times.vocoder_frames if times.vocoder_frames else None
+        next_frames = new_frames + C.TOKEN_MEL_RATIO * self.hop_tokens
+        return may_defer(req.lead_s(), since, per_frame, self.vocoder.frames_for_call(next_frames))
 
 
 def flow_prompt_features(features: VoiceFeatures, prompt_tokens: int) -> VoiceFeatures:

@@ -27,6 +27,8 @@ class StageTimes:
     flow_calls: int = 0
     vocoder_s: float = 0.0
     vocoder_calls: int = 0
+    vocoder_frames: int = 0
+    """Mel frames the vocoder ran over, summed over its calls (re-run frames count again)."""
     events: list[tuple[str, float, float]] = field(default_factory=list)
     """(stage, start_s, end_s) relative to the request start, for timelines."""
 

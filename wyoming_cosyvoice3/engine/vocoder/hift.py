@@ -143,12 +143,22 @@ class VocoderStream:
         self._mel = np.zeros((C.MEL_BINS, 0), dtype=np.float32)
         self._tail = np.zeros(0, dtype=np.float32)
         self.emitted_samples = 0
+        self.frames_run = 0
+        """Mel frames the graph ran over, summed over calls (re-run frames count again)."""
         self.finished = False
 
     @property
     def mel_frames(self) -> int:
         """Mel frames received so far."""
         return int(self._mel.shape[1])
+
+    def frames_for_call(self, extra_frames: int) -> int:
+        """Mel frames a call would run after ``extra_frames`` more frames were pushed."""
+        total = self.mel_frames + extra_frames
+        if self.window_frames == 0:
+            return total
+        emitted_frames = self.emitted_samples // C.SAMPLES_PER_MEL_FRAME
+        return min(total, total - emitted_frames + self.window_frames)
 
     def _crossfade(self, out: FloatArray) -> FloatArray:
         """Blend the start of ``out`` from the previous call's samples for the same span."""
@@ -164,6 +174,7 @@ class VocoderStream:
         final: bool,
         should_stop: ShouldStop | None = None,
         times: StageTimes | None = None,
+        defer: bool = False,
     ) -> FloatArray:
         """Append mel frames and return the samples that became final.
 
@@ -172,6 +183,9 @@ class VocoderStream:
             final: True on the utterance's last call: all remaining samples are emitted.
             should_stop: checked before the graph runs.
             times: ``vocoder_s`` and ``vocoder_calls`` are added to.
+            defer: keep the frames for the next call and run nothing (ignored when
+                ``final``); see :mod:`.schedule`. With ``window_frames`` 0 the samples do
+                not depend on how the mel was cut into calls.
 
         Returns:
             float32 [n] samples at 24 kHz: ``[emitted, 480 (M - 8))`` or, when ``final``,
@@ -186,6 +200,8 @@ class VocoderStream:
         if new_mel.shape[1]:
             self._mel = np.concatenate([self._mel, np.asarray(new_mel, np.float32)], axis=1)
         self.finished = final
+        if defer and not final:
+            return np.zeros(0, dtype=np.float32)
         n_frames = self.mel_frames
         held = 0 if final else C.VOCODER_RIGHT_CONTEXT_FRAMES
         end = C.SAMPLES_PER_MEL_FRAME * max(n_frames - held, 0)
@@ -200,6 +216,7 @@ class VocoderStream:
         if self.window_frames > 0:
             first = max(0, self.emitted_samples // spf - self.window_frames)
         samples = self.runner.waveform(self._mel[:, first:], noise[spf * first :])
+        self.frames_run += n_frames - first
         base = spf * first  # absolute index of samples[0]
         out = samples[self.emitted_samples - base : end - base].copy()
         if self.window_frames > 0:
@@ -213,6 +230,7 @@ class VocoderStream:
         if times is not None:
             times.vocoder_s += elapsed
             times.vocoder_calls += 1
+            times.vocoder_frames += n_frames - first
         logger.debug(
             "vocoder: %d mel frames -> %d new samples in %.3f s%s",
             n_frames,

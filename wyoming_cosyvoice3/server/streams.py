@@ -3,6 +3,9 @@
 The read loop feeds text into a :class:`StreamRequest` (sentence boundaries found by
 :class:`~.streaming_text.SentenceBuffer`); the connection's worker runs :func:`run_stream`,
 which speaks each complete sentence as soon as it is queued, while later text still arrives.
+Sentences that are already queued when the worker turns to the next one are spoken as one
+engine request, up to :data:`MERGE_BUDGET_S` of expected speech (fewer LLM prefills of the
+voice prompt, fewer first hops); the first sentence never waits for another.
 The whole response is one ``audio-start`` (24000 Hz, 16 bit, mono), the audio of every
 sentence, one ``audio-stop`` and ``synthesize-stopped`` -- also after an error, so a client
 such as Home Assistant, which waits for ``synthesize-stopped``, is never left hanging.
@@ -38,6 +41,11 @@ from .speech import (
 from .streaming_text import SentenceBuffer
 
 _LOGGER = logging.getLogger(__name__)
+
+MERGE_BUDGET_S = 20.0
+"""Longest expected speech of sentences merged into one engine request: about upstream's
+80-token piece (utils/frontend_utils.py split_paragraph ``token_max_n``; 80 tokens are about
+320 English characters = 23 s at 14 characters/s, or 80 CJK characters = 20 s)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,36 @@ class StreamRequest:
     waiting_for_text: bool = False
     expected_speech_s: float = 0.0
     """Expected seconds of speech of all text received so far (pre-roll, :mod:`.preroll`)."""
+    carry: StreamText | StreamError | None = None
+    """An item taken from ``items`` while merging that did not fit; it comes next."""
+    has_carry: bool = False
+
+    async def next_item(self) -> StreamText | StreamError | None:
+        """The next item: the carried one, else the next of ``items`` (waits for it)."""
+        if self.has_carry:
+            self.has_carry = False
+            return self.carry
+        return await self.items.get()
+
+    def merge_queued(self, first: StreamText, budget_s: float = MERGE_BUDGET_S) -> StreamText:
+        """``first`` joined with the sentences already queued behind it, while the text's
+        expected speech stays within ``budget_s``; never waits for text.
+
+        One engine request for several short sentences means fewer LLM prefills of the
+        voice prompt and fewer restarts of the first hop (the engine still cuts the text
+        into pieces of at most 80 + 20 text tokens).
+        """
+        text = first.text
+        for _ in range(self.items.qsize()):
+            if self.has_carry:
+                break
+            item = self.items.get_nowait()
+            joined = f"{text} {item.text}" if isinstance(item, StreamText) else ""
+            if not joined or expected_speech_s(joined) > budget_s:
+                self.carry, self.has_carry = item, True
+                break
+            text = joined
+        return StreamText(text, first.queued_at)
 
     @property
     def max_items(self) -> int:
@@ -173,7 +211,7 @@ async def _speak_items(
     for _ in range(stream.max_items):  # ends at the None marker
         stream.waiting_for_text = True
         try:
-            item = await stream.items.get()
+            item = await stream.next_item()
         finally:
             stream.waiting_for_text = False
         if item is None:
@@ -186,13 +224,16 @@ async def _speak_items(
                 await sink.send_error(item.code, item.text)
                 failed, outcome = True, f"failed [{item.code}]"
             continue
+        if not failed and slot is not None:
+            item = stream.merge_queued(item)
         stats.chars += len(item.text)  # counted even when not spoken: the log shows the input
         if failed or slot is None:
             continue
         try:
             await speak(runtime, sink, item.text, slot, stats, item.queued_at, stream.cancelled,
                         gate=gate)
-            if stream.items.empty():  # waiting for text: holding audio back gains nothing
+            if stream.items.empty() and not stream.has_carry:  # waiting for text: holding
+                # audio back gains nothing
                 await gate.release()
                 note_first_chunk(stats, gate, item.queued_at)
         except ClientGone:

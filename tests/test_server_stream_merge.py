@@ -49,3 +49,32 @@ async def test_queued_sentences_merge_up_to_the_budget(tmp_path: Path,
     assert engine.texts == ["Hello HOLD there.", "Two. Three. Four.", LONG, "Tail."]
     # all six sentences spoken: three 0.2 s chunks per sentence of the stand-in engine
     assert len(result.samples) == 6 * 3 * 4800
+
+
+async def test_merge_stops_at_errors_and_the_end_marker() -> None:
+    """An error or the end marker behind queued sentences is never merged away: it is carried
+    and comes next, after the merged text."""
+    from wyoming_cosyvoice3.server.requests import SpeakRequest
+    from wyoming_cosyvoice3.server.streaming_text import SentenceBuffer
+    from wyoming_cosyvoice3.server.streams import StreamError, StreamRequest
+
+    stream = StreamRequest(request=SpeakRequest(), buffer=SentenceBuffer(), max_chars=1000)
+    stream.add_text({"text": "One. Two. Three. "})
+    stream.add_problem("text-too-long", "too long")
+    stream.finish()
+    first = await stream.next_item()
+    assert first is not None and not isinstance(first, StreamError)
+    merged = stream.merge_queued(first)
+    assert merged.text == "One. Two. Three." and merged.queued_at == first.queued_at
+    error = await stream.next_item()
+    assert isinstance(error, StreamError) and error.code == "text-too-long"
+    assert await stream.next_item() is None
+    # a budget of 0 s merges nothing: each sentence stays alone
+    stream2 = StreamRequest(request=SpeakRequest(), buffer=SentenceBuffer(), max_chars=1000)
+    stream2.add_text({"text": "One. Two. "})
+    first2 = await stream2.next_item()
+    assert first2 is not None and not isinstance(first2, StreamError)
+    assert stream2.merge_queued(first2, budget_s=0.0).text == "One."
+    second = await stream2.next_item()
+    assert second is not None and not isinstance(second, StreamError)
+    assert second.text == "Two."

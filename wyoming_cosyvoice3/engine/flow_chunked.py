@@ -1,0 +1,278 @@
+"""Chunk-causal streaming flow: each chunk costs its own frames (upstream's PyTorch streaming).
+
+Upstream streams with ``flow.inference(streaming=True)`` for every non-final chunk
+(cosyvoice/cli/model.py ``CosyVoice3Model.tts`` / ``token2wav``), so the DiT attends with a
+static 50-frame chunk mask counted from frame 0 of the prompt (cosyvoice/flow/DiT/dit.py
+``DiT.forward``; utils/mask.py ``add_optional_chunk_mask``); the final chunk
+(``finalize=True``) runs with full attention. Under the chunk mask, a frame's keys and values
+at an Euler step depend only on frames of its own and earlier chunks, so:
+
+* **prompt cache** (per voice and Euler schedule): the prompt frames in whole chunks that end
+  at least ``2 x 3`` frames before the prompt's end (the pre-lookahead layer lets the last 3
+  prompt tokens' mu depend on the generated tokens: flow.py ``pre_lookahead_layer``) are run
+  once, with a fixed noise (the flow noise of seed 0, which is also the default request
+  seed), and their keys/values and convolution context are kept for every Euler step and CFG
+  row (:class:`KvCache`);
+* **history cache** (per request piece): each chunk's keys/values are appended.
+
+A chunk then runs the derived streaming estimator (:mod:`.derive.streaming_estimator`) on its
+new frames only: the prompt frames after the cached ones (first chunk only) and its generated
+frames, with rotary positions continuing after the cached frames.
+
+Memory: per cached frame, Euler step and CFG row, ``depth x 2 x inner x 4`` bytes (180 KB
+with the published dims: depth 22, inner 1024).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import constants as C
+from .errors import SynthesisCancelled
+from .flow import FlowRunner, cfg_combine, cosine_t_schedule
+from .melops import GrowingNoise
+from .types import ShouldStop, VoiceFeatures
+
+logger = logging.getLogger(__name__)
+
+FloatArray = npt.NDArray[np.float32]
+CHUNK_FRAMES = 50
+"""Static chunk of upstream's streaming mask in mel frames (cosyvoice3.yaml DiT
+``static_chunk_size``; model.py: "token_hop_len must match training static_chunk_size")."""
+PROMPT_NOISE_SEED = 0
+"""The prompt frames' noise is the flow noise of this request seed (the default seed)."""
+
+
+def prompt_noise(frames: int) -> FloatArray:
+    """float32 [80, frames]: the first frames of the seed-0 request flow noise (the same
+    stream as :class:`~.request.RequestState`: SeedSequence(0).spawn(3)[1], N(0,1) blocks of
+    1000 frames)."""
+    from .request import FLOW_NOISE_BLOCK_FRAMES
+
+    seq = np.random.SeedSequence(PROMPT_NOISE_SEED).spawn(3)[1]
+    noise = GrowingNoise(np.random.default_rng(seq), C.MEL_BINS, "normal",
+                         FLOW_NOISE_BLOCK_FRAMES)
+    return np.ascontiguousarray(noise.take(frames).T)
+
+
+@dataclass
+class StepKv:
+    """Cached keys/values of one Euler step: ``kv`` [depth, capacity, 2, B, inner] (filled up
+    to ``frames``) and the convolution context after the last cached frame."""
+
+    kv: np.ndarray
+    frames: int = 0
+    conv: tuple[np.ndarray, np.ndarray] | None = None
+
+    def views(self, keep_frames: int | None = None) -> list[np.ndarray]:
+        """Per block a contiguous [m, 2, B, inner] view of the last ``keep_frames`` frames."""
+        lo = 0 if keep_frames is None else max(0, self.frames - keep_frames)
+        return [self.kv[i, lo : self.frames] for i in range(self.kv.shape[0])]
+
+    def append(self, kv_new: np.ndarray, conv: tuple[np.ndarray, np.ndarray]) -> None:
+        n = kv_new.shape[1]
+        if self.frames + n > self.kv.shape[1]:
+            cap = max(2 * self.kv.shape[1], self.frames + n, CHUNK_FRAMES)
+            grown = np.empty((self.kv.shape[0], cap, *self.kv.shape[2:]), dtype=np.float32)
+            grown[:, : self.frames] = self.kv[:, : self.frames]
+            self.kv = grown
+        self.kv[:, self.frames : self.frames + n] = kv_new
+        self.frames += n
+        self.conv = conv
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.frames * np.prod(self.kv.shape[2:]) * self.kv.shape[0] * 4)
+
+
+@dataclass
+class KvCache:
+    """Per Euler step :class:`StepKv` (prompt cache of a voice, or a piece's history)."""
+
+    steps: list[StepKv] = field(default_factory=list)
+
+    @property
+    def frames(self) -> int:
+        return self.steps[0].frames if self.steps else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.steps)
+
+    def trimmed(self) -> KvCache:
+        """A copy holding exactly the filled frames (for storage)."""
+        return KvCache([StepKv(np.ascontiguousarray(s.kv[:, : s.frames]), s.frames, s.conv)
+                        for s in self.steps])
+
+
+def schedule_key(steps: int, cfg_rate: float, cfg_steps: int | None) -> tuple[int, ...]:
+    """Which steps use CFG (1) or not (0), with the step count: the prompt cache's key part."""
+    n_guided = steps if cfg_steps is None else max(0, min(cfg_steps, steps))
+    if cfg_rate == 0.0:
+        n_guided = 0
+    return tuple(int(k < n_guided) for k in range(steps))
+
+
+def features_digest(voice: VoiceFeatures) -> str:
+    """Content hash of the flow's voice features (tokens, prompt mel, embedding)."""
+    h = hashlib.sha1()
+    for arr in (voice.speech_tokens, voice.prompt_mel, voice.speaker_embedding):
+        a = np.ascontiguousarray(arr)
+        h.update(str(a.dtype).encode() + str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def cacheable_prompt_frames(prompt_tokens: int) -> int:
+    """Prompt frames whose keys/values do not depend on the generated tokens: whole chunks
+    ending at least 2 x 3 frames (pre-lookahead tokens) before the prompt's end."""
+    usable = C.TOKEN_MEL_RATIO * (prompt_tokens - C.PRE_LOOKAHEAD_TOKENS)
+    return max(0, usable // CHUNK_FRAMES * CHUNK_FRAMES)
+
+
+class ChunkedFlow:
+    """Chunk-causal flow over a :class:`FlowRunner` and a streaming estimator.
+
+    Args:
+        runner: the full-attention flow (encoder, final chunks).
+        estimator: a :class:`~.derive.streaming_estimator.StreamingEstimator`.
+    """
+
+    def __init__(self, runner: FlowRunner, estimator: Any) -> None:
+        self.runner = runner
+        self.estimator = estimator
+        self._prompts: dict[tuple[Any, ...], KvCache] = {}
+        self._lock = threading.Lock()
+
+    # -- caches -----------------------------------------------------------------------------
+    def prompt_cache(self, voice: VoiceFeatures, steps: int, cfg_rate: float,
+                     cfg_steps: int | None, should_stop: ShouldStop | None = None) -> KvCache:
+        """The voice's prompt cache for this Euler schedule (computed once, kept in memory)."""
+        key = (features_digest(voice), schedule_key(steps, cfg_rate, cfg_steps), cfg_rate)
+        with self._lock:
+            hit = self._prompts.get(key)
+        if hit is not None:
+            return hit
+        prompt_tokens = np.asarray(voice.speech_tokens, dtype=np.int64).reshape(-1)
+        frames = cacheable_prompt_frames(len(prompt_tokens))
+        cache = self.new_history(steps, cfg_rate, cfg_steps)
+        if frames > 0:
+            mu, spks = self.runner.encode(prompt_tokens, voice.speaker_embedding)
+            cond = np.asarray(voice.prompt_mel, dtype=np.float32)[:frames].T
+            self._solve(prompt_noise(frames), mu[:, :frames], np.ascontiguousarray(cond), spks,
+                        0, steps, cfg_rate, cfg_steps, None, cache, should_stop)
+            cache = cache.trimmed()
+        logger.debug("flow prompt cache: %d frames, %.1f MB", frames, cache.nbytes / 1e6)
+        with self._lock:
+            self._prompts[key] = cache
+        return cache
+
+    def new_history(self, steps: int, cfg_rate: float, cfg_steps: int | None) -> KvCache:
+        """An empty history cache for one piece (batch per step from the CFG schedule)."""
+        est = self.estimator
+        return KvCache([
+            StepKv(np.zeros((est.depth, 0, 2, 1 + guided, est.inner), dtype=np.float32))
+            for guided in schedule_key(steps, cfg_rate, cfg_steps)
+        ])
+
+    # -- solver -----------------------------------------------------------------------------
+    def _solve(
+        self,
+        x0: FloatArray,
+        mu: FloatArray,
+        cond: FloatArray,
+        spks: FloatArray,
+        start: int,
+        steps: int,
+        cfg_rate: float,
+        cfg_steps: int | None,
+        prompt: KvCache | None,
+        history: KvCache,
+        should_stop: ShouldStop | None,
+        left_context_frames: int | None = None,
+    ) -> FloatArray:
+        """Euler/CFG solve of new frames ``start ..`` (float32 [80, n] each); appends their
+        keys/values to ``history``. flow_matching.py ``solve_euler`` with cached attention."""
+        from .derive.streaming_estimator import chunk_bias
+
+        t_span = cosine_t_schedule(steps)
+        guided_steps = schedule_key(steps, cfg_rate, cfg_steps)
+        n = x0.shape[1]
+        x = np.array(x0, dtype=np.float32, copy=True)
+        zeros, zspk = np.zeros_like(mu), np.zeros_like(spks)
+        for k in range(steps):
+            if should_stop is not None and should_stop():
+                raise SynthesisCancelled("synthesis cancelled during the flow (Euler step)")
+            guided = bool(guided_steps[k])
+            if guided:
+                frames = {"x": np.stack([x, x]), "mu": np.stack([mu, zeros]),
+                          "cond": np.stack([cond, zeros]), "spks": np.stack([spks, zspk])}
+            else:
+                frames = {"x": x[None], "mu": mu[None], "cond": cond[None], "spks": spks[None]}
+            hist = history.steps[k]
+            pre = prompt.steps[k] if prompt is not None and prompt.steps else None
+            kv_prompt = pre.views() if pre is not None and pre.frames else None
+            kv_hist = hist.views(left_context_frames) if hist.frames else None
+            cached = (pre.frames if kv_prompt is not None and pre is not None else 0) + (
+                kv_hist[0].shape[0] if kv_hist is not None else 0)
+            conv = hist.conv if hist.frames else (pre.conv if pre is not None else None)
+            out = self.estimator.run(frames, float(t_span[k]), start,
+                                     chunk_bias(start, n, cached, CHUNK_FRAMES), conv,
+                                     kv_prompt, kv_hist)
+            v = out.velocity
+            vel = cfg_combine(v[0], v[1], cfg_rate) if guided else v[0]
+            hist.append(out.kv_new, (out.conv1_next, out.conv2_next))
+            x += (t_span[k + 1] - t_span[k]) * vel
+        return x
+
+    def chunk_mel(
+        self,
+        tokens: npt.NDArray[np.int64],
+        voice: VoiceFeatures,
+        noise: FloatArray,
+        history: KvCache,
+        steps: int,
+        cfg_rate: float,
+        cfg_steps: int | None,
+        drop_lookahead_frames: int,
+        should_stop: ShouldStop | None = None,
+        left_context_frames: int | None = None,
+    ) -> FloatArray:
+        """Mel of one non-final chunk under upstream's chunk mask (``streaming=True``).
+
+        Args:
+            tokens: int64 [T] = the voice's P prompt tokens ++ all generated tokens so far
+                (lookahead included); the chunk's new frames are those after the prompt
+                cache and ``history``.
+            voice: the flow's voice features; noise: float32 [80, >= 2T], the request's noise
+                (column i = frame i; prompt frames use :func:`prompt_noise` instead).
+            history: this piece's history cache (appended to).
+            drop_lookahead_frames: mu frames dropped at the end (6 = 2 x 3 lookahead tokens).
+            left_context_frames: attend to at most this many history frames (None = all).
+
+        Returns:
+            float32 [80, new generated frames].
+        """
+        prompt = self.prompt_cache(voice, steps, cfg_rate, cfg_steps, should_stop)
+        prompt_frames = int(voice.prompt_mel.shape[0])
+        mu, spks = self.runner.encode(tokens, voice.speaker_embedding)
+        end = mu.shape[1] - drop_lookahead_frames
+        start = prompt.frames + history.frames
+        if end <= start:
+            return np.zeros((C.MEL_BINS, 0), dtype=np.float32)
+        x0 = np.array(noise[:, start:end], dtype=np.float32, copy=True)
+        cond = np.zeros((mu.shape[0], end - start), dtype=np.float32)
+        if start < prompt_frames:
+            x0[:, : prompt_frames - start] = prompt_noise(prompt_frames)[:, start:]
+            cond[:, : prompt_frames - start] = np.asarray(
+                voice.prompt_mel, dtype=np.float32)[start:].T
+        x = self._solve(x0, np.ascontiguousarray(mu[:, start:end]), cond, spks, start, steps,
+                        cfg_rate, cfg_steps, prompt, history, should_stop, left_context_frames)
+        return np.ascontiguousarray(x[:, max(0, prompt_frames - start):])

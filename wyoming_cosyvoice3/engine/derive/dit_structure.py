@@ -216,9 +216,12 @@ def _time_dependent(gr: _Graph) -> set[str]:
     dep = {TIME_INPUT}
     for node in gr.g.node:
         ins = [i for i in node.input if i]
-        if node.op_type != "Constant" and ins and any(i in dep for i in ins):
-            if all(i in dep or gr.is_const(i) for i in ins):
-                dep.update(node.output)
+        if (
+            node.op_type != "Constant"
+            and any(i in dep for i in ins)
+            and all(i in dep or gr.is_const(i) for i in ins)
+        ):
+            dep.update(node.output)
     return dep
 
 
@@ -375,7 +378,8 @@ def _convs(gr: _Graph) -> tuple[list[tuple[FloatArray, FloatArray]], int, int]:
             raise StructureError("a position convolution has no constant weight and bias")
         g = int(gr.attr(node, "group", 1))
         k = int(w.shape[2])
-        if list(gr.attr(node, "strides", [1])) != [1] or list(gr.attr(node, "dilations", [1])) != [1]:
+        strides, dilations = gr.attr(node, "strides", [1]), gr.attr(node, "dilations", [1])
+        if list(strides) != [1] or list(dilations) != [1]:
             raise StructureError("position convolution with stride or dilation")
         pads = list(gr.attr(node, "pads", [0, 0]))
         if pads not in ([0, 0], [k - 1, 0]):

@@ -271,7 +271,7 @@ class StreamOutputs:
     """One call's outputs: velocity [B, 80, n], conv pasts [B, D, K-1], kv_new [L, n, 2, B,
     inner]."""
 
-    __slots__ = ("velocity", "conv1_next", "conv2_next", "kv_new")
+    __slots__ = ("conv1_next", "conv2_next", "kv_new", "velocity")
 
     def __init__(self, values: Sequence[np.ndarray]) -> None:
         self.velocity, self.conv1_next, self.conv2_next, self.kv_new = values

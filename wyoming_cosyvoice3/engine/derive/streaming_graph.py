@@ -176,7 +176,7 @@ def build_main(w: DitWeights, layout: str) -> Any:
         inputs.append(h.make_tensor_value_info(f"kv_hist_{i}", f32, ["mh", 2, "B", inner]))
 
     # InputEmbedding: proj(concat(x, cond, mu, spks)) + CausalConvPositionEmbedding
-    parts = []
+    parts: list[str | None] = []
     first = None
     for name in w.input_order:
         if name == "spks":

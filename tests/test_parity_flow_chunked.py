@@ -192,3 +192,36 @@ def test_parity_tiny_synthetic_dit_is_refused_cleanly(tmp_path: Path,
     assert list(tmp_path.glob("*.failed"))
     with pytest.raises(ModelLoadError, match="earlier attempt"):
         ensure_streaming_estimator(tiny_model_dir / ESTIMATOR, tmp_path, "fp32", in_process=True)
+
+
+def test_parity_prompt_cache_on_disk_gives_the_same_chunk(
+    tmp_path: Path, flow_refs: Any, engine: CosyVoice3Engine, streaming_files: tuple[Path, Path]
+) -> None:
+    """The prompt cache written next to the voice features is read back by a new instance
+    (no recomputation) and gives the same first chunk; a damaged file is recomputed."""
+    main, time_graph = streaming_files
+    voice = _voice(flow_refs, "B")
+    gen = np.asarray(flow_refs["B_gen_tokens"], dtype=np.int64)
+    tokens = np.concatenate([voice.speech_tokens, gen[:41]])
+    noise = prompt_noise(400)
+    drop = C.TOKEN_MEL_RATIO * C.PRE_LOOKAHEAD_TOKENS
+
+    def first_chunk(flow: ChunkedFlow) -> np.ndarray:
+        history = flow.new_history(4, 0.7, 2)  # CFG in the first 2 of 4 steps: batch 2, 1
+        return flow.chunk_mel(tokens, voice, noise, history, 4, 0.7, 2, drop)
+
+    def make() -> ChunkedFlow:
+        est = StreamingEstimator(_session(main), None, time_graph)
+        return ChunkedFlow(engine.flow, est, disk_dir=tmp_path, disk_tag="fp32")
+
+    written = first_chunk(make())
+    files = list(tmp_path.glob("flowkv-*.npz"))
+    assert len(files) == 1
+    reader = make()
+    reread = first_chunk(reader)
+    np.testing.assert_array_equal(reread, written)
+    cache = reader.prompt_cache(voice, 4, 0.7, 2)
+    assert cache.frames == cacheable_prompt_frames(len(voice.speech_tokens))
+    assert [s.kv.shape[3] for s in cache.steps] == [2, 2, 1, 1]  # CFG rows per step
+    files[0].write_bytes(b"not an npz")
+    np.testing.assert_array_equal(first_chunk(make()), written)

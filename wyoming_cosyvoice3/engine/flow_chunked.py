@@ -27,8 +27,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,6 +41,7 @@ from . import constants as C
 from .errors import SynthesisCancelled
 from .flow import FlowRunner, cfg_combine, cosine_t_schedule
 from .melops import GrowingNoise
+from .options import StageTimes
 from .types import ShouldStop, VoiceFeatures
 
 logger = logging.getLogger(__name__)
@@ -145,11 +149,20 @@ class ChunkedFlow:
         estimator: a :class:`~.derive.streaming_estimator.StreamingEstimator`.
     """
 
-    def __init__(self, runner: FlowRunner, estimator: Any) -> None:
+    def __init__(self, runner: FlowRunner, estimator: Any, disk_dir: Path | None = None,
+                 disk_tag: str = "") -> None:
         self.runner = runner
         self.estimator = estimator
+        self.disk_dir = None if disk_dir is None else Path(disk_dir)
+        self.disk_tag = disk_tag
         self._prompts: dict[tuple[Any, ...], KvCache] = {}
         self._lock = threading.Lock()
+
+    def _disk_path(self, digest: str, schedule: tuple[int, ...], cfg_rate: float) -> Path | None:
+        if self.disk_dir is None:
+            return None
+        sched = "".join(str(g) for g in schedule)
+        return self.disk_dir / f"flowkv-{digest}-{sched}-{cfg_rate:g}-{self.disk_tag}.npz"
 
     # -- caches -----------------------------------------------------------------------------
     def prompt_cache(self, voice: VoiceFeatures, steps: int, cfg_rate: float,
@@ -160,6 +173,13 @@ class ChunkedFlow:
             hit = self._prompts.get(key)
         if hit is not None:
             return hit
+        path = self._disk_path(*key)
+        if path is not None and path.is_file():
+            loaded = load_kv_cache(path)
+            if loaded is not None:
+                with self._lock:
+                    self._prompts[key] = loaded
+                return loaded
         prompt_tokens = np.asarray(voice.speech_tokens, dtype=np.int64).reshape(-1)
         frames = cacheable_prompt_frames(len(prompt_tokens))
         cache = self.new_history(steps, cfg_rate, cfg_steps)
@@ -169,7 +189,10 @@ class ChunkedFlow:
             self._solve(prompt_noise(frames), mu[:, :frames], np.ascontiguousarray(cond), spks,
                         0, steps, cfg_rate, cfg_steps, None, cache, should_stop)
             cache = cache.trimmed()
-        logger.debug("flow prompt cache: %d frames, %.1f MB", frames, cache.nbytes / 1e6)
+        logger.info("flow prompt cache: %d frames, %d Euler steps, %.1f MB", frames, steps,
+                    cache.nbytes / 1e6)
+        if path is not None:
+            save_kv_cache(path, cache)
         with self._lock:
             self._prompts[key] = cache
         return cache
@@ -244,6 +267,7 @@ class ChunkedFlow:
         drop_lookahead_frames: int,
         should_stop: ShouldStop | None = None,
         left_context_frames: int | None = None,
+        times: StageTimes | None = None,
     ) -> FloatArray:
         """Mel of one non-final chunk under upstream's chunk mask (``streaming=True``).
 
@@ -256,10 +280,12 @@ class ChunkedFlow:
             history: this piece's history cache (appended to).
             drop_lookahead_frames: mu frames dropped at the end (6 = 2 x 3 lookahead tokens).
             left_context_frames: attend to at most this many history frames (None = all).
+            times: ``flow_s`` and ``flow_calls`` are added to (prompt cache work included).
 
         Returns:
             float32 [80, new generated frames].
         """
+        began = time.perf_counter()
         prompt = self.prompt_cache(voice, steps, cfg_rate, cfg_steps, should_stop)
         prompt_frames = int(voice.prompt_mel.shape[0])
         mu, spks = self.runner.encode(tokens, voice.speaker_embedding)
@@ -275,4 +301,44 @@ class ChunkedFlow:
                 voice.prompt_mel, dtype=np.float32)[start:].T
         x = self._solve(x0, np.ascontiguousarray(mu[:, start:end]), cond, spks, start, steps,
                         cfg_rate, cfg_steps, prompt, history, should_stop, left_context_frames)
+        if times is not None:
+            times.flow_s += time.perf_counter() - began
+            times.flow_calls += 1
+        logger.debug("chunked flow: frames %d..%d (%d cached) in %.3f s", start, end,
+                     start, time.perf_counter() - began)
         return np.ascontiguousarray(x[:, max(0, prompt_frames - start):])
+
+
+def save_kv_cache(path: Path, cache: KvCache) -> None:
+    """Write ``cache`` to ``path`` (.npz, atomically); a failure is logged, not raised."""
+    arrays: dict[str, np.ndarray] = {"frames": np.asarray(cache.frames)}
+    for k, step in enumerate(cache.steps):
+        arrays[f"kv{k}"] = step.kv[:, : step.frames]
+        if step.conv is not None:
+            arrays[f"conv1_{k}"], arrays[f"conv2_{k}"] = step.conv
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tmp.open("wb") as handle:
+            np.savez(handle, **arrays)  # type: ignore[arg-type]
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        logger.warning("cannot write the flow prompt cache %s: %s", path, exc)
+
+
+def load_kv_cache(path: Path) -> KvCache | None:
+    """Read a cache written by :func:`save_kv_cache`; None (logged) when damaged."""
+    try:
+        with np.load(path) as data:
+            frames = int(data["frames"])
+            steps = []
+            k = 0
+            while f"kv{k}" in data:
+                conv = (data[f"conv1_{k}"], data[f"conv2_{k}"]) if f"conv1_{k}" in data else None
+                steps.append(StepKv(np.ascontiguousarray(data[f"kv{k}"]), frames, conv))
+                k += 1
+    except (OSError, ValueError, KeyError) as exc:
+        logger.warning("damaged flow prompt cache %s (%s); recomputing it", path, exc)
+        return None
+    return KvCache(steps)

@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine.chunkmask import CHUNK_FRAMES
+from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias as chunk_bias
 from wyoming_cosyvoice3.engine.derive.dit_structure import StructureError, read_dit
 from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
     StreamingEstimator,
     _session,
-    chunk_bias,
     ensure_streaming_estimator,
 )
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
-from wyoming_cosyvoice3.engine.flow_chunked import (
-    CHUNK_FRAMES,
+from wyoming_cosyvoice3.engine.flow.chunked import (
     ChunkedFlow,
     cacheable_prompt_frames,
     prompt_noise,
@@ -225,3 +225,57 @@ def test_parity_prompt_cache_on_disk_gives_the_same_chunk(
     assert [s.kv.shape[3] for s in cache.steps] == [2, 2, 1, 1]  # CFG rows per step
     files[0].write_bytes(b"not an npz")
     np.testing.assert_array_equal(first_chunk(make()), written)
+
+
+AUDIO_TOL = 2e-3
+"""Issue 11's bound for variant (b) audio (the manifest's generic audio tolerance is 3e-3)."""
+
+
+@pytest.mark.parametrize("case", ["A", "B"])
+def test_parity_chunkmask_engine_audio_quality_preset(
+    case: str,
+    manifest: dict[str, Any],
+    flow_refs: Any,
+    engine: CosyVoice3Engine,
+    streaming_files: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``synthesize`` with the ``quality`` preset (LLM replaced by the case's tokens) streams
+    upstream's chunk-masked PyTorch streaming: same sample bounds per chunk, same audio."""
+    from wyoming_cosyvoice3.engine.options import PRESETS
+    from wyoming_cosyvoice3.engine.types import VoicePrompt
+    from wyoming_cosyvoice3.engine.vocoder import fade_in_gain
+
+    del streaming_files  # derived into the engine's cache dir before the engine needs it
+    gen = [int(t) for t in flow_refs[f"{case}_gen_tokens"]]
+    monkeypatch.setattr(engine.llm, "decode", lambda *_a, **_k: iter(gen))
+    seed = int(manifest["seeds"]["request_seed_of_noise_buffers"])
+    options = PRESETS["quality"].replace(seed=seed)
+    voice = VoicePrompt(features=_voice(flow_refs, case), name=f"parity-{case}")
+    chunks = [c.samples for c in engine.synthesize("Hello.", voice, options)]
+    assert engine.chunked.loaded() == {"fp32": True}
+    bounds = np.cumsum([len(c) for c in chunks])
+    np.testing.assert_array_equal(bounds, flow_refs[f"{case}_stream_chunkmask_bounds"])
+    ref = np.asarray(flow_refs[f"{case}_stream_chunkmask_audio"])
+    fade = round(C.FADE_IN_MS * C.OUTPUT_SAMPLE_RATE_HZ / 1000.0)
+    expected = ref * fade_in_gain(0, ref.shape[0], fade)
+    tol = min(AUDIO_TOL, float(manifest["tolerances"]["audio"]))
+    for i, (lo, hi) in enumerate(zip([0, *bounds[:-1]], bounds, strict=True)):
+        err = float(np.abs(np.concatenate(chunks)[lo:hi] - expected[lo:hi]).max())
+        assert err < tol, f"case {case} chunk {i} ({lo}..{hi}): {err:.3g}"
+
+
+def test_parity_quality_preset_pads_the_first_hop_to_the_chunk_grid(
+    manifest: dict[str, Any],
+) -> None:
+    from wyoming_cosyvoice3.engine.flow_streaming import first_hop_tokens
+    from wyoming_cosyvoice3.engine.options import PRESETS
+
+    quality = PRESETS["quality"]
+    for case in ("A", "B"):
+        info = manifest["flow_cases"][case]
+        first_call_tokens = info["stream_chunkmask"]["flow_calls"][0][0]
+        hop = first_hop_tokens(quality, info["prompt_tokens"])
+        assert hop == 25 + info["prompt_token_pad"]
+        assert hop + C.PRE_LOOKAHEAD_TOKENS == first_call_tokens
+    assert first_hop_tokens(quality.replace(first_hop_on_chunk_grid=False), 37) == 25

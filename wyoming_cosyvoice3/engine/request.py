@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -105,6 +106,10 @@ class PieceState:
     tokens: list[int] = field(default_factory=list)
     offset_tokens: int = 0
     silent_filter: SilentRunFilter = field(default_factory=SilentRunFilter)
+    base_hop_tokens: int = 0
+    """Hop before first-chunk padding; doubles after each chunk (model.py ``token_hop_len``)."""
+    flow_history: Any = None
+    """Chunk-causal flow: this piece's key/value history (flow.chunked.KvCache), or None."""
 
 
 def flow_prompt_features(features: VoiceFeatures, prompt_tokens: int) -> VoiceFeatures:

@@ -18,11 +18,11 @@ validated against the source file and written to the cache directory only if
 2. cached + chunk mask == uncached + chunk mask (first chunk cached, then the next frames).
 
 The int8 variant quantises the main graph with the project's int8 recipe
-(:func:`..quantize.quantize_estimator`: per-channel dynamic int8 MatMuls of the per-frame
+(:func:`.quantize.quantize_estimator`: per-channel dynamic int8 MatMuls of the per-frame
 layers) and is checked against the fp32 derived graph (``INT8_TOL``; its activation scales are
 per call, so its cached and uncached results are not bit-comparable).
 
-A failure leaves ``<main>.failed`` (see :mod:`..quantize`) and raises ModelLoadError; callers
+A failure leaves ``<main>.failed`` (see :mod:`.files`) and raises ModelLoadError; callers
 fall back to the full-attention path with one warning.
 """
 
@@ -40,13 +40,15 @@ from typing import Any
 
 import numpy as np
 
+from ..chunkmask import CHUNK_FRAMES
+from ..chunkmask import chunk_attention_bias as chunk_bias
 from ..errors import ModelFilesMissing, ModelLoadError
-from ..quantize import (
-    QUANTIZE_TIMEOUT_S,
-    _check_failed_before,
-    _lock_for,
-    _record_failure,
+from .files import (
+    CHILD_TIMEOUT_S,
+    check_failed_before,
     keyed_name,
+    lock_for,
+    record_failure,
     remove_stale,
     replace_atomically,
 )
@@ -62,31 +64,6 @@ measured 5e-7 relative on the parity model)."""
 INT8_TOL = 0.25
 """Relative max-abs bound of the int8 main graph against the fp32 one (a sanity check: the
 quantisation error itself is reported by the benchmark, BENCHMARKS.md)."""
-CHUNK_FRAMES = 50
-"""Static chunk of upstream's streaming mask (cosyvoice3.yaml ``static_chunk_size``: 50)."""
-NEG_INF = np.float32(-np.inf)
-
-
-def chunk_bias(start: int, count: int, cached: int, chunk_frames: int) -> np.ndarray:
-    """Additive attention bias [1, 1, count, cached + count] for new frames ``start ..
-    start + count - 1`` (absolute indices) attending to ``cached`` frames before them and to
-    each other: 0 where upstream's static chunk mask allows it, -inf elsewhere.
-
-    utils/mask.py ``subsequent_chunk_mask``: frame i sees key j iff
-    ``j < (i // chunk + 1) * chunk``; every cached frame is before ``start``, and a chunk
-    never starts inside the cached frames when ``start`` is on the chunk grid or the cached
-    frames end on it. ``chunk_frames <= 0`` gives full attention (all zeros).
-    """
-    bias = np.zeros((1, 1, count, cached + count), dtype=np.float32)
-    if chunk_frames <= 0:
-        return bias
-    rows = np.arange(start, start + count)
-    keys = np.arange(start - cached, start + count)
-    limit = (rows // chunk_frames + 1) * chunk_frames
-    bias[0, 0][keys[None, :] >= limit[:, None]] = NEG_INF
-    return bias
-
-
 # -- derivation (child process) -------------------------------------------------------------
 def derive_streaming(source: Path, precision: str, main_out: Path, time_out: Path) -> str:
     """Write and validate the streaming graphs; return a one-line validation summary.
@@ -120,7 +97,7 @@ def derive_streaming(source: Path, precision: str, main_out: Path, time_out: Pat
             if precision == "fp32":
                 os.replace(plain, main_out)
                 return summary
-            from ..quantize import quantize_estimator
+            from .quantize import quantize_estimator
 
             quantize_estimator(plain, main_out)
             return summary + "; " + validate_int8(plain, main_out, time_out)
@@ -210,10 +187,10 @@ def ensure_streaming_estimator(
     cache_dir = Path(cache_dir)
     main = cache_dir / keyed_name(source, STREAM_TAGS[precision], ".onnx")
     time_graph = cache_dir / keyed_name(source, TIME_TAG, ".onnx")
-    with _lock_for(main):
+    with lock_for(main):
         if main.is_file() and time_graph.is_file():
             return main, time_graph
-        _check_failed_before(main)
+        check_failed_before(main)
         suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
         tmp_main = main.with_name(f".{main.name}{suffix}")
         tmp_time = time_graph.with_name(f".{time_graph.name}{suffix}")
@@ -229,7 +206,7 @@ def ensure_streaming_estimator(
                 replace_atomically(tmp_time, time_graph)
             replace_atomically(tmp_main, main)
         except Exception as exc:  # structure/validation/child errors: always wrapped below
-            _record_failure(main, exc)
+            record_failure(main, exc)
             if isinstance(exc, ModelLoadError):
                 raise
             raise ModelLoadError(f"deriving the streaming DiT from {source} failed: {exc}") from exc
@@ -251,7 +228,7 @@ def _run_child(args: list[str]) -> str:
     cmd = [sys.executable, "-m", __name__, *args]
     try:
         proc = subprocess.run(  # argv: this interpreter and module
-            cmd, capture_output=True, text=True, timeout=QUANTIZE_TIMEOUT_S, env=env, check=False
+            cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ModelLoadError(f"cannot run the streaming DiT derivation: {exc}") from exc
@@ -264,6 +241,39 @@ def _run_child(args: list[str]) -> str:
         )
     out = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
     return out[-1] if out else "validated"
+
+
+def load_streaming_estimator(
+    model_dir: Path, cache_dir: Path | None, precision: str, threads: int = 0,
+    providers: tuple[str, ...] = ("CPUExecutionProvider",), spin_wait: bool = True,
+) -> StreamingEstimator:
+    """Derive (once) and open the streaming estimator of ``model_dir`` for ``precision``.
+
+    Raises:
+        ModelFilesMissing, ModelLoadError: derivation failed or the graph cannot be opened
+            (callers fall back to full attention).
+    """
+    from ..graphs import ESTIMATOR, ORT_ERRORS, Graph, GraphSpec, open_session
+    from .files import derived_files_dir
+
+    source = Path(model_dir) / "flow.decoder.estimator.fp32.onnx"
+    main, time_graph = ensure_streaming_estimator(
+        source, derived_files_dir(Path(model_dir), cache_dir), precision
+    )
+    errors: tuple[type[BaseException], ...] = (*ORT_ERRORS, KeyError)
+    try:
+        session = open_session(main, threads, providers, spin_wait)
+        spec = GraphSpec(
+            ESTIMATOR.file,
+            {i.name: "float32" for i in session.get_inputs()},
+            {o.name: "float32" for o in session.get_outputs()},
+        )
+        return StreamingEstimator(
+            Graph(main, spec, session=session), None, time_graph,
+            session_factory=lambda path: open_session(path, threads, providers, spin_wait),
+        )
+    except errors as exc:
+        raise ModelLoadError(f"cannot open the streaming DiT {main.name}: {exc}") from exc
 
 
 # -- runner -----------------------------------------------------------------------------------
@@ -281,7 +291,8 @@ class StreamingEstimator:
     """Runs the derived main graph; computes modulation (time graph) once per ``t``.
 
     Args:
-        main: onnxruntime session of the main graph.
+        main: onnxruntime session of the main graph, or a :class:`~..graphs.Graph` of it
+            (runs are then seen by the benchmark's run observer).
         time_session: session of the time graph (released after :meth:`precompute`; a later
             unseen ``t`` reopens it from ``time_path``).
         time_path: the time graph file (None: keep ``time_session``).
@@ -297,7 +308,9 @@ class StreamingEstimator:
         self._time = time_session
         self.time_path = time_path
         self._factory = session_factory or _session
-        meta = main.get_modelmeta().custom_metadata_map
+        session = getattr(main, "session", main)
+        self.path: Path | None = getattr(main, "path", None)
+        meta = session.get_modelmeta().custom_metadata_map
         self.depth = int(meta["depth"])
         self.dim = int(meta["dim"])
         self.inner = int(meta["inner"])
@@ -371,6 +384,9 @@ class StreamingEstimator:
         for i in range(self.depth):
             feeds[f"kv_prompt_{i}"] = empty if kv_prompt is None else kv_prompt[i]
             feeds[f"kv_hist_{i}"] = empty if kv_hist is None else kv_hist[i]
+        if hasattr(self.main, "spec"):  # a checked Graph: returns a dict
+            out = self.main.run(feeds, list(self.OUTPUTS))
+            return StreamOutputs([out[name] for name in self.OUTPUTS])
         return StreamOutputs(self.main.run(list(self.OUTPUTS), feeds))
 
 

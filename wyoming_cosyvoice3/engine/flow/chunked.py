@@ -15,7 +15,7 @@ at an Euler step depend only on frames of its own and earlier chunks, so:
   row (:class:`KvCache`);
 * **history cache** (per request piece): each chunk's keys/values are appended.
 
-A chunk then runs the derived streaming estimator (:mod:`.derive.streaming_estimator`) on its
+A chunk then runs the derived streaming estimator (``derive/streaming_estimator.py``) on its
 new frames only: the prompt frames after the cached ones (first chunk only) and its generated
 frames, with rotary positions continuing after the cached frames.
 
@@ -37,19 +37,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import constants as C
-from .errors import SynthesisCancelled
-from .flow import FlowRunner, cfg_combine, cosine_t_schedule
-from .melops import GrowingNoise
-from .options import StageTimes
-from .types import ShouldStop, VoiceFeatures
+from .. import constants as C
+from ..chunkmask import CHUNK_FRAMES, chunk_attention_bias
+from ..errors import SynthesisCancelled
+from ..noise import GrowingNoise
+from ..options import StageTimes
+from ..types import ShouldStop, VoiceFeatures
+from .solver import FlowRunner, cfg_combine, cosine_t_schedule
 
 logger = logging.getLogger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
-CHUNK_FRAMES = 50
-"""Static chunk of upstream's streaming mask in mel frames (cosyvoice3.yaml DiT
-``static_chunk_size``; model.py: "token_hop_len must match training static_chunk_size")."""
 PROMPT_NOISE_SEED = 0
 """The prompt frames' noise is the flow noise of this request seed (the default seed)."""
 
@@ -58,7 +56,7 @@ def prompt_noise(frames: int) -> FloatArray:
     """float32 [80, frames]: the first frames of the seed-0 request flow noise (the same
     stream as :class:`~.request.RequestState`: SeedSequence(0).spawn(3)[1], N(0,1) blocks of
     1000 frames)."""
-    from .request import FLOW_NOISE_BLOCK_FRAMES
+    from ..request import FLOW_NOISE_BLOCK_FRAMES
 
     seq = np.random.SeedSequence(PROMPT_NOISE_SEED).spawn(3)[1]
     noise = GrowingNoise(np.random.default_rng(seq), C.MEL_BINS, "normal",
@@ -223,8 +221,6 @@ class ChunkedFlow:
     ) -> FloatArray:
         """Euler/CFG solve of new frames ``start ..`` (float32 [80, n] each); appends their
         keys/values to ``history``. flow_matching.py ``solve_euler`` with cached attention."""
-        from .derive.streaming_estimator import chunk_bias
-
         t_span = cosine_t_schedule(steps)
         guided_steps = schedule_key(steps, cfg_rate, cfg_steps)
         n = x0.shape[1]
@@ -247,7 +243,7 @@ class ChunkedFlow:
                 kv_hist[0].shape[0] if kv_hist is not None else 0)
             conv = hist.conv if hist.frames else (pre.conv if pre is not None else None)
             out = self.estimator.run(frames, float(t_span[k]), start,
-                                     chunk_bias(start, n, cached, CHUNK_FRAMES), conv,
+                                     chunk_attention_bias(start, n, cached), conv,
                                      kv_prompt, kv_hist)
             v = out.velocity
             vel = cfg_combine(v[0], v[1], cfg_rate) if guided else v[0]

@@ -27,11 +27,8 @@ from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
     ensure_streaming_estimator,
 )
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
-from wyoming_cosyvoice3.engine.flow.chunked import (
-    ChunkedFlow,
-    cacheable_prompt_frames,
-    prompt_noise,
-)
+from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, cacheable_prompt_frames
+from wyoming_cosyvoice3.engine.flow_streaming import prompt_noise
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.types import VoiceFeatures
@@ -74,7 +71,8 @@ def engine(cache_dir: Path) -> CosyVoice3Engine:
 @pytest.fixture(scope="module")
 def chunked(engine: CosyVoice3Engine, streaming_files: tuple[Path, Path]) -> ChunkedFlow:
     main, time_graph = streaming_files
-    return ChunkedFlow(engine.flow, StreamingEstimator(_session(main), None, time_graph))
+    return ChunkedFlow(engine.flow, StreamingEstimator(_session(main), None, time_graph),
+                       prompt_noise)
 
 
 def _voice(refs: Any, case: str) -> VoiceFeatures:
@@ -212,7 +210,7 @@ def test_parity_prompt_cache_on_disk_gives_the_same_chunk(
 
     def make() -> ChunkedFlow:
         est = StreamingEstimator(_session(main), None, time_graph)
-        return ChunkedFlow(engine.flow, est, disk_dir=tmp_path, disk_tag="fp32")
+        return ChunkedFlow(engine.flow, est, prompt_noise, disk_dir=tmp_path, disk_tag="fp32")
 
     written = first_chunk(make())
     files = list(tmp_path.glob("flowkv-*.npz"))
@@ -244,7 +242,7 @@ def test_parity_chunkmask_engine_audio_quality_preset(
     upstream's chunk-masked PyTorch streaming: same sample bounds per chunk, same audio."""
     from wyoming_cosyvoice3.engine.options import PRESETS
     from wyoming_cosyvoice3.engine.types import VoicePrompt
-    from wyoming_cosyvoice3.engine.vocoder import fade_in_gain
+    from wyoming_cosyvoice3.engine.vocoder.hift import fade_in_gain
 
     del streaming_files  # derived into the engine's cache dir before the engine needs it
     gen = [int(t) for t in flow_refs[f"{case}_gen_tokens"]]

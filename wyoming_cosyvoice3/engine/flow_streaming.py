@@ -22,12 +22,24 @@ from .flow.chunked import ChunkedFlow
 from .flow.solver import FlowRunner, cosine_t_schedule
 from .options import PRESETS, EngineOptions, SynthesisOptions
 from .request import PieceState, RequestState
-from .types import VoiceFeatures
+from .types import SynthesisResult, VoiceFeatures
 
 logger = logging.getLogger(__name__)
 
+PROMPT_NOISE_SEED = 0
+"""The prompt frames of chunk-causal streaming use the flow noise of this request seed (the
+default seed, so a default request sees exactly its own noise there, as upstream does)."""
 GRID_TOKENS = CHUNK_FRAMES // C.TOKEN_MEL_RATIO
 """25 speech tokens per static chunk (model.py ``token_hop_len`` = static_chunk_size / 2)."""
+
+
+def prompt_noise(frames: int) -> np.ndarray:
+    """float32 [80, frames]: the first frames of the seed-0 request flow noise (the stream
+    :class:`~.request.RequestState` draws for seed 0)."""
+    noise = RequestState.create(
+        SynthesisOptions(seed=PROMPT_NOISE_SEED), None, SynthesisResult()
+    ).flow_noise
+    return np.ascontiguousarray(noise.take(frames).T)
 
 
 def first_hop_tokens(options: SynthesisOptions, prompt_tokens: int) -> int:
@@ -92,7 +104,7 @@ class ChunkedFlows:
         steps = sorted({p.euler_steps for p in PRESETS.values()} | {C.DEFAULT_EULER_STEPS})
         est.precompute([float(t) for n in steps for t in cosine_t_schedule(n)[:-1]])
         tag = precision if est.path is None else f"{precision}-{est.path.stem.rsplit('-', 2)[-2]}"
-        return ChunkedFlow(self.runner, est, opts.voice_cache_dir, tag)
+        return ChunkedFlow(self.runner, est, prompt_noise, opts.voice_cache_dir, tag)
 
     def loaded(self) -> dict[str, bool]:
         """Precision -> whether its chunked flow is available (only precisions asked for)."""

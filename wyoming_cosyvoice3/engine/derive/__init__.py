@@ -3,6 +3,8 @@
 Each derivation finds what it needs by graph structure, validates its result against the
 source graph when it is made, and on any mismatch falls back (one warning) to the source:
 the int8 DiT estimator (:mod:`.quantize`), the split estimator (:mod:`.estimator_split`),
-the memory-mapped text embedding table (:mod:`.embedding_table`); shared cache-file helpers
+the memory-mapped text embedding table (:mod:`.embedding_table`), the chunk-causal streaming
+DiT (:mod:`.streaming_estimator`, built by :mod:`.streaming_graph` from weights found by
+:mod:`.dit_structure`); shared cache-file helpers
 in :mod:`.files`. Imports the top engine modules and no stage.
 """

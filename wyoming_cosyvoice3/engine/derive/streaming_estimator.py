@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -44,13 +42,13 @@ from ..chunkmask import CHUNK_FRAMES
 from ..chunkmask import chunk_attention_bias as chunk_bias
 from ..errors import ModelFilesMissing, ModelLoadError
 from .files import (
-    CHILD_TIMEOUT_S,
     check_failed_before,
     keyed_name,
     lock_for,
     record_failure,
     remove_stale,
     replace_atomically,
+    run_child,
 )
 
 logger = logging.getLogger(__name__)
@@ -201,7 +199,8 @@ def ensure_streaming_estimator(
             if in_process:
                 summary = derive_streaming(source, precision, tmp_main, tmp_time)
             else:
-                summary = _run_child([precision, str(source), str(tmp_main), str(tmp_time)])
+                run_child(["stream", precision, str(source), str(tmp_main), str(tmp_time)])
+                summary = "validated in a child process"
             if not time_graph.is_file():
                 replace_atomically(tmp_time, time_graph)
             replace_atomically(tmp_main, main)
@@ -219,30 +218,6 @@ def ensure_streaming_estimator(
         return main, time_graph
 
 
-def _run_child(args: list[str]) -> str:
-    package_root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(package_root), env.get("PYTHONPATH", "")) if p
-    )
-    cmd = [sys.executable, "-m", __name__, *args]
-    try:
-        proc = subprocess.run(  # argv: this interpreter and module
-            cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ModelLoadError(f"cannot run the streaming DiT derivation: {exc}") from exc
-    lines = [ln.strip() for ln in (proc.stderr or proc.stdout or "").splitlines() if ln.strip()]
-    if proc.returncode != 0:
-        logger.debug("streaming DiT derivation output:\n%s", proc.stderr)
-        raise ModelLoadError(
-            f"the streaming DiT derivation exited with {proc.returncode}: "
-            f"{lines[-1] if lines else 'no output'}"
-        )
-    out = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
-    return out[-1] if out else "validated"
-
-
 def load_streaming_estimator(
     model_dir: Path, cache_dir: Path | None, precision: str, threads: int = 0,
     providers: tuple[str, ...] = ("CPUExecutionProvider",), spin_wait: bool = True,
@@ -256,7 +231,7 @@ def load_streaming_estimator(
     from ..graphs import ESTIMATOR, ORT_ERRORS, Graph, GraphSpec, open_session
     from .files import derived_files_dir
 
-    source = Path(model_dir) / "flow.decoder.estimator.fp32.onnx"
+    source = Path(model_dir) / ESTIMATOR.file
     main, time_graph = ensure_streaming_estimator(
         source, derived_files_dir(Path(model_dir), cache_dir), precision
     )
@@ -388,18 +363,3 @@ class StreamingEstimator:
             out = self.main.run(feeds, list(self.OUTPUTS))
             return StreamOutputs([out[name] for name in self.OUTPUTS])
         return StreamOutputs(self.main.run(list(self.OUTPUTS), feeds))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Child-process entry: ``python -m ...streaming_estimator fp32|int8 SOURCE MAIN TIME``."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) == 4 and args[0] in STREAM_TAGS:
-        print(derive_streaming(Path(args[1]), args[0], Path(args[2]), Path(args[3])))
-        return 0
-    print("usage: python -m wyoming_cosyvoice3.engine.derive.streaming_estimator "
-          "fp32|int8 SOURCE MAIN_OUT TIME_OUT", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,9 +10,9 @@ at an Euler step depend only on frames of its own and earlier chunks, so:
 * **prompt cache** (per voice and Euler schedule): the prompt frames in whole chunks that end
   at least ``2 x 3`` frames before the prompt's end (the pre-lookahead layer lets the last 3
   prompt tokens' mu depend on the generated tokens: flow.py ``pre_lookahead_layer``) are run
-  once, with a fixed noise (the flow noise of seed 0, which is also the default request
-  seed), and their keys/values and convolution context are kept for every Euler step and CFG
-  row (:class:`KvCache`);
+  once, with a fixed prompt noise (the engine passes the flow noise of seed 0, which is also
+  the default request seed), and their keys/values and convolution context are kept for
+  every Euler step and CFG row (:class:`KvCache`);
 * **history cache** (per request piece): each chunk's keys/values are appended.
 
 A chunk then runs the derived streaming estimator (``derive/streaming_estimator.py``) on its
@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,6 @@ import numpy.typing as npt
 from .. import constants as C
 from ..chunkmask import CHUNK_FRAMES, chunk_attention_bias
 from ..errors import SynthesisCancelled
-from ..noise import GrowingNoise
 from ..options import StageTimes
 from ..types import ShouldStop, VoiceFeatures
 from .solver import FlowRunner, cfg_combine, cosine_t_schedule
@@ -48,22 +48,6 @@ from .solver import FlowRunner, cfg_combine, cosine_t_schedule
 logger = logging.getLogger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
-PROMPT_NOISE_SEED = 0
-"""The prompt frames' noise is the flow noise of this request seed (the default seed)."""
-
-
-def prompt_noise(frames: int) -> FloatArray:
-    """float32 [80, frames]: the first frames of the seed-0 request flow noise (the same
-    stream as :class:`~.request.RequestState`: SeedSequence(0).spawn(3)[1], N(0,1) blocks of
-    1000 frames)."""
-    from ..request import FLOW_NOISE_BLOCK_FRAMES
-
-    seq = np.random.SeedSequence(PROMPT_NOISE_SEED).spawn(3)[1]
-    noise = GrowingNoise(np.random.default_rng(seq), C.MEL_BINS, "normal",
-                         FLOW_NOISE_BLOCK_FRAMES)
-    return np.ascontiguousarray(noise.take(frames).T)
-
-
 @dataclass
 class StepKv:
     """Cached keys/values of one Euler step: ``kv`` [depth, capacity, 2, B, inner] (filled up
@@ -144,13 +128,19 @@ class ChunkedFlow:
 
     Args:
         runner: the full-attention flow (encoder, final chunks).
-        estimator: a :class:`~.derive.streaming_estimator.StreamingEstimator`.
+        estimator: the derived streaming estimator (``derive/streaming_estimator.py``
+            ``StreamingEstimator``: ``run``, ``depth``, ``inner``).
+        prompt_noise: ``frames -> float32 [80, frames]``, the fixed noise of the prompt frames.
+        disk_dir: where prompt caches are stored (None: memory only); disk_tag: file name
+            part naming the estimator (precision and source file key).
     """
 
-    def __init__(self, runner: FlowRunner, estimator: Any, disk_dir: Path | None = None,
+    def __init__(self, runner: FlowRunner, estimator: Any,
+                 prompt_noise: Callable[[int], FloatArray], disk_dir: Path | None = None,
                  disk_tag: str = "") -> None:
         self.runner = runner
         self.estimator = estimator
+        self.prompt_noise = prompt_noise
         self.disk_dir = None if disk_dir is None else Path(disk_dir)
         self.disk_tag = disk_tag
         self._prompts: dict[tuple[Any, ...], KvCache] = {}
@@ -184,7 +174,7 @@ class ChunkedFlow:
         if frames > 0:
             mu, spks = self.runner.encode(prompt_tokens, voice.speaker_embedding)
             cond = np.asarray(voice.prompt_mel, dtype=np.float32)[:frames].T
-            self._solve(prompt_noise(frames), mu[:, :frames], np.ascontiguousarray(cond), spks,
+            self._solve(self.prompt_noise(frames), mu[:, :frames], np.ascontiguousarray(cond), spks,
                         0, steps, cfg_rate, cfg_steps, None, cache, should_stop)
             cache = cache.trimmed()
         logger.info("flow prompt cache: %d frames, %d Euler steps, %.1f MB", frames, steps,
@@ -272,7 +262,7 @@ class ChunkedFlow:
                 (lookahead included); the chunk's new frames are those after the prompt
                 cache and ``history``.
             voice: the flow's voice features; noise: float32 [80, >= 2T], the request's noise
-                (column i = frame i; prompt frames use :func:`prompt_noise` instead).
+                (column i = frame i; prompt frames use ``prompt_noise`` instead).
             history: this piece's history cache (appended to).
             drop_lookahead_frames: mu frames dropped at the end (6 = 2 x 3 lookahead tokens).
             left_context_frames: attend to at most this many history frames (None = all).
@@ -292,7 +282,7 @@ class ChunkedFlow:
         x0 = np.array(noise[:, start:end], dtype=np.float32, copy=True)
         cond = np.zeros((mu.shape[0], end - start), dtype=np.float32)
         if start < prompt_frames:
-            x0[:, : prompt_frames - start] = prompt_noise(prompt_frames)[:, start:]
+            x0[:, : prompt_frames - start] = self.prompt_noise(prompt_frames)[:, start:]
             cond[:, : prompt_frames - start] = np.asarray(
                 voice.prompt_mel, dtype=np.float32)[start:].T
         x = self._solve(x0, np.ascontiguousarray(mu[:, start:end]), cond, spks, start, steps,

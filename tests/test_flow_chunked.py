@@ -65,6 +65,7 @@ def test_quality_preset_falls_back_to_full_attention_with_one_warning(
     text = "The kitchen lights are on and the front door is locked."
     options = PRESETS["quality"].replace(euler_steps=2, fixed_tokens_per_char=2.0)
     with caplog.at_level(logging.WARNING):
+        engine.warm_up(voice, options)
         first = [c.samples for c in engine.synthesize(text, voice, options)]
         second = [c.samples for c in engine.synthesize(text, voice, options)]
     warnings = [r for r in caplog.records if "chunk-causal streaming flow" in r.getMessage()]

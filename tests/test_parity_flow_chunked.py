@@ -11,6 +11,7 @@ absent (a clone without ../shared).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,25 @@ def test_parity_quality_preset_pads_the_first_hop_to_the_chunk_grid(
         assert hop == 25 + info["prompt_token_pad"]
         assert hop + C.PRE_LOOKAHEAD_TOKENS == first_call_tokens
     assert first_hop_tokens(quality.replace(first_hop_on_chunk_grid=False), 37) == 25
+
+
+def test_parity_warm_up_builds_the_voice_prompt_cache(
+    flow_refs: Any, engine: CosyVoice3Engine, streaming_files: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from wyoming_cosyvoice3.engine.options import PRESETS
+    from wyoming_cosyvoice3.engine.types import VoicePrompt
+
+    del streaming_files
+    monkeypatch.setattr(engine.llm, "decode", lambda *_a, **_k: iter([1, 2, 3]))
+    voice = VoicePrompt(features=_voice(flow_refs, "A"), name="warm")
+    quality = PRESETS["quality"]
+    engine.warm_up(voice, quality)
+    flow = engine.chunked.get("fp32")
+    assert flow is not None
+    started = time.perf_counter()
+    cache = flow.prompt_cache(voice.features, quality.euler_steps, quality.cfg_rate, None)
+    assert time.perf_counter() - started < 0.5  # from memory, not recomputed
+    assert cache.frames == 50 and len(cache.steps) == quality.euler_steps
+    # frames x steps x CFG rows x (key, value) x blocks x inner width x 4 bytes
+    assert cache.nbytes == 50 * quality.euler_steps * 2 * 2 * 2 * 256 * 4

@@ -2,6 +2,7 @@
 
 ``python -m wyoming_cosyvoice3.bench.flow_chunks --model-dir DIR --cache-dir CACHE
 [--prompt-s 5 15] [--gen-tokens 300] [--steps 10] [--precision fp32] [--out flow_chunks.json]``
+or ``... --first-audio --clip CLIP [--runs N] [--text TEXT]`` (see :func:`first_audio`).
 
 In process, no LLM: the flow runs upstream's streaming schedule (first hop 25 tokens padded to
 the 25-token grid, then 50, 100, 100, ...; 3 lookahead tokens; the last chunk has the rest)
@@ -108,6 +109,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+SENTENCE = "The living room lights are on and the front door is locked now."
+"""A 60-character sentence (the benchmark's first-audio workload)."""
+TOKENS_PER_CHAR = 25.0 / 15.0
+"""Speech tokens decoded per character (the benchmark's fixed decoding length)."""
+
+
+def first_audio(args: argparse.Namespace) -> dict[str, Any]:
+    """First-audio latency and RTF of the ``quality`` preset streamed, chunk-causal (new)
+    against full attention with main's schedule (first hop 25 unpadded: the code path of
+    main before this change), alternating, ``--runs`` times each, in one process."""
+    from wyoming_cosyvoice3.engine.options import PRESETS
+
+    engine = CosyVoice3Engine.load(Path(args.model_dir), EngineOptions(
+        cache_dir=Path(args.cache_dir), load_voice_encoders=True))
+    voice = engine.prepare_voice(Path(args.clip), name="bench")
+    new = PRESETS["quality"].replace(fixed_tokens_per_char=TOKENS_PER_CHAR)
+    old = new.replace(flow_chunk_causal=False, first_hop_on_chunk_grid=False)
+    for _ in engine.synthesize("Hello.", voice, new):  # warm-up: derivation, prompt cache
+        pass
+    rows: dict[str, list[dict[str, float]]] = {"chunk_causal": [], "full_attention": []}
+    for _ in range(args.runs):
+        for label, options in (("chunk_causal", new), ("full_attention", old)):
+            started = time.perf_counter()
+            first = None
+            audio = 0
+            for chunk in engine.synthesize(args.text, voice, options):
+                if first is None and len(chunk.samples):
+                    first = time.perf_counter() - started
+                audio += len(chunk.samples)
+            total = time.perf_counter() - started
+            rows[label].append({"first_audio_s": round(first or total, 2),
+                                "total_s": round(total, 2),
+                                "rtf": round(total / (audio / C.OUTPUT_SAMPLE_RATE_HZ), 2)})
+            print(label, rows[label][-1], flush=True)
+    return {"text": args.text, "clip": Path(args.clip).name, "runs": rows,
+            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", required=True)
@@ -117,8 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=C.DEFAULT_EULER_STEPS)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "int8"])
     parser.add_argument("--out", default="flow_chunks.json")
+    parser.add_argument("--first-audio", action="store_true",
+                        help="measure quality first audio / RTF instead (needs --clip)")
+    parser.add_argument("--clip", help="voice clip for --first-audio")
+    parser.add_argument("--text", default=SENTENCE)
+    parser.add_argument("--runs", type=int, default=1)
     args = parser.parse_args(argv)
-    results = run(args)
+    results = first_audio(args) if args.first_audio else run(args)
     Path(args.out).write_text(json.dumps(results, indent=1), encoding="utf-8")
     return 0
 

@@ -108,7 +108,8 @@ class CosyVoice3Engine:
         precision loaded at start. An estimator precision not loaded yet is loaded (and
         derived, once) here instead of in the first request, the voice's prefix KV is cached,
         and a split estimator's time conditioning is computed for the Euler schedules of
-        every preset (about 1 MB per time point), so no request loads the time graph.
+        every preset (about 1 MB per time point), so no request loads the time graph. With
+        ``flow_chunk_causal`` the voice's prompt key/value cache is computed here too.
         """
         from .derive.estimator_split import SplitEstimator
         from .flow.solver import cosine_t_schedule
@@ -126,6 +127,10 @@ class CosyVoice3Engine:
                     for t in cosine_t_schedule(n)[:-1]
                 ]
             )
+        chunked = self.chunked.get(base.flow_precision) if base.flow_chunk_causal else None
+        if chunked is not None:  # the voice's prompt keys/values (then cached on disk)
+            features = flow_prompt_features(voice.features, base.flow_prompt_tokens)
+            chunked.prompt_cache(features, base.euler_steps, base.cfg_rate, base.cfg_steps)
         warm = base.replace(max_decode_tokens=min(base.max_decode_tokens, 50))
         for _ in self.synthesize(WARM_UP_TEXT, voice, warm):
             pass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -77,3 +78,25 @@ def test_quality_preset_falls_back_to_full_attention_with_one_warning(
     for a, b, c in zip(first, second, plain, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
+
+
+def test_prompt_caches_in_memory_are_bounded() -> None:
+    """Only the most recently used prompt caches stay in memory (they are GB-sized)."""
+    from types import SimpleNamespace
+
+    from wyoming_cosyvoice3.engine.flow.chunked import PROMPTS_IN_MEMORY, ChunkedFlow
+    from wyoming_cosyvoice3.engine.types import VoiceFeatures
+
+    est = SimpleNamespace(depth=2, inner=8)
+    runner: Any = SimpleNamespace()  # never called: nothing to cache for a 10-token prompt
+    flow = ChunkedFlow(runner, est, lambda n: np.zeros((80, n), np.float32))
+    voices = [
+        VoiceFeatures(np.arange(10, dtype=np.int64) + k, np.zeros(192, np.float32),
+                      np.zeros((20, 80), np.float32))
+        for k in range(PROMPTS_IN_MEMORY + 1)
+    ]
+    caches = [flow.prompt_cache(v, 2, 0.7, None) for v in voices]  # 10 tokens: nothing cached
+    assert all(c.frames == 0 and len(c.steps) == 2 for c in caches)
+    assert len(flow._prompts) == PROMPTS_IN_MEMORY
+    assert flow.prompt_cache(voices[-1], 2, 0.7, None) is caches[-1]
+    assert flow.prompt_cache(voices[0], 2, 0.7, None) is not caches[0]  # evicted, rebuilt

@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,9 @@ from .solver import FlowRunner, cfg_combine, cosine_t_schedule
 logger = logging.getLogger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
+PROMPTS_IN_MEMORY = 2
+"""Prompt caches (voice x schedule) kept in memory; 0.7-2.5 GB each for ``quality`` with a
+5-15 s prompt, so only the most recently used stay resident (the rest are read from disk)."""
 @dataclass
 class StepKv:
     """Cached keys/values of one Euler step: ``kv`` [depth, capacity, 2, B, inner] (filled up
@@ -143,7 +147,7 @@ class ChunkedFlow:
         self.prompt_noise = prompt_noise
         self.disk_dir = None if disk_dir is None else Path(disk_dir)
         self.disk_tag = disk_tag
-        self._prompts: dict[tuple[Any, ...], KvCache] = {}
+        self._prompts: OrderedDict[tuple[Any, ...], KvCache] = OrderedDict()
         self._lock = threading.Lock()
 
     def _disk_path(self, digest: str, schedule: tuple[int, ...], cfg_rate: float) -> Path | None:
@@ -159,14 +163,15 @@ class ChunkedFlow:
         key = (features_digest(voice), schedule_key(steps, cfg_rate, cfg_steps), cfg_rate)
         with self._lock:
             hit = self._prompts.get(key)
+            if hit is not None:
+                self._prompts.move_to_end(key)
         if hit is not None:
             return hit
         path = self._disk_path(*key)
         if path is not None and path.is_file():
             loaded = load_kv_cache(path)
             if loaded is not None:
-                with self._lock:
-                    self._prompts[key] = loaded
+                self._remember(key, loaded)
                 return loaded
         prompt_tokens = np.asarray(voice.speech_tokens, dtype=np.int64).reshape(-1)
         frames = cacheable_prompt_frames(len(prompt_tokens))
@@ -181,9 +186,17 @@ class ChunkedFlow:
                     cache.nbytes / 1e6)
         if path is not None:
             save_kv_cache(path, cache)
+        self._remember(key, cache)
+        return cache
+
+    def _remember(self, key: tuple[Any, ...], cache: KvCache) -> None:
+        """Keep ``cache`` in memory, dropping the least recently used beyond
+        :data:`PROMPTS_IN_MEMORY` (they stay on disk)."""
         with self._lock:
             self._prompts[key] = cache
-        return cache
+            self._prompts.move_to_end(key)
+            while len(self._prompts) > PROMPTS_IN_MEMORY:
+                self._prompts.popitem(last=False)
 
     def new_history(self, steps: int, cfg_rate: float, cfg_steps: int | None) -> KvCache:
         """An empty history cache for one piece (batch per step from the CFG schedule)."""

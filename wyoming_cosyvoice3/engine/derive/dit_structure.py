@@ -28,11 +28,20 @@ validated against the original anyway (:mod:`.streaming_estimator`).
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from .graph_walk import (
+    GraphIndex,
+    forward_reach,
+    is_dynamic_matmul,
+    source_has_op,
+    source_input,
+    source_reaches,
+    time_dependent,
+)
 
 FloatArray = np.ndarray
 
@@ -118,63 +127,7 @@ class DitWeights:
         return self.heads * self.head_dim
 
 
-class _Graph:
-    """Producer/consumer maps and constant lookup over an onnx GraphProto."""
-
-    def __init__(self, model: Any) -> None:
-        from onnx import numpy_helper
-
-        self.g = model.graph
-        self._np = numpy_helper
-        self.inits = {i.name: i for i in self.g.initializer}
-        self.producer: dict[str, Any] = {}
-        self.consumers: dict[str, list[Any]] = {}
-        self.order = {id(n): i for i, n in enumerate(self.g.node)}
-        for node in self.g.node:
-            for out in node.output:
-                self.producer[out] = node
-            for name in node.input:
-                if name:
-                    self.consumers.setdefault(name, []).append(node)
-        self.inputs = {i.name for i in self.g.input}
-
-    def const(self, name: str) -> FloatArray | None:
-        """Value of an initializer or Constant output, else None."""
-        if name in self.inits:
-            return np.asarray(self._np.to_array(self.inits[name]))
-        node = self.producer.get(name)
-        if node is not None and node.op_type == "Constant":
-            for attr in node.attribute:
-                if attr.name == "value":
-                    return np.asarray(self._np.to_array(attr.t))
-                if attr.name == "value_float":
-                    return np.asarray(attr.f, dtype=np.float32)
-                if attr.name == "value_floats":
-                    return np.asarray(list(attr.floats), dtype=np.float32)
-        return None
-
-    def is_const(self, name: str) -> bool:
-        if name in self.inits:
-            return True
-        node = self.producer.get(name)
-        return node is not None and node.op_type == "Constant"
-
-    def weight_dims(self, name: str) -> list[int] | None:
-        if name in self.inits:
-            return list(self.inits[name].dims)
-        value = self.const(name) if self.is_const(name) else None
-        return None if value is None else list(value.shape)
-
-    def attr(self, node: Any, name: str, default: Any = None) -> Any:
-        from onnx import helper
-
-        for a in node.attribute:
-            if a.name == name:
-                return helper.get_attribute_value(a)
-        return default
-
-
-def _linear_at(gr: _Graph, node: Any) -> Linear | None:
+def _linear_at(gr: GraphIndex, node: Any) -> Linear | None:
     """The linear layer of a MatMul/Gemm node with a constant 2-D weight, else None."""
     if node.op_type == "MatMul" and len(node.input) == 2:
         dims = gr.weight_dims(node.input[1])
@@ -211,76 +164,19 @@ def _linear_at(gr: _Graph, node: Any) -> Linear | None:
     return None
 
 
-def _time_dependent(gr: _Graph) -> set[str]:
-    """Tensors computed from ``t`` and constants only (cf. estimator_split)."""
-    dep = {TIME_INPUT}
-    for node in gr.g.node:
-        ins = [i for i in node.input if i]
-        if (
-            node.op_type != "Constant"
-            and any(i in dep for i in ins)
-            and all(i in dep or gr.is_const(i) for i in ins)
-        ):
-            dep.update(node.output)
-    return dep
-
-
-def _forward_reach(gr: _Graph, start: str, stop: Any, limit: int = 400) -> Any:
-    """First node (BFS from the consumers of ``start``) for which ``stop(node, input)`` is
-    truthy; returns ``(node, input_name)`` or None."""
-    seen = {start}
-    queue = deque([start])
-    while queue and limit > 0:
-        name = queue.popleft()
-        for node in gr.consumers.get(name, []):
-            limit -= 1
-            if stop(node, name):
-                return node, name
-            if node.op_type == "Shape":  # sizes only: not a data path
-                continue
-            for out in node.output:
-                if out not in seen:
-                    seen.add(out)
-                    queue.append(out)
-    return None
-
-
-def _source_input(gr: _Graph, name: str, wanted: set[str], limit: int = 40) -> str | None:
-    """The graph input among ``wanted`` that ``name`` is computed from (BFS backwards)."""
-    seen = {name}
-    queue = deque([name])
-    while queue and limit > 0:
-        cur = queue.popleft()
-        limit -= 1
-        if cur in wanted:
-            return cur
-        node = gr.producer.get(cur)
-        if node is None:
-            continue
-        for i in node.input:
-            if i and i not in seen and not gr.is_const(i):
-                seen.add(i)
-                queue.append(i)
-    return None
-
-
-def _is_dynamic_matmul(gr: _Graph, node: Any) -> bool:
-    return node.op_type == "MatMul" and not any(gr.is_const(i) for i in node.input)
-
-
-def _qkv_roles(gr: _Graph, lins: list[Linear]) -> tuple[Linear, Linear, Linear]:
+def _qkv_roles(gr: GraphIndex, lins: list[Linear]) -> tuple[Linear, Linear, Linear]:
     """Order three linear layers sharing an input as (q, k, v) by where they enter the
     attention products: q -> scores input 0, k -> scores input 1, v -> output input 1."""
     roles: dict[str, Linear] = {}
     for lin in lins:
-        hit = _forward_reach(gr, lin.output, lambda n, _i: _is_dynamic_matmul(gr, n))
+        hit = forward_reach(gr, lin.output, lambda n, _i: is_dynamic_matmul(gr, n))
         if hit is None:
             raise StructureError("an attention projection reaches no attention product")
         node, via = hit
         # which input slot of the product does this path feed?
-        slot0 = _source_reaches(gr, node.input[0], lin.output)
-        slot1 = _source_reaches(gr, node.input[1], lin.output)
-        from_softmax = _source_has_op(gr, node.input[0], "Softmax")
+        slot0 = source_reaches(gr, node.input[0], lin.output)
+        slot1 = source_reaches(gr, node.input[1], lin.output)
+        from_softmax = source_has_op(gr, node.input[0], "Softmax")
         if from_softmax and slot1:
             roles["v"] = lin
         elif slot0 and not slot1:
@@ -293,44 +189,7 @@ def _qkv_roles(gr: _Graph, lins: list[Linear]) -> tuple[Linear, Linear, Linear]:
     return roles["q"], roles["k"], roles["v"]
 
 
-def _source_reaches(gr: _Graph, name: str, target: str, limit: int = 200) -> bool:
-    """True when tensor ``name`` is computed from ``target`` (bounded BFS backwards)."""
-    seen = {name}
-    queue = deque([name])
-    while queue and limit > 0:
-        cur = queue.popleft()
-        limit -= 1
-        if cur == target:
-            return True
-        node = gr.producer.get(cur)
-        if node is None or node.op_type in ("MatMul", "Gemm", "LayerNormalization", "Shape"):
-            continue
-        for i in node.input:
-            if i and i not in seen:
-                seen.add(i)
-                queue.append(i)
-    return False
-
-
-def _source_has_op(gr: _Graph, name: str, op: str, limit: int = 12) -> bool:
-    seen = {name}
-    queue = deque([name])
-    while queue and limit > 0:
-        cur = queue.popleft()
-        limit -= 1
-        node = gr.producer.get(cur)
-        if node is None:
-            continue
-        if node.op_type == op:
-            return True
-        for i in node.input:
-            if i and i not in seen:
-                seen.add(i)
-                queue.append(i)
-    return False
-
-
-def _rotary(gr: _Graph) -> tuple[FloatArray, float, str]:
+def _rotary(gr: GraphIndex) -> tuple[FloatArray, float, str]:
     """(inv_freq, divisor, layout hint) of the rotary embedding."""
     ranges = [n for n in gr.g.node if n.op_type == "Range"]
     if len(ranges) != 1:
@@ -342,7 +201,7 @@ def _rotary(gr: _Graph) -> tuple[FloatArray, float, str]:
         vals = [gr.const(i) for i in node.input if gr.is_const(i)]
         return any(v is not None and v.ndim == 1 and v.size > 1 for v in vals)
 
-    hit = _forward_reach(gr, ranges[0].output[0], freq_node, limit=40)
+    hit = forward_reach(gr, ranges[0].output[0], freq_node, limit=40)
     if hit is None:
         raise StructureError("no rotary frequency product after the position Range")
     node = hit[0]
@@ -365,7 +224,7 @@ def _rotary(gr: _Graph) -> tuple[FloatArray, float, str]:
     return np.asarray(inv, dtype=np.float32), div, layout
 
 
-def _convs(gr: _Graph) -> tuple[list[tuple[FloatArray, FloatArray]], int, int]:
+def _convs(gr: GraphIndex) -> tuple[list[tuple[FloatArray, FloatArray]], int, int]:
     convs = [n for n in gr.g.node if n.op_type == "Conv"]
     if len(convs) != 2:
         raise StructureError(f"expected the two position convolutions, found {len(convs)} Conv")
@@ -389,7 +248,7 @@ def _convs(gr: _Graph) -> tuple[list[tuple[FloatArray, FloatArray]], int, int]:
     return out, groups, kernel
 
 
-def _layer_norm_eps(gr: _Graph, time_dep: set[str]) -> list[float]:
+def _layer_norm_eps(gr: GraphIndex, time_dep: set[str]) -> list[float]:
     eps: list[float] = []
     for node in gr.g.node:
         if node.op_type != "LayerNormalization" or node.input[0] in time_dep:
@@ -411,11 +270,11 @@ def read_dit(model: Any) -> DitWeights:
     Raises:
         StructureError: the graph is not upstream's DiT as described in the module docstring.
     """
-    gr = _Graph(model)
+    gr = GraphIndex(model)
     missing = {*FRAME_INPUTS, SPEAKER_INPUT, TIME_INPUT} - gr.inputs
     if missing:
         raise StructureError(f"estimator inputs {sorted(missing)} missing")
-    time_dep = _time_dependent(gr)
+    time_dep = time_dependent(gr, TIME_INPUT)
     linears = [(n, lin) for n in gr.g.node if (lin := _linear_at(gr, n)) is not None]
     frame = [(n, lin) for n, lin in linears if n.input[0] not in time_dep]
     timed = [lin for n, lin in linears if n.input[0] in time_dep]
@@ -483,7 +342,7 @@ def read_dit(model: Any) -> DitWeights:
     )
 
 
-def _input_order(gr: _Graph, proj_node: Any) -> tuple[list[str], list[int]]:
+def _input_order(gr: GraphIndex, proj_node: Any) -> tuple[list[str], list[int]]:
     """Graph inputs feeding the input projection's Concat, in column order, and widths."""
     src = gr.producer.get(proj_node.input[0])
     while src is not None and src.op_type in ("Cast", "Identity"):
@@ -493,7 +352,7 @@ def _input_order(gr: _Graph, proj_node: Any) -> tuple[list[str], list[int]]:
     wanted = {*FRAME_INPUTS, SPEAKER_INPUT}
     order: list[str] = []
     for name in src.input:
-        found = _source_input(gr, name, wanted)
+        found = source_input(gr, name, wanted)
         if found is None or found in order:
             raise StructureError("cannot trace the input projection's Concat to the inputs")
         order.append(found)

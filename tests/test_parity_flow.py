@@ -227,37 +227,24 @@ def test_parity_stream_full_attention_upstream_schedule(
     )
 
 
-def _first_chunk_padding(parity: Parity, case: str) -> int:
-    return int(parity.flow_cases[case].get("prompt_token_pad", 0)) if case in CASES else 0
-
-
 @pytest.mark.parametrize("case", CASES)
-def test_parity_stream_full_attention_quality_preset(
-    parity: Parity, engine: Any, monkeypatch: pytest.MonkeyPatch, case: str, request: Any
+def test_parity_stream_full_attention_quality_schedule(
+    parity: Parity, engine: Any, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
-    """``synthesize`` with the ``quality`` preset streams upstream's chunks and audio.
-
-    Pending where upstream pads the first chunk (``prompt_token_pad`` > 0: the prompt is not a
-    multiple of 25 tokens, so upstream's first chunk holds 25 + pad tokens and later hops
-    double from 25): the preset's schedule has no such padding yet (upstream's chunk schedule
-    is being added on branch ``flowcache``). Marked strict: once the engine pads, this passes
-    and the mark must go.
+    """``synthesize`` with the ``quality`` preset's schedule (upstream's: first chunk padded
+    to the 25-token grid, then 25 -> 50 -> 100) but full attention in every chunk
+    (``flow_chunk_causal=False``) streams variant (a): upstream's chunks and audio with the
+    DiT forced to full attention, what the exported estimator computes. The preset itself
+    (chunk-causal, variant b) is tested in test_parity_flow_chunked.py.
     """
-    if _first_chunk_padding(parity, case) > 0:
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="quality preset does not pad the first chunk to upstream's 25-token "
-                "grid (prompt_token_pad > 0); upstream chunk schedule pending (branch flowcache)",
-            )
-        )
     _with_tokens(engine, monkeypatch, parity.array(FLOW, f"{case}_gen_tokens"))
-    chunks = _synthesize(engine, _voice(parity, case), _options(parity))
+    options = _options(parity, flow_chunk_causal=False)
+    chunks = _synthesize(engine, _voice(parity, case), options)
     bounds = np.cumsum([len(c) for c in chunks])
     assert_identical(bounds, parity.array(FLOW, f"{case}_stream_full_bounds"), f"{case} bounds")
     assert_close(
         np.concatenate(chunks),
         _faded(parity.array(FLOW, f"{case}_stream_full_audio")),
         parity.tolerance("audio"),
-        f"{case} streamed audio (quality preset)",
+        f"{case} streamed audio (quality schedule, full attention)",
     )

@@ -174,6 +174,9 @@ def test_quality_preset_is_spec_exact() -> None:
     q = PRESETS["quality"]
     assert (q.euler_steps, q.cfg_rate, q.cfg_steps) == (10, 0.7, None)
     assert (q.flow_precision, q.flow_left_context_tokens, q.flow_prompt_tokens) == ("fp32", 0, 0)
+    # upstream's PyTorch streaming: chunk mask, schedule 25 (+ grid padding) -> 50 -> 100
+    assert (q.flow_chunk_causal, q.first_hop_on_chunk_grid) == (True, True)
+    assert (q.first_hop_tokens, q.max_hop_tokens, q.vocoder_window_frames) == (25, 100, 0)
 
 
 @pytest.fixture(scope="module")

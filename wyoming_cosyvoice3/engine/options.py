@@ -43,7 +43,8 @@ class EngineOptions:
         flow_precision: DiT estimator loaded at start: ``fp32`` (the upstream file) or
             ``int8`` (quantised once from it, see :mod:`.derive.quantize`); a request asking for the
             other precision loads it on first use. Set it to the preset's ``flow_precision``.
-        cache_dir: where derived files go (int8 estimator, extracted embedding tables);
+        cache_dir: where derived files go (int8 estimator, extracted embedding tables, the
+            chunk-causal streaming DiT of ``SynthesisOptions.flow_chunk_causal``, which needs it);
             ``None`` = the model directory if writable, else ``~/.cache/wyoming-cosyvoice3``.
         mmap_embeddings: serve the text embedding from a memory-mapped table extracted once
             from text_embedding_fp16.onnx into ``cache_dir`` (only when the graph is a plain
@@ -109,6 +110,15 @@ class SynthesisOptions:
         streaming: emit audio in chunks while the LLM decodes (True) or once per text piece.
         first_hop_tokens: speech tokens in the first streamed chunk (upstream 25; smaller is
             faster first audio: the exported estimator uses full attention, so any size works).
+        first_hop_on_chunk_grid: pad the first hop so that prompt + first hop end on the
+            25-token (50-frame) chunk grid, as upstream does (model.py ``prompt_token_pad``);
+            needed for exact chunk-causal streaming.
+        flow_chunk_causal: non-final streamed chunks run the DiT under upstream's static
+            50-frame chunk mask (dit.py ``streaming=True``) with the prompt's and the earlier
+            chunks' keys/values cached, so a chunk costs only its own frames; the final chunk
+            keeps full attention (upstream ``finalize=True``). Uses a streaming estimator
+            derived once from the model (falls back to full attention with one warning).
+            ``flow_left_context_tokens`` then bounds the cached history instead.
         max_hop_tokens: the hop doubles after each chunk up to this many tokens (upstream 100).
         flow_left_context_tokens: when > 0, later chunks run the flow on the prompt plus only
             this many generated tokens before the new chunk (bounded cost); 0 keeps the whole
@@ -144,6 +154,8 @@ class SynthesisOptions:
     cfg_rate: float = C.DEFAULT_CFG_RATE
     streaming: bool = True
     first_hop_tokens: int = 15
+    first_hop_on_chunk_grid: bool = False
+    flow_chunk_causal: bool = False
     max_hop_tokens: int = 100
     flow_left_context_tokens: int = 0
     cfg_steps: int | None = None
@@ -186,11 +198,14 @@ class SynthesisOptions:
 
 
 PRESETS: dict[str, SynthesisOptions] = {
-    # Spec-exact numerics: fp32 DiT, 10 Euler steps with CFG 0.7 in every step, the whole
-    # prompt and history in the flow, exact (whole-utterance) vocoder, upstream's first hop
-    # of 25 tokens. Only exact levers apply (engine-level: split estimator, memory-mapped
-    # text table, prefix-KV cache).
-    "quality": SynthesisOptions(first_hop_tokens=25),
+    # Exactly upstream's PyTorch streaming: fp32 DiT, 10 Euler steps with CFG 0.7 in every
+    # step, the whole prompt and history, non-final chunks chunk-causal (50-frame static chunk
+    # mask, prompt and history keys/values cached), the final chunk with full attention,
+    # upstream's schedule (first hop 25 + padding to the 25-token grid, then 50, 100), exact
+    # (whole-utterance) vocoder. One-shot requests use full attention (streaming=False).
+    "quality": SynthesisOptions(
+        first_hop_tokens=25, first_hop_on_chunk_grid=True, flow_chunk_causal=True
+    ),
     # The default. int8 DiT (per-frame MatMuls only), 4 Euler steps, the flow sees the last
     # 1 s of the prompt (25 tokens) and 10 tokens of history, first chunk after 10 tokens,
     # vocoder with 16 frames of left context. Measured through the server on the 2-core

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from . import constants as C
 from . import graphs
 from .flow.solver import FlowRunner, SpeedResampler
+from .flow_streaming import ChunkedFlows, chunk_causal_mel, first_hop_tokens
 from .llm.decoder import LlmDecoder
 from .llm.producer import TokenProducer
 from .memory import return_freed_memory
@@ -64,6 +65,7 @@ class CosyVoice3Engine:
         self.frontend = TextFrontend(model.tokenizer, model.end_of_prompt_id)
         self.llm = LlmDecoder(model)
         self.flow = FlowRunner(model)
+        self.chunked = ChunkedFlows(self.flow, model, options)
         self.hift = HiftRunner(model.hift)
         self.voices = VoiceFeatureExtractor(model, options.voice_cache_dir)
 
@@ -106,7 +108,8 @@ class CosyVoice3Engine:
         precision loaded at start. An estimator precision not loaded yet is loaded (and
         derived, once) here instead of in the first request, the voice's prefix KV is cached,
         and a split estimator's time conditioning is computed for the Euler schedules of
-        every preset (about 1 MB per time point), so no request loads the time graph.
+        every preset (about 1 MB per time point), so no request loads the time graph. With
+        ``flow_chunk_causal`` the voice's prompt key/value cache is computed here too.
         """
         from .derive.estimator_split import SplitEstimator
         from .flow.solver import cosine_t_schedule
@@ -124,6 +127,10 @@ class CosyVoice3Engine:
                     for t in cosine_t_schedule(n)[:-1]
                 ]
             )
+        chunked = self.chunked.get(base.flow_precision) if base.flow_chunk_causal else None
+        if chunked is not None:  # the voice's prompt keys/values (then cached on disk)
+            features = flow_prompt_features(voice.features, base.flow_prompt_tokens)
+            chunked.prompt_cache(features, base.euler_steps, base.cfg_rate, base.cfg_steps)
         warm = base.replace(max_decode_tokens=min(base.max_decode_tokens, 50))
         for _ in self.synthesize(WARM_UP_TEXT, voice, warm):
             pass
@@ -222,7 +229,7 @@ class CosyVoice3Engine:
             piece: PieceState | None = None
             for index, token in stream:
                 if piece is None:
-                    piece = self._new_piece(index, req)
+                    piece = self._new_piece(index, req, len(flow_voice.speech_tokens))
                     logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
                 if token is not None:
                     samples = self._accept(piece, token, flow_voice, req)
@@ -277,11 +284,12 @@ class CosyVoice3Engine:
             req.event("llm", span)
             yield index, None
 
-    def _new_piece(self, index: int, req: RequestState) -> PieceState:
+    def _new_piece(self, index: int, req: RequestState, prompt_tokens: int) -> PieceState:
         return PieceState(
             last_chunk_s=req.now(),
             index=index,
-            hop_tokens=req.options.first_hop_tokens,
+            hop_tokens=first_hop_tokens(req.options, prompt_tokens),
+            base_hop_tokens=req.options.first_hop_tokens,
             resampler=SpeedResampler(req.options.speed),
             vocoder=VocoderStream(
                 self.hift, req.vocoder_noise, window_frames=req.options.vocoder_window_frames
@@ -326,8 +334,10 @@ class CosyVoice3Engine:
             end = offset + piece.hop_tokens + C.PRE_LOOKAHEAD_TOKENS
             drop = C.TOKEN_MEL_RATIO * C.PRE_LOOKAHEAD_TOKENS
             advance = piece.hop_tokens
+        chunked = None if final or not opts.flow_chunk_causal else self.chunked.get(
+            opts.flow_precision)
         left = opts.flow_left_context_tokens
-        start = max(0, offset - left) if left > 0 else 0
+        start = max(0, offset - left) if left > 0 and chunked is None else 0
         flow_tokens = np.concatenate(
             [
                 np.asarray(features.speech_tokens, dtype=np.int64).reshape(-1),
@@ -337,23 +347,16 @@ class CosyVoice3Engine:
         skip = req.flow_noise_skip_frames
         noise_frames = skip + int(features.prompt_mel.shape[0]) + C.TOKEN_MEL_RATIO * end
         began = req.now()
-        mel = self.flow.mel_for_tokens(
-            flow_tokens,
-            features,
-            req.flow_noise.take(noise_frames)[skip:].T,
-            steps=opts.euler_steps,
-            cfg_rate=opts.cfg_rate,
-            cfg_steps=opts.cfg_steps,
-            drop_lookahead_frames=drop,
-            should_stop=req.check,
-            times=req.times,
-            generated_offset_tokens=start,
-            precision=opts.flow_precision,
-        )
+        noise = req.flow_noise.take(noise_frames)[skip:].T
+        if chunked is not None:  # chunk mask; prompt and history keys/values cached
+            new_mel = chunk_causal_mel(chunked, piece, features, flow_tokens, noise, req)
+        else:
+            new_mel = self._full_attention_mel(flow_tokens, features, noise, drop, start,
+                                               offset, req)
         req.event("flow", began)
-        new_mel = mel[:, C.TOKEN_MEL_RATIO * (offset - start) :]
         piece.offset_tokens = offset + advance
-        piece.hop_tokens = min(opts.max_hop_tokens, piece.hop_tokens * 2)
+        piece.base_hop_tokens = min(opts.max_hop_tokens, piece.base_hop_tokens * 2)
+        piece.hop_tokens = piece.base_hop_tokens
         resampled = piece.resampler.push(new_mel, final)
         began = req.now()
         calls = req.times.vocoder_calls
@@ -371,6 +374,33 @@ class CosyVoice3Engine:
             len(samples),
         )
         return samples
+
+    def _full_attention_mel(
+        self,
+        flow_tokens: npt.NDArray[np.int64],
+        features: VoiceFeatures,
+        noise: npt.NDArray[np.float32],
+        drop: int,
+        start: int,
+        offset: int,
+        req: RequestState,
+    ) -> npt.NDArray[np.float32]:
+        """The chunk's new mel frames with the exported (full-attention) estimator."""
+        opts = req.options
+        mel = self.flow.mel_for_tokens(
+            flow_tokens,
+            features,
+            noise,
+            steps=opts.euler_steps,
+            cfg_rate=opts.cfg_rate,
+            cfg_steps=opts.cfg_steps,
+            drop_lookahead_frames=drop,
+            should_stop=req.check,
+            times=req.times,
+            generated_offset_tokens=start,
+            precision=opts.flow_precision,
+        )
+        return mel[:, C.TOKEN_MEL_RATIO * (offset - start) :]
 
     def _chunk(
         self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool

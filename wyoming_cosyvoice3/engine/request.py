@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -116,6 +117,10 @@ class PieceState:
     silent_filter: SilentRunFilter = field(default_factory=SilentRunFilter)
     last_chunk_s: float = 0.0
     """Request-relative time of the piece's previous flow chunk (or of its start)."""
+    base_hop_tokens: int = 0
+    """Hop before first-chunk padding; doubles after each chunk (model.py ``token_hop_len``)."""
+    flow_history: Any = None
+    """Chunk-causal flow: this piece's key/value history (flow.chunked.KvCache), or None."""
 
     def defer_vocoder(self, req: RequestState, new_frames: int, final: bool) -> bool:
         """Whether the vocoder leaves this chunk's ``new_frames`` mel frames for its next

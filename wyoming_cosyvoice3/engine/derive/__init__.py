@@ -5,6 +5,8 @@ source graph when it is made, and on any mismatch falls back (one warning) to th
 the int8 DiT estimator (:mod:`.quantize`), the split estimator (:mod:`.estimator_split`),
 the memory-mapped text embedding table (:mod:`.embedding_table`), the fused-operator LLM
 graph (:mod:`.llm_fused`, built by :mod:`.llm_fused_graph` from the weights
-:mod:`.llm_weights` finds); shared cache-file helpers
+:mod:`.llm_weights` finds), the chunk-causal streaming DiT (:mod:`.streaming_estimator`,
+built by :mod:`.streaming_graph` from weights found by :mod:`.dit_structure`); shared
+cache-file helpers
 in :mod:`.files`. Imports the top engine modules and no stage.
 """

@@ -1,7 +1,8 @@
 """Child-process entry of the large derivations (run by :func:`.files.run_child`).
 
 ``python -m wyoming_cosyvoice3.engine.derive.child int8 SOURCE TARGET`` or
-``... split fp32|int8 SOURCE MAIN_OUT TIME_OUT``.
+``... split fp32|int8 SOURCE MAIN_OUT TIME_OUT`` or ``... stream fp32|int8 SOURCE MAIN_OUT
+TIME_OUT`` (the chunk-causal streaming estimator, :mod:`.streaming_estimator`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from .estimator_split import SPLIT_TAGS, derive_split
 from .quantize import quantize_estimator
+from .streaming_estimator import STREAM_TAGS, derive_streaming
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,9 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) == 5 and args[0] == "split" and args[1] in SPLIT_TAGS:
         derive_split(Path(args[2]), args[1], Path(args[3]), Path(args[4]))
         return 0
+    if len(args) == 5 and args[0] == "stream" and args[1] in STREAM_TAGS:
+        derive_streaming(Path(args[2]), args[1], Path(args[3]), Path(args[4]))
+        return 0
     print(
         "usage: python -m wyoming_cosyvoice3.engine.derive.child int8 SOURCE TARGET | "
-        "split fp32|int8 SOURCE MAIN_OUT TIME_OUT",
+        "split|stream fp32|int8 SOURCE MAIN_OUT TIME_OUT",
         file=sys.stderr,
     )
     return 2

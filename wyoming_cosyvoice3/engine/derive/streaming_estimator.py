@@ -1,0 +1,365 @@
+"""The chunk-causal streaming DiT estimator: derived once, validated, cached; and its runner.
+
+Why: upstream streams with a static 50-frame chunk mask (cosyvoice/flow/DiT/dit.py
+``DiT.forward(streaming=True)`` -> ``add_optional_chunk_mask(..., static_chunk_size=50, -1)``):
+a mel frame attends to its own chunk and every earlier one. Under that mask the keys and
+values of the prompt frames and of finished chunks, at every Euler step, never change, so a
+chunk only needs its own frames run through the DiT, attending to cached keys/values. The
+published estimator was traced with full attention (``streaming=False``) and cannot express
+this; :mod:`.streaming_graph` rebuilds the same computation from its weights (found by
+:mod:`.dit_structure`) with key/value caches, an explicit attention bias, rotary positions that
+start anywhere and the two causal position convolutions fed their 30 frames of left context.
+
+When made (in a child process: it holds the source model and the new graphs) the graphs are
+validated against the source file and written to the cache directory only if
+
+1. no cache + all-zero bias == the original estimator (max abs error <= ``FP32_TOL`` x
+   max(1, max |reference|)), and
+2. cached + chunk mask == uncached + chunk mask (first chunk cached, then the next frames).
+
+The int8 variant quantises the main graph with the project's int8 recipe
+(:func:`.quantize.quantize_estimator`: per-channel dynamic int8 MatMuls of the per-frame
+layers) and is checked against the fp32 derived graph (``INT8_TOL``; its activation scales are
+per call, so its cached and uncached results are not bit-comparable).
+
+A failure leaves ``<main>.failed`` (see :mod:`.files`) and raises ModelLoadError; callers
+fall back to the full-attention path with one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..chunkmask import CHUNK_FRAMES
+from ..chunkmask import chunk_attention_bias as chunk_bias
+from ..errors import ModelFilesMissing, ModelLoadError
+from .files import (
+    check_failed_before,
+    keyed_name,
+    lock_for,
+    record_failure,
+    remove_stale,
+    replace_atomically,
+    run_child,
+)
+
+logger = logging.getLogger(__name__)
+
+STREAM_TAGS = {"fp32": "stream1main", "int8": "stream1int8main"}
+"""File tags of the main graph per precision; the time graph is ``stream1time``."""
+TIME_TAG = "stream1time"
+FP32_TOL = 1e-4
+"""Relative max-abs tolerance of the fp32 derived graph against the source (float rounding:
+measured 5e-7 relative on the parity model)."""
+INT8_TOL = 0.25
+"""Relative max-abs bound of the int8 main graph against the fp32 one (a sanity check: the
+quantisation error itself is reported by the benchmark, BENCHMARKS.md)."""
+# -- derivation (child process) -------------------------------------------------------------
+def derive_streaming(source: Path, precision: str, main_out: Path, time_out: Path) -> str:
+    """Write and validate the streaming graphs; return a one-line validation summary.
+
+    Raises:
+        ValueError: structure not recognised (:class:`.dit_structure.StructureError`) or a
+            validation failed.
+    """
+    import onnx
+
+    from .dit_structure import read_dit
+    from .streaming_graph import build_main, build_time
+
+    model = onnx.load(str(source))
+    weights = read_dit(model)
+    onnx.save(build_time(model, weights), str(time_out))
+    del model
+    layouts = [weights.layout_hint] + [x for x in ("interleaved", "half")
+                                       if x != weights.layout_hint]
+    plain = main_out.with_name(main_out.name + ".fp32.tmp")
+    errors = []
+    try:
+        for layout in layouts:
+            onnx.save(build_main(weights, layout), str(plain))
+            try:
+                summary = validate(source, plain, time_out)
+            except ValueError as exc:
+                errors.append(f"{layout}: {exc}")
+                continue
+            del weights
+            if precision == "fp32":
+                os.replace(plain, main_out)
+                return summary
+            from .quantize import quantize_estimator
+
+            quantize_estimator(plain, main_out)
+            return summary + "; " + validate_int8(plain, main_out, time_out)
+        raise ValueError("; ".join(errors))
+    finally:
+        plain.unlink(missing_ok=True)
+
+
+def _session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _probe_inputs(frames: int, seed: int = 7) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {n: rng.standard_normal((2, 80, frames)).astype(np.float32)
+             for n in ("x", "mu", "cond")}
+    feeds["spks"] = rng.standard_normal((2, 80)).astype(np.float32)
+    return feeds
+
+
+def validate(source: Path, main: Path, time_graph: Path, frames: int = 90) -> str:
+    """Run the two checks of the module docstring; return a summary.
+
+    Raises:
+        ValueError: a check failed (message gives the errors).
+    """
+    probe = _probe_inputs(frames)
+    t = np.full(2, 0.37, dtype=np.float32)
+    original = _session(source)
+    ref = original.run(None, {**probe, "t": t, "mask": np.ones((2, 1, frames), np.float32)})[0]
+    del original
+    runner = StreamingEstimator(_session(main), _session(time_graph))
+    scale = max(1.0, float(np.abs(ref).max()))
+    full = runner.run(probe, 0.37, 0, chunk_bias(0, frames, 0, 0))
+    err_full = float(np.abs(full.velocity - ref).max())
+    if not err_full <= FP32_TOL * scale:
+        raise ValueError(f"no cache + full mask differs from the source by {err_full:.3g}")
+    masked = runner.run(probe, 0.37, 0, chunk_bias(0, frames, 0, CHUNK_FRAMES))
+    first = {k: v[..., :CHUNK_FRAMES] if v.ndim == 3 else v for k, v in probe.items()}
+    rest = {k: v[..., CHUNK_FRAMES:] if v.ndim == 3 else v for k, v in probe.items()}
+    head = runner.run(first, 0.37, 0, chunk_bias(0, CHUNK_FRAMES, 0, CHUNK_FRAMES))
+    tail = runner.run(
+        rest, 0.37, CHUNK_FRAMES,
+        chunk_bias(CHUNK_FRAMES, frames - CHUNK_FRAMES, CHUNK_FRAMES, CHUNK_FRAMES),
+        conv_past=(head.conv1_next, head.conv2_next),
+        kv_prompt=[kv for kv in head.kv_new],
+    )
+    joined = np.concatenate([head.velocity, tail.velocity], axis=2)
+    err_cache = float(np.abs(joined - masked.velocity).max())
+    if not err_cache <= FP32_TOL * scale:
+        raise ValueError(f"cached + chunk mask differs from uncached by {err_cache:.3g}")
+    return (f"full attention vs source {err_full:.2g}, cached vs uncached chunk mask "
+            f"{err_cache:.2g} (max |v| {scale:.3g})")
+
+
+def validate_int8(fp32_main: Path, int8_main: Path, time_graph: Path, frames: int = 90) -> str:
+    """Compare the int8 main graph with the fp32 one (uncached, chunk mask)."""
+    probe = _probe_inputs(frames)
+    bias = chunk_bias(0, frames, 0, CHUNK_FRAMES)
+    ref = StreamingEstimator(_session(fp32_main), _session(time_graph)).run(probe, 0.37, 0, bias)
+    got = StreamingEstimator(_session(int8_main), _session(time_graph)).run(probe, 0.37, 0, bias)
+    scale = max(1.0, float(np.abs(ref.velocity).max()))
+    err = float(np.abs(got.velocity - ref.velocity).max())
+    if not np.isfinite(got.velocity).all() or err > INT8_TOL * scale:
+        raise ValueError(f"int8 streaming graph differs from fp32 by {err:.3g}")
+    return f"int8 vs fp32 {err:.2g}"
+
+
+# -- cached files -----------------------------------------------------------------------------
+def ensure_streaming_estimator(
+    source: Path, cache_dir: Path, precision: str, *, in_process: bool = False
+) -> tuple[Path, Path]:
+    """(main graph, time graph) of the streaming estimator for ``precision`` ("fp32" or
+    "int8"), derived and validated once from ``source`` into ``cache_dir``.
+
+    Raises:
+        ModelFilesMissing: ``source`` does not exist.
+        ModelLoadError: the derivation or a validation failed (also on later calls, until
+            the ``.failed`` marker is deleted).
+    """
+    source = Path(source)
+    if not source.is_file():
+        raise ModelFilesMissing(str(source.parent), [source.name])
+    cache_dir = Path(cache_dir)
+    main = cache_dir / keyed_name(source, STREAM_TAGS[precision], ".onnx")
+    time_graph = cache_dir / keyed_name(source, TIME_TAG, ".onnx")
+    with lock_for(main):
+        if main.is_file() and time_graph.is_file():
+            return main, time_graph
+        check_failed_before(main)
+        suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp_main = main.with_name(f".{main.name}{suffix}")
+        tmp_time = time_graph.with_name(f".{time_graph.name}{suffix}")
+        started = time.perf_counter()
+        logger.info("deriving the streaming DiT from %s (%s, once; into %s)", source.name,
+                    precision, cache_dir)
+        try:
+            if in_process:
+                summary = derive_streaming(source, precision, tmp_main, tmp_time)
+            else:
+                run_child(["stream", precision, str(source), str(tmp_main), str(tmp_time)])
+                summary = "validated in a child process"
+            if not time_graph.is_file():
+                replace_atomically(tmp_time, time_graph)
+            replace_atomically(tmp_main, main)
+        except Exception as exc:  # structure/validation/child errors: always wrapped below
+            record_failure(main, exc)
+            if isinstance(exc, ModelLoadError):
+                raise
+            raise ModelLoadError(f"deriving the streaming DiT from {source} failed: {exc}") from exc
+        finally:
+            tmp_main.unlink(missing_ok=True)
+            tmp_time.unlink(missing_ok=True)
+        stem = main.name.split(f".{STREAM_TAGS[precision]}-")[0]
+        remove_stale(cache_dir, f"{stem}.{STREAM_TAGS[precision]}-*.onnx", main)
+        logger.info("streaming DiT ready in %.1f s (%s)", time.perf_counter() - started, summary)
+        return main, time_graph
+
+
+def load_streaming_estimator(
+    model_dir: Path, cache_dir: Path | None, precision: str, threads: int = 0,
+    providers: tuple[str, ...] = ("CPUExecutionProvider",), spin_wait: bool = True,
+) -> StreamingEstimator:
+    """Derive (once) and open the streaming estimator of ``model_dir`` for ``precision``.
+
+    Raises:
+        ModelFilesMissing, ModelLoadError: derivation failed or the graph cannot be opened
+            (callers fall back to full attention).
+    """
+    from ..graphs import ESTIMATOR, ORT_ERRORS, Graph, GraphSpec, open_session
+    from .files import derived_files_dir
+
+    source = Path(model_dir) / ESTIMATOR.file
+    main, time_graph = ensure_streaming_estimator(
+        source, derived_files_dir(Path(model_dir), cache_dir), precision
+    )
+    errors: tuple[type[BaseException], ...] = (*ORT_ERRORS, KeyError)
+    try:
+        session = open_session(main, threads, providers, spin_wait)
+        spec = GraphSpec(
+            ESTIMATOR.file,
+            {i.name: "float32" for i in session.get_inputs()},
+            {o.name: "float32" for o in session.get_outputs()},
+        )
+        return StreamingEstimator(
+            Graph(main, spec, session=session), None, time_graph,
+            session_factory=lambda path: open_session(path, threads, providers, spin_wait),
+        )
+    except errors as exc:
+        raise ModelLoadError(f"cannot open the streaming DiT {main.name}: {exc}") from exc
+
+
+# -- runner -----------------------------------------------------------------------------------
+class StreamOutputs:
+    """One call's outputs: velocity [B, 80, n], conv pasts [B, D, K-1], kv_new [L, n, 2, B,
+    inner]."""
+
+    __slots__ = ("conv1_next", "conv2_next", "kv_new", "velocity")
+
+    def __init__(self, values: Sequence[np.ndarray]) -> None:
+        self.velocity, self.conv1_next, self.conv2_next, self.kv_new = values
+
+
+class StreamingEstimator:
+    """Runs the derived main graph; computes modulation (time graph) once per ``t``.
+
+    Args:
+        main: onnxruntime session of the main graph, or a :class:`~..graphs.Graph` of it
+            (runs are then seen by the benchmark's run observer).
+        time_session: session of the time graph (released after :meth:`precompute`; a later
+            unseen ``t`` reopens it from ``time_path``).
+        time_path: the time graph file (None: keep ``time_session``).
+    """
+
+    OUTPUTS = ("velocity", "conv1_next", "conv2_next", "kv_new")
+
+    def __init__(self, main: Any, time_session: Any = None, time_path: Path | None = None,
+                 session_factory: Any = None) -> None:
+        from .streaming_graph import rope_tables
+
+        self.main = main
+        self._time = time_session
+        self.time_path = time_path
+        self._factory = session_factory or _session
+        session = getattr(main, "session", main)
+        self.path: Path | None = getattr(main, "path", None)
+        meta = session.get_modelmeta().custom_metadata_map
+        self.depth = int(meta["depth"])
+        self.dim = int(meta["dim"])
+        self.inner = int(meta["inner"])
+        self.conv_frames = int(meta["conv_context_frames"])
+        self.layout = meta["rope_layout"]
+        self.inv_freq = np.array([float(f) for f in meta["rope_inv_freq"].split(",")], np.float32)
+        self.freq_div = float(meta["rope_freq_div"])
+        self._rope_tables = rope_tables
+        self._mods: dict[float, dict[str, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def modulation(self, t: float) -> dict[str, np.ndarray]:
+        """``mod_<i>`` [1, 6D] and ``mod_final`` [1, 2D] for time ``t`` (cached)."""
+        key = float(np.float32(t))
+        with self._lock:
+            hit = self._mods.get(key)
+            if hit is not None:
+                return hit
+            session = self._time
+            if session is None:
+                if self.time_path is None:
+                    raise ModelLoadError("the streaming DiT's time graph is not available")
+                session = self._factory(self.time_path)
+            names = [o.name for o in session.get_outputs()]
+            values = session.run(names, {"t": np.array([key], dtype=np.float32)})
+            out = {n: np.ascontiguousarray(v) for n, v in zip(names, values, strict=True)}
+            self._mods[key] = out
+            return out
+
+    def precompute(self, t_values: Sequence[float]) -> None:
+        """Compute the modulation for every ``t`` now, then release the time graph."""
+        for t in t_values:
+            self.modulation(t)
+        if self.time_path is not None:
+            self._time = None
+
+    def empty_kv(self, batch: int) -> np.ndarray:
+        return np.zeros((0, 2, batch, self.inner), dtype=np.float32)
+
+    def run(
+        self,
+        frames: dict[str, np.ndarray],
+        t: float,
+        start_frame: int,
+        attn_bias: np.ndarray,
+        conv_past: tuple[np.ndarray, np.ndarray] | None = None,
+        kv_prompt: Sequence[np.ndarray] | None = None,
+        kv_hist: Sequence[np.ndarray] | None = None,
+    ) -> StreamOutputs:
+        """One estimator call on new frames.
+
+        Args:
+            frames: ``x``, ``mu``, ``cond`` float32 [B, 80, n] and ``spks`` [B, 80].
+            t: flow time of the Euler step.
+            start_frame: absolute index of the first new frame (rotary position).
+            attn_bias: [1, 1, n, m + n] (:func:`chunk_bias`); m = cached frames.
+            conv_past: (conv1, conv2) [B, D, K-1] or None (zeros: the utterance start).
+            kv_prompt, kv_hist: per block [mp, 2, B, inner] / [mh, 2, B, inner] or None.
+        """
+        batch, _, n = frames["x"].shape
+        cos, sin = self._rope_tables(self.inv_freq, self.freq_div, self.layout, start_frame, n)
+        feeds: dict[str, np.ndarray] = dict(frames)
+        feeds.update(self.modulation(t))
+        feeds["rope_cos"], feeds["rope_sin"] = cos, sin
+        feeds["attn_bias"] = attn_bias
+        if conv_past is None:
+            zeros = np.zeros((batch, self.dim, self.conv_frames), dtype=np.float32)
+            conv_past = (zeros, zeros)
+        feeds["conv1_past"], feeds["conv2_past"] = conv_past
+        empty = self.empty_kv(batch)
+        for i in range(self.depth):
+            feeds[f"kv_prompt_{i}"] = empty if kv_prompt is None else kv_prompt[i]
+            feeds[f"kv_hist_{i}"] = empty if kv_hist is None else kv_hist[i]
+        if hasattr(self.main, "spec"):  # a checked Graph: returns a dict
+            out = self.main.run(feeds, list(self.OUTPUTS))
+            return StreamOutputs([out[name] for name in self.OUTPUTS])
+        return StreamOutputs(self.main.run(list(self.OUTPUTS), feeds))

@@ -1,0 +1,323 @@
+"""Build the chunk-causal streaming DiT graphs from weights read by :mod:`.dit_structure`.
+
+Two ONNX graphs are written:
+
+* the *time graph*: the source graph's nodes that depend on ``t`` alone (TimestepEmbedding and
+  every AdaLayerNormZero linear layer), copied unchanged, with the modulation vectors as outputs
+  ``mod_<i>`` [B, 6D] and ``mod_final`` [B, 2D]. Run once per distinct ``t`` and cached.
+* the *main graph*: the per-frame computation of upstream's ``DiT.forward``
+  (cosyvoice/flow/DiT/dit.py) for ``n`` new frames that attend to ``m`` cached frames.
+
+Main graph signature (B = batch, 1 or 2; n new frames; m = mp + mh cached frames):
+
+============================  ==================================================================
+input                         meaning
+============================  ==================================================================
+``x``, ``mu``, ``cond``       float32 [B, 80, n]: the new frames (as the original estimator)
+``spks``                      float32 [B, 80]
+``mod_<i>``, ``mod_final``    float32 [1 or B, 6D] / [1 or B, 2D]: the time graph's outputs
+``rope_cos``, ``rope_sin``    float32 [n, head_dim]: rotary tables of the new frames' absolute
+                              positions (x-transformers ``RotaryEmbedding``), host-computed
+``attn_bias``                 float32 [1 or B, 1, n, m + n]: 0 where a new frame may attend a
+                              key, -inf where not (upstream's chunk mask, or all zeros)
+``conv1_past``, ``conv2_past``  float32 [B, D, K - 1]: the inputs of the two causal position
+                              convolutions for the K - 1 frames before the new ones (zeros at
+                              frame 0, which is what upstream's left zero padding gives)
+``kv_prompt_<i>``, ``kv_hist_<i>``  float32 [mp or mh, 2, B, inner]: cached keys (index 0, after
+                              rotary) and values (index 1) of block i, per frame
+============================  ==================================================================
+
+Outputs: ``velocity`` [B, 80, n]; ``conv1_next``, ``conv2_next`` [B, D, K - 1] (the past
+inputs for the frames after these); ``kv_new`` [depth, n, 2, B, inner] (this call's keys and
+values, in the cache layout so the host appends them with one copy).
+
+With m = 0, zero convolution pasts, positions 0..n-1 and an all-zero bias, the main graph
+computes what the original estimator computes (validated when derived). Attention as
+``F.scaled_dot_product_attention`` (softmax(q k^T / sqrt(head_dim) + bias) v); LayerNorm
+without affine, eps from the source; FeedForward GELU with the tanh approximation
+(modules.py ``FeedForward(approximate="tanh")``); Mish after each convolution.
+The rotary "rotate half" is a constant signed permutation matrix (exact: one non-zero per
+column), so both rotary layouts (x-transformers' pairs and halves) are one code path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .dit_structure import FINAL_MOD_CHUNKS, MOD_CHUNKS, DitWeights, Linear
+
+OPSET = 18
+
+
+class _Builder:
+    """Minimal ONNX graph builder (unique names, constants as initializers)."""
+
+    def __init__(self) -> None:
+        from onnx import helper, numpy_helper
+
+        self.h = helper
+        self.nh = numpy_helper
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+        self._n = 0
+
+    def name(self, base: str) -> str:
+        self._n += 1
+        return f"{base}_{self._n}"
+
+    def const(self, value: Any, base: str = "c") -> str:
+        arr = np.asarray(value)
+        if arr.dtype == np.float64:
+            arr = arr.astype(np.float32)
+        name = self.name(base)
+        self.inits.append(self.nh.from_array(arr.copy(order="C"), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
+        out = out or self.name(op_type.lower())
+        node = self.h.make_node(op_type, inputs, [out], name=self.name(f"n_{op_type}"), **attrs)
+        self.nodes.append(node)
+        return out
+
+    def linear(self, x: str, lin: Linear, base: str) -> str:
+        y = self.op("MatMul", [x, self.const(lin.weight, f"{base}.weight")], self.name(base))
+        if lin.bias is not None:
+            y = self.op("Add", [y, self.const(lin.bias, f"{base}.bias")])
+        return y
+
+    def chunk(self, mod: str, index: int, width: int) -> str:
+        """``mod[:, index*width:(index+1)*width]`` unsqueezed to [B, 1, width]."""
+        part = self.op(
+            "Slice",
+            [mod, self.const([index * width]), self.const([(index + 1) * width]),
+             self.const([-1])],
+        )
+        return self.op("Unsqueeze", [part, self.const([1])])
+
+    def modulated_norm(self, x: str, eps: float, scale: str, shift: str) -> str:
+        normed = self.op("LayerNormalization", [x, self.ones_d, self.zeros_d], epsilon=eps,
+                         axis=-1)
+        scaled = self.op("Mul", [normed, self.op("Add", [scale, self.one])])
+        return self.op("Add", [scaled, shift])
+
+    ones_d: str = ""
+    zeros_d: str = ""
+    one: str = ""
+
+
+def rotate_half_matrix(head_dim: int, layout: str) -> np.ndarray:
+    """[head_dim, head_dim] P with ``x @ P == rotate_half(x)``.
+
+    "interleaved" (x-transformers ``rotate_half``: pairs (x1, x2) -> (-x2, x1)); "half"
+    (concat(-x[h:], x[:h])).
+    """
+    p = np.zeros((head_dim, head_dim), dtype=np.float32)
+    half = head_dim // 2
+    for i in range(half):
+        if layout == "interleaved":
+            p[2 * i + 1, 2 * i] = -1.0
+            p[2 * i, 2 * i + 1] = 1.0
+        else:
+            p[i + half, i] = -1.0
+            p[i, i + half] = 1.0
+    return p
+
+
+def rope_tables(
+    inv_freq: np.ndarray, freq_div: float, layout: str, start: int, count: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) float32 [count, head_dim] for absolute positions ``start .. start+count-1``.
+
+    x-transformers ``RotaryEmbedding.forward_from_seq_len``: ``freqs = einsum(t, inv_freq) /
+    interpolation_factor``, each frequency used for a pair of channels (interleaved) or both
+    halves ("half"); computed in float32 as torch does.
+    """
+    pos = np.arange(start, start + count, dtype=np.float32)
+    freqs = (pos[:, None] * np.asarray(inv_freq, np.float32)[None, :]).astype(np.float32)
+    if freq_div != 1.0:
+        freqs = (freqs / np.float32(freq_div)).astype(np.float32)
+    if layout == "interleaved":
+        table = np.repeat(freqs, 2, axis=1)
+    else:
+        table = np.concatenate([freqs, freqs], axis=1)
+    return np.cos(table).astype(np.float32), np.sin(table).astype(np.float32)
+
+
+def build_main(w: DitWeights, layout: str) -> Any:
+    """The main (per-frame) streaming graph as an onnx.ModelProto; see the module docstring."""
+    from onnx import TensorProto
+
+    b = _Builder()
+    h = b.h
+    dim, inner, dh, kk = w.dim, w.inner, w.head_dim, w.kernel
+    b.ones_d = b.const(np.ones(dim, np.float32), "ln_one")
+    b.zeros_d = b.const(np.zeros(dim, np.float32), "ln_zero")
+    b.one = b.const(np.float32(1.0), "one")
+    f32 = TensorProto.FLOAT
+    inputs = [
+        h.make_tensor_value_info(name, f32, ["B", width, "n"])
+        for name, width in zip(w.input_order, w.input_widths, strict=True)
+        if name != "spks"
+    ]
+    spk_width = w.input_widths[w.input_order.index("spks")]
+    inputs.append(h.make_tensor_value_info("spks", f32, ["B", spk_width]))
+    inputs += [h.make_tensor_value_info(f"mod_{i}", f32, ["Bm", MOD_CHUNKS * dim])
+               for i in range(w.depth)]
+    inputs.append(h.make_tensor_value_info("mod_final", f32, ["Bm", FINAL_MOD_CHUNKS * dim]))
+    inputs += [h.make_tensor_value_info(n, f32, ["n", dh]) for n in ("rope_cos", "rope_sin")]
+    inputs.append(h.make_tensor_value_info("attn_bias", f32, ["Ba", 1, "n", "mn"]))
+    inputs += [h.make_tensor_value_info(n, f32, ["B", dim, kk - 1])
+               for n in ("conv1_past", "conv2_past")]
+    for i in range(w.depth):
+        inputs.append(h.make_tensor_value_info(f"kv_prompt_{i}", f32, ["mp", 2, "B", inner]))
+        inputs.append(h.make_tensor_value_info(f"kv_hist_{i}", f32, ["mh", 2, "B", inner]))
+
+    # InputEmbedding: proj(concat(x, cond, mu, spks)) + CausalConvPositionEmbedding
+    parts: list[str | None] = []
+    first = None
+    for name in w.input_order:
+        if name == "spks":
+            parts.append(None)
+            continue
+        t = b.op("Transpose", [name], perm=[0, 2, 1])
+        first = first or t
+        parts.append(t)
+    assert first is not None
+    bn = b.op("Slice", [b.op("Shape", [first]), b.const([0]), b.const([2])])
+    spk_shape = b.op("Concat", [bn, b.const([spk_width])], axis=0)
+    spk = b.op("Expand", [b.op("Unsqueeze", ["spks", b.const([1])]), spk_shape])
+    joined = b.op("Concat", [p if p is not None else spk for p in parts], axis=2)
+    hid = b.linear(joined, w.proj_in, "proj_in")  # [B, n, D]
+    c = b.op("Transpose", [hid], perm=[0, 2, 1])
+    nexts = []
+    for idx, (past, (cw, cb)) in enumerate(zip(("conv1_past", "conv2_past"), w.conv,
+                                              strict=True)):
+        full = b.op("Concat", [past, c], axis=2)
+        nexts.append(b.op("Slice", [full, b.const([-(kk - 1)]), b.const([2**62]),
+                                    b.const([2])], out=f"conv{idx + 1}_next"))
+        c = b.op("Conv", [full, b.const(cw, "conv.weight"), b.const(cb, "conv.bias")],
+                 group=w.conv_groups, kernel_shape=[kk], pads=[0, 0])
+        c = b.op("Mish", [c])
+    hid = b.op("Add", [b.op("Transpose", [c], perm=[0, 2, 1]), hid])
+
+    rot = b.const(rotate_half_matrix(dh, layout), "rotate_half")
+    scale = b.const(np.float32(1.0 / math.sqrt(dh)), "attn_scale")
+    kv_news = []
+
+    def rope(t: str) -> str:
+        head = b.op("Slice", [t, b.const([0]), b.const([dh]), b.const([-1])])
+        rest = b.op("Slice", [t, b.const([dh]), b.const([inner]), b.const([-1])])
+        rotated = b.op("Add", [b.op("Mul", [head, "rope_cos"]),
+                               b.op("Mul", [b.op("MatMul", [head, rot]), "rope_sin"])])
+        return b.op("Concat", [rotated, rest], axis=-1)
+
+    for i, blk in enumerate(w.blocks):
+        chunks = [b.chunk(f"mod_{i}", j, dim) for j in range(MOD_CHUNKS)]
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunks
+        xn = b.modulated_norm(hid, w.eps[2 * i], scale_msa, shift_msa)
+        q = rope(b.linear(xn, blk.q, f"b{i}.q"))
+        k = rope(b.linear(xn, blk.k, f"b{i}.k"))
+        v = b.linear(xn, blk.v, f"b{i}.v")
+        kv = b.op("Concat", [b.op("Unsqueeze", [k, b.const([0])]),
+                             b.op("Unsqueeze", [v, b.const([0])])], axis=0)  # [2, B, n, inner]
+        kv_new = b.op("Transpose", [kv], perm=[2, 0, 1, 3])  # [n, 2, B, inner]
+        kv_news.append(b.op("Unsqueeze", [kv_new, b.const([0])]))
+        kv_all = b.op("Concat", [f"kv_prompt_{i}", f"kv_hist_{i}", kv_new], axis=0)
+        heads_shape = b.const([0, 0, w.heads, dh])
+        k_all = b.op("Reshape", [b.op("Gather", [kv_all, b.const(np.int64(0))], axis=1),
+                                 heads_shape])  # [M, B, H, dh]
+        v_all = b.op("Reshape", [b.op("Gather", [kv_all, b.const(np.int64(1))], axis=1),
+                                 heads_shape])
+        k_t = b.op("Transpose", [k_all], perm=[1, 2, 3, 0])  # [B, H, dh, M]
+        v_h = b.op("Transpose", [v_all], perm=[1, 2, 0, 3])  # [B, H, M, dh]
+        q_h = b.op("Transpose", [b.op("Reshape", [q, heads_shape])], perm=[0, 2, 1, 3])
+        scores = b.op("Add", [b.op("Mul", [b.op("MatMul", [q_h, k_t]), scale]), "attn_bias"])
+        ctx = b.op("MatMul", [b.op("Softmax", [scores], axis=-1), v_h])  # [B, H, n, dh]
+        ctx = b.op("Reshape", [b.op("Transpose", [ctx], perm=[0, 2, 1, 3]),
+                               b.const([0, 0, inner])])
+        attn = b.linear(ctx, blk.out, f"b{i}.out")
+        hid = b.op("Add", [hid, b.op("Mul", [gate_msa, attn])])
+        xn = b.modulated_norm(hid, w.eps[2 * i + 1], scale_mlp, shift_mlp)
+        ff = _gelu_tanh(b, b.linear(xn, blk.ff1, f"b{i}.ff1"))
+        hid = b.op("Add", [hid, b.op("Mul", [gate_mlp, b.linear(ff, blk.ff2, f"b{i}.ff2")])])
+
+    fscale, fshift = (b.chunk("mod_final", j, dim) for j in range(FINAL_MOD_CHUNKS))
+    out = b.linear(b.modulated_norm(hid, w.eps[-1], fscale, fshift), w.proj_out, "proj_out")
+    b.op("Transpose", [out], out="velocity", perm=[0, 2, 1])
+    b.op("Concat", kv_news, out="kv_new", axis=0)
+    mel = w.proj_out.weight.shape[1]
+    outputs = [
+        h.make_tensor_value_info("velocity", f32, ["B", mel, "n"]),
+        h.make_tensor_value_info("conv1_next", f32, ["B", dim, kk - 1]),
+        h.make_tensor_value_info("conv2_next", f32, ["B", dim, kk - 1]),
+        h.make_tensor_value_info("kv_new", f32, [w.depth, "n", 2, "B", inner]),
+    ]
+    graph = h.make_graph(b.nodes, "dit_streaming_main", inputs, outputs, b.inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    meta = {
+        "rope_layout": layout,
+        "rope_inv_freq": ",".join(repr(float(f)) for f in w.inv_freq),
+        "rope_freq_div": repr(w.freq_div),
+        "depth": str(w.depth),
+        "dim": str(dim),
+        "inner": str(inner),
+        "head_dim": str(dh),
+        "conv_context_frames": str(kk - 1),
+    }
+    for key, value in meta.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    return model
+
+
+def _gelu_tanh(b: _Builder, x: str) -> str:
+    """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (torch GELU approximate="tanh")."""
+    cube = b.op("Mul", [b.op("Mul", [x, x]), x])
+    inner = b.op("Add", [x, b.op("Mul", [cube, b.const(np.float32(0.044715))])])
+    th = b.op("Tanh", [b.op("Mul", [inner, b.const(np.float32(math.sqrt(2.0 / math.pi)))])])
+    return b.op("Mul", [b.op("Mul", [x, b.const(np.float32(0.5))]), b.op("Add", [th, b.one])])
+
+
+def build_time(model: Any, w: DitWeights) -> Any:
+    """The time graph: ``t`` [B] -> ``mod_<i>`` [B, 6D], ``mod_final`` [B, 2D].
+
+    The source graph's nodes needed for the modulation tensors (all depend on ``t`` and
+    constants only), copied unchanged with the initializers they read.
+    """
+    from onnx import TensorProto, helper
+
+    g = model.graph
+    targets = list(w.mod_outputs)
+    producer = {o: n for n in g.node for o in n.output}
+    needed: list[Any] = []
+    seen: set[str] = set()
+    stack = list(targets)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = producer.get(name)
+        if node is None:
+            continue
+        needed.append(node)
+        stack.extend(i for i in node.input if i)
+    keep = {id(n) for n in needed}
+    nodes = [n for n in g.node if id(n) in keep]
+    inits = [i for i in g.initializer if i.name in seen]
+    renames = {name: f"mod_{i}" for i, name in enumerate(targets[:-1])}
+    renames[targets[-1]] = "mod_final"
+    outs = []
+    for name, new in renames.items():
+        nodes.append(helper.make_node("Identity", [name], [new]))
+        width = MOD_CHUNKS if new != "mod_final" else FINAL_MOD_CHUNKS
+        outs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, ["B", width * w.dim]))
+    t_in = helper.make_tensor_value_info("t", TensorProto.FLOAT, ["B"])
+    graph = helper.make_graph(nodes, "dit_streaming_time", [t_in], outs, inits)
+    out = helper.make_model(graph, opset_imports=list(model.opset_import))
+    out.ir_version = model.ir_version
+    return out

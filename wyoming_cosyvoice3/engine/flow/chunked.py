@@ -1,0 +1,343 @@
+"""Chunk-causal streaming flow: each chunk costs its own frames (upstream's PyTorch streaming).
+
+Upstream streams with ``flow.inference(streaming=True)`` for every non-final chunk
+(cosyvoice/cli/model.py ``CosyVoice3Model.tts`` / ``token2wav``), so the DiT attends with a
+static 50-frame chunk mask counted from frame 0 of the prompt (cosyvoice/flow/DiT/dit.py
+``DiT.forward``; utils/mask.py ``add_optional_chunk_mask``); the final chunk
+(``finalize=True``) runs with full attention. Under the chunk mask, a frame's keys and values
+at an Euler step depend only on frames of its own and earlier chunks, so:
+
+* **prompt cache** (per voice and Euler schedule): the prompt frames in whole chunks that end
+  at least ``2 x 3`` frames before the prompt's end (the pre-lookahead layer lets the last 3
+  prompt tokens' mu depend on the generated tokens: flow.py ``pre_lookahead_layer``) are run
+  once, with a fixed prompt noise (the engine passes the flow noise of seed 0, which is also
+  the default request seed), and their keys/values and convolution context are kept for
+  every Euler step and CFG row (:class:`KvCache`);
+* **history cache** (per request piece): each chunk's keys/values are appended.
+
+A chunk then runs the derived streaming estimator (``derive/streaming_estimator.py``) on its
+new frames only: the prompt frames after the cached ones (first chunk only) and its generated
+frames, with rotary positions continuing after the cached frames.
+
+Memory: per cached frame, Euler step and CFG row, ``depth x 2 x inner x 4`` bytes (180 KB
+with the published dims: depth 22, inner 1024).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import constants as C
+from ..chunkmask import CHUNK_FRAMES, chunk_attention_bias
+from ..errors import SynthesisCancelled
+from ..options import StageTimes
+from ..types import ShouldStop, VoiceFeatures
+from .solver import FlowRunner, cfg_combine, cosine_t_schedule
+
+logger = logging.getLogger(__name__)
+
+FloatArray = npt.NDArray[np.float32]
+PROMPTS_IN_MEMORY = 2
+"""Prompt caches (voice x schedule) kept in memory; 0.7-2.5 GB each for ``quality`` with a
+5-15 s prompt, so only the most recently used stay resident (the rest are read from disk)."""
+@dataclass
+class StepKv:
+    """Cached keys/values of one Euler step: ``kv`` [depth, capacity, 2, B, inner] (filled up
+    to ``frames``) and the convolution context after the last cached frame."""
+
+    kv: np.ndarray
+    frames: int = 0
+    conv: tuple[np.ndarray, np.ndarray] | None = None
+
+    def views(self, keep_frames: int | None = None) -> list[np.ndarray]:
+        """Per block a contiguous [m, 2, B, inner] view of the last ``keep_frames`` frames."""
+        lo = 0 if keep_frames is None else max(0, self.frames - keep_frames)
+        return [self.kv[i, lo : self.frames] for i in range(self.kv.shape[0])]
+
+    def append(self, kv_new: np.ndarray, conv: tuple[np.ndarray, np.ndarray]) -> None:
+        n = kv_new.shape[1]
+        if self.frames + n > self.kv.shape[1]:
+            cap = max(2 * self.kv.shape[1], self.frames + n, CHUNK_FRAMES)
+            grown = np.empty((self.kv.shape[0], cap, *self.kv.shape[2:]), dtype=np.float32)
+            grown[:, : self.frames] = self.kv[:, : self.frames]
+            self.kv = grown
+        self.kv[:, self.frames : self.frames + n] = kv_new
+        self.frames += n
+        self.conv = conv
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.frames * np.prod(self.kv.shape[2:]) * self.kv.shape[0] * 4)
+
+
+@dataclass
+class KvCache:
+    """Per Euler step :class:`StepKv` (prompt cache of a voice, or a piece's history)."""
+
+    steps: list[StepKv] = field(default_factory=list)
+
+    @property
+    def frames(self) -> int:
+        return self.steps[0].frames if self.steps else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.steps)
+
+    def trimmed(self) -> KvCache:
+        """A copy holding exactly the filled frames (for storage)."""
+        return KvCache([StepKv(np.ascontiguousarray(s.kv[:, : s.frames]), s.frames, s.conv)
+                        for s in self.steps])
+
+
+def schedule_key(steps: int, cfg_rate: float, cfg_steps: int | None) -> tuple[int, ...]:
+    """Which steps use CFG (1) or not (0), with the step count: the prompt cache's key part."""
+    n_guided = steps if cfg_steps is None else max(0, min(cfg_steps, steps))
+    if cfg_rate == 0.0:
+        n_guided = 0
+    return tuple(int(k < n_guided) for k in range(steps))
+
+
+def features_digest(voice: VoiceFeatures) -> str:
+    """Content hash of the flow's voice features (tokens, prompt mel, embedding)."""
+    h = hashlib.sha1()
+    for arr in (voice.speech_tokens, voice.prompt_mel, voice.speaker_embedding):
+        a = np.ascontiguousarray(arr)
+        h.update(str(a.dtype).encode() + str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def cacheable_prompt_frames(prompt_tokens: int) -> int:
+    """Prompt frames whose keys/values do not depend on the generated tokens: whole chunks
+    ending at least 2 x 3 frames (pre-lookahead tokens) before the prompt's end."""
+    usable = C.TOKEN_MEL_RATIO * (prompt_tokens - C.PRE_LOOKAHEAD_TOKENS)
+    return max(0, usable // CHUNK_FRAMES * CHUNK_FRAMES)
+
+
+class ChunkedFlow:
+    """Chunk-causal flow over a :class:`FlowRunner` and a streaming estimator.
+
+    Args:
+        runner: the full-attention flow (encoder, final chunks).
+        estimator: the derived streaming estimator (``derive/streaming_estimator.py``
+            ``StreamingEstimator``: ``run``, ``depth``, ``inner``).
+        prompt_noise: ``frames -> float32 [80, frames]``, the fixed noise of the prompt frames.
+        disk_dir: where prompt caches are stored (None: memory only); disk_tag: file name
+            part naming the estimator (precision and source file key).
+    """
+
+    def __init__(self, runner: FlowRunner, estimator: Any,
+                 prompt_noise: Callable[[int], FloatArray], disk_dir: Path | None = None,
+                 disk_tag: str = "") -> None:
+        self.runner = runner
+        self.estimator = estimator
+        self.prompt_noise = prompt_noise
+        self.disk_dir = None if disk_dir is None else Path(disk_dir)
+        self.disk_tag = disk_tag
+        self._prompts: OrderedDict[tuple[Any, ...], KvCache] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _disk_path(self, digest: str, schedule: tuple[int, ...], cfg_rate: float) -> Path | None:
+        if self.disk_dir is None:
+            return None
+        sched = "".join(str(g) for g in schedule)
+        return self.disk_dir / f"flowkv-{digest}-{sched}-{cfg_rate:g}-{self.disk_tag}.npz"
+
+    # -- caches -----------------------------------------------------------------------------
+    def prompt_cache(self, voice: VoiceFeatures, steps: int, cfg_rate: float,
+                     cfg_steps: int | None, should_stop: ShouldStop | None = None) -> KvCache:
+        """The voice's prompt cache for this Euler schedule (computed once, kept in memory)."""
+        key = (features_digest(voice), schedule_key(steps, cfg_rate, cfg_steps), cfg_rate)
+        with self._lock:
+            hit = self._prompts.get(key)
+            if hit is not None:
+                self._prompts.move_to_end(key)
+        if hit is not None:
+            return hit
+        path = self._disk_path(*key)
+        if path is not None and path.is_file():
+            loaded = load_kv_cache(path)
+            if loaded is not None:
+                self._remember(key, loaded)
+                return loaded
+        prompt_tokens = np.asarray(voice.speech_tokens, dtype=np.int64).reshape(-1)
+        frames = cacheable_prompt_frames(len(prompt_tokens))
+        cache = self.new_history(steps, cfg_rate, cfg_steps)
+        if frames > 0:
+            mu, spks = self.runner.encode(prompt_tokens, voice.speaker_embedding)
+            cond = np.asarray(voice.prompt_mel, dtype=np.float32)[:frames].T
+            self._solve(self.prompt_noise(frames), mu[:, :frames], np.ascontiguousarray(cond), spks,
+                        0, steps, cfg_rate, cfg_steps, None, cache, should_stop)
+            cache = cache.trimmed()
+        logger.info("flow prompt cache: %d frames, %d Euler steps, %.1f MB", frames, steps,
+                    cache.nbytes / 1e6)
+        if path is not None:
+            save_kv_cache(path, cache)
+        self._remember(key, cache)
+        return cache
+
+    def _remember(self, key: tuple[Any, ...], cache: KvCache) -> None:
+        """Keep ``cache`` in memory, dropping the least recently used beyond
+        :data:`PROMPTS_IN_MEMORY` (they stay on disk)."""
+        with self._lock:
+            self._prompts[key] = cache
+            self._prompts.move_to_end(key)
+            while len(self._prompts) > PROMPTS_IN_MEMORY:
+                self._prompts.popitem(last=False)
+
+    def new_history(self, steps: int, cfg_rate: float, cfg_steps: int | None) -> KvCache:
+        """An empty history cache for one piece (batch per step from the CFG schedule)."""
+        est = self.estimator
+        return KvCache([
+            StepKv(np.zeros((est.depth, 0, 2, 1 + guided, est.inner), dtype=np.float32))
+            for guided in schedule_key(steps, cfg_rate, cfg_steps)
+        ])
+
+    # -- solver -----------------------------------------------------------------------------
+    def _solve(
+        self,
+        x0: FloatArray,
+        mu: FloatArray,
+        cond: FloatArray,
+        spks: FloatArray,
+        start: int,
+        steps: int,
+        cfg_rate: float,
+        cfg_steps: int | None,
+        prompt: KvCache | None,
+        history: KvCache,
+        should_stop: ShouldStop | None,
+        left_context_frames: int | None = None,
+    ) -> FloatArray:
+        """Euler/CFG solve of new frames ``start ..`` (float32 [80, n] each); appends their
+        keys/values to ``history``. flow_matching.py ``solve_euler`` with cached attention."""
+        t_span = cosine_t_schedule(steps)
+        guided_steps = schedule_key(steps, cfg_rate, cfg_steps)
+        n = x0.shape[1]
+        x = np.array(x0, dtype=np.float32, copy=True)
+        zeros, zspk = np.zeros_like(mu), np.zeros_like(spks)
+        for k in range(steps):
+            if should_stop is not None and should_stop():
+                raise SynthesisCancelled("synthesis cancelled during the flow (Euler step)")
+            guided = bool(guided_steps[k])
+            if guided:
+                frames = {"x": np.stack([x, x]), "mu": np.stack([mu, zeros]),
+                          "cond": np.stack([cond, zeros]), "spks": np.stack([spks, zspk])}
+            else:
+                frames = {"x": x[None], "mu": mu[None], "cond": cond[None], "spks": spks[None]}
+            hist = history.steps[k]
+            pre = prompt.steps[k] if prompt is not None and prompt.steps else None
+            kv_prompt = pre.views() if pre is not None and pre.frames else None
+            kv_hist = hist.views(left_context_frames) if hist.frames else None
+            cached = (pre.frames if kv_prompt is not None and pre is not None else 0) + (
+                kv_hist[0].shape[0] if kv_hist is not None else 0)
+            conv = hist.conv if hist.frames else (pre.conv if pre is not None else None)
+            out = self.estimator.run(frames, float(t_span[k]), start,
+                                     chunk_attention_bias(start, n, cached), conv,
+                                     kv_prompt, kv_hist)
+            v = out.velocity
+            vel = cfg_combine(v[0], v[1], cfg_rate) if guided else v[0]
+            hist.append(out.kv_new, (out.conv1_next, out.conv2_next))
+            x += (t_span[k + 1] - t_span[k]) * vel
+        return x
+
+    def chunk_mel(
+        self,
+        tokens: npt.NDArray[np.int64],
+        voice: VoiceFeatures,
+        noise: FloatArray,
+        history: KvCache,
+        steps: int,
+        cfg_rate: float,
+        cfg_steps: int | None,
+        drop_lookahead_frames: int,
+        should_stop: ShouldStop | None = None,
+        left_context_frames: int | None = None,
+        times: StageTimes | None = None,
+    ) -> FloatArray:
+        """Mel of one non-final chunk under upstream's chunk mask (``streaming=True``).
+
+        Args:
+            tokens: int64 [T] = the voice's P prompt tokens ++ all generated tokens so far
+                (lookahead included); the chunk's new frames are those after the prompt
+                cache and ``history``.
+            voice: the flow's voice features; noise: float32 [80, >= 2T], the request's noise
+                (column i = frame i; prompt frames use ``prompt_noise`` instead).
+            history: this piece's history cache (appended to).
+            drop_lookahead_frames: mu frames dropped at the end (6 = 2 x 3 lookahead tokens).
+            left_context_frames: attend to at most this many history frames (None = all).
+            times: ``flow_s`` and ``flow_calls`` are added to (prompt cache work included).
+
+        Returns:
+            float32 [80, new generated frames].
+        """
+        began = time.perf_counter()
+        prompt = self.prompt_cache(voice, steps, cfg_rate, cfg_steps, should_stop)
+        prompt_frames = int(voice.prompt_mel.shape[0])
+        mu, spks = self.runner.encode(tokens, voice.speaker_embedding)
+        end = mu.shape[1] - drop_lookahead_frames
+        start = prompt.frames + history.frames
+        if end <= start:
+            return np.zeros((C.MEL_BINS, 0), dtype=np.float32)
+        x0 = np.array(noise[:, start:end], dtype=np.float32, copy=True)
+        cond = np.zeros((mu.shape[0], end - start), dtype=np.float32)
+        if start < prompt_frames:
+            x0[:, : prompt_frames - start] = self.prompt_noise(prompt_frames)[:, start:]
+            cond[:, : prompt_frames - start] = np.asarray(
+                voice.prompt_mel, dtype=np.float32)[start:].T
+        x = self._solve(x0, np.ascontiguousarray(mu[:, start:end]), cond, spks, start, steps,
+                        cfg_rate, cfg_steps, prompt, history, should_stop, left_context_frames)
+        if times is not None:
+            times.flow_s += time.perf_counter() - began
+            times.flow_calls += 1
+        logger.debug("chunked flow: frames %d..%d (%d cached) in %.3f s", start, end,
+                     start, time.perf_counter() - began)
+        return np.ascontiguousarray(x[:, max(0, prompt_frames - start):])
+
+
+def save_kv_cache(path: Path, cache: KvCache) -> None:
+    """Write ``cache`` to ``path`` (.npz, atomically); a failure is logged, not raised."""
+    arrays: dict[str, np.ndarray] = {"frames": np.asarray(cache.frames)}
+    for k, step in enumerate(cache.steps):
+        arrays[f"kv{k}"] = step.kv[:, : step.frames]
+        if step.conv is not None:
+            arrays[f"conv1_{k}"], arrays[f"conv2_{k}"] = step.conv
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tmp.open("wb") as handle:
+            np.savez(handle, **arrays)  # type: ignore[arg-type]
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        logger.warning("cannot write the flow prompt cache %s: %s", path, exc)
+
+
+def load_kv_cache(path: Path) -> KvCache | None:
+    """Read a cache written by :func:`save_kv_cache`; None (logged) when damaged."""
+    try:
+        with np.load(path) as data:
+            frames = int(data["frames"])
+            steps = []
+            k = 0
+            while f"kv{k}" in data:
+                conv = (data[f"conv1_{k}"], data[f"conv2_{k}"]) if f"conv1_{k}" in data else None
+                steps.append(StepKv(np.ascontiguousarray(data[f"kv{k}"]), frames, conv))
+                k += 1
+    except (OSError, ValueError, KeyError) as exc:
+        logger.warning("damaged flow prompt cache %s (%s); recomputing it", path, exc)
+        return None
+    return KvCache(steps)

@@ -1,0 +1,146 @@
+"""Wiring of the chunk-causal streaming flow: derived estimator per precision + chunk schedule.
+
+The pipeline asks :class:`ChunkedFlows` for a :class:`~.flow.chunked.ChunkedFlow` of the
+request's DiT precision. The streaming estimator is derived from the model directory once
+(``derive/streaming_estimator.py``) and opened on first use; when that fails (a graph without
+upstream's DiT structure, such as the tiny test model; out of memory; a failed validation) one
+warning is logged and the pipeline keeps the full-attention path for that precision.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import constants as C
+from .chunkmask import CHUNK_FRAMES
+from .errors import ModelFilesMissing, ModelLoadError
+from .flow.chunked import ChunkedFlow
+from .flow.solver import FlowRunner, cosine_t_schedule
+from .options import PRESETS, EngineOptions, SynthesisOptions
+from .request import PieceState, RequestState
+from .types import SynthesisResult, VoiceFeatures
+
+logger = logging.getLogger(__name__)
+
+PROMPT_NOISE_SEED = 0
+"""The prompt frames of chunk-causal streaming use the flow noise of this request seed (the
+default seed, so a default request sees exactly its own noise there, as upstream does)."""
+GRID_TOKENS = CHUNK_FRAMES // C.TOKEN_MEL_RATIO
+"""25 speech tokens per static chunk (model.py ``token_hop_len`` = static_chunk_size / 2)."""
+
+
+def prompt_noise(frames: int) -> np.ndarray:
+    """float32 [80, frames]: the first frames of the seed-0 request flow noise (the stream
+    :class:`~.request.RequestState` draws for seed 0)."""
+    noise = RequestState.create(
+        SynthesisOptions(seed=PROMPT_NOISE_SEED), None, SynthesisResult()
+    ).flow_noise
+    return np.ascontiguousarray(noise.take(frames).T)
+
+
+def first_hop_tokens(options: SynthesisOptions, prompt_tokens: int) -> int:
+    """Tokens of a piece's first streamed chunk.
+
+    With ``first_hop_on_chunk_grid`` the hop is padded so that prompt + first hop end on the
+    25-token grid (model.py ``CosyVoice2Model.tts``: ``prompt_token_pad = ceil(P / 25) * 25
+    - P``, first hop ``token_hop_len + prompt_token_pad``); otherwise ``first_hop_tokens``.
+    """
+    hop = options.first_hop_tokens
+    if options.first_hop_on_chunk_grid:
+        hop += -(-prompt_tokens // GRID_TOKENS) * GRID_TOKENS - prompt_tokens
+    return hop
+
+
+class ChunkedFlows:
+    """Lazily derived chunk-causal flows, one per DiT precision (thread-safe).
+
+    Args:
+        runner: the engine's full-attention flow runner.
+        model: the loaded model (``model_dir`` is read).
+        options: engine options (cache dir, threads, providers, voice cache dir).
+    """
+
+    def __init__(self, runner: FlowRunner, model: Any, options: EngineOptions) -> None:
+        self.runner = runner
+        self.model = model
+        self.options = options
+        self._flows: dict[str, ChunkedFlow | None] = {}
+        self._lock = threading.Lock()
+
+    def get(self, precision: str) -> ChunkedFlow | None:
+        """The chunked flow for ``precision``, or None (full attention; warned once)."""
+        with self._lock:
+            if precision in self._flows:
+                return self._flows[precision]
+            flow: ChunkedFlow | None = None
+            try:
+                flow = self._load(precision)
+            except (ModelLoadError, ModelFilesMissing) as exc:
+                logger.warning(
+                    "chunk-causal streaming flow (%s) not available (%s); streamed chunks use "
+                    "full attention over the prompt and history",
+                    precision,
+                    exc,
+                )
+            self._flows[precision] = flow
+            return flow
+
+    def _load(self, precision: str) -> ChunkedFlow:
+        from .derive.streaming_estimator import load_streaming_estimator
+
+        opts = self.options
+        if opts.cache_dir is None:  # a bare engine writes no derived files
+            raise ModelLoadError("no cache_dir for the derived streaming estimator (set "
+                                 "EngineOptions.cache_dir; server: --cache-dir)")
+        est = load_streaming_estimator(
+            self.model.model_dir, opts.cache_dir, precision, opts.threads, opts.providers,
+            opts.spin_wait,
+        )
+        # modulation of every preset's Euler schedule now (the time graph is then released)
+        steps = sorted({p.euler_steps for p in PRESETS.values()} | {C.DEFAULT_EULER_STEPS})
+        est.precompute([float(t) for n in steps for t in cosine_t_schedule(n)[:-1]])
+        tag = precision if est.path is None else f"{precision}-{est.path.stem.rsplit('-', 2)[-2]}"
+        return ChunkedFlow(self.runner, est, prompt_noise, opts.voice_cache_dir, tag)
+
+    def loaded(self) -> dict[str, bool]:
+        """Precision -> whether its chunked flow is available (only precisions asked for)."""
+        with self._lock:
+            return {k: v is not None for k, v in self._flows.items()}
+
+
+
+def chunk_causal_mel(
+    flow: ChunkedFlow,
+    piece: PieceState,
+    features: VoiceFeatures,
+    tokens: np.ndarray,
+    noise: np.ndarray,
+    req: RequestState,
+) -> np.ndarray:
+    """New mel frames [80, n] of ``piece``'s next non-final chunk under the chunk mask.
+
+    ``tokens`` = the flow prompt tokens ++ every token of the piece so far (3 lookahead tokens
+    included); ``noise`` float32 [80, N], column = frame. The piece's history cache is created
+    on its first chunk; ``flow_left_context_tokens`` > 0 bounds the attended history.
+    """
+    opts = req.options
+    if piece.flow_history is None:
+        piece.flow_history = flow.new_history(opts.euler_steps, opts.cfg_rate, opts.cfg_steps)
+    left = opts.flow_left_context_tokens
+    return flow.chunk_mel(
+        tokens,
+        features,
+        noise,
+        piece.flow_history,
+        opts.euler_steps,
+        opts.cfg_rate,
+        opts.cfg_steps,
+        C.TOKEN_MEL_RATIO * C.PRE_LOOKAHEAD_TOKENS,
+        req.check,
+        C.TOKEN_MEL_RATIO * left if left > 0 else None,
+        req.times,
+    )

@@ -50,7 +50,8 @@ _CJK_PUNCTUATION = frozenset("。？！；：，、…「」『』（）《》�
 _CLOSERS = frozenset("\"'”’)）」』»】]")
 
 
-def _is_emoji(code: int) -> bool:
+def is_emoji(code: int) -> bool:
+    """True for a code point of the emoji / pictograph ranges (incl. variation selectors)."""
     return any(first <= code <= last for first, last in _EMOJI_RANGES)
 
 
@@ -73,7 +74,7 @@ def clean_text(text: str) -> str:
         category = unicodedata.category(char)
         if char in "\t\n\r\v\f" or category in _BLANK_CATEGORIES:
             kept.append(" ")
-        elif category in _DROPPED_CATEGORIES or _is_emoji(ord(char)):
+        elif category in _DROPPED_CATEGORIES or is_emoji(ord(char)):
             continue
         else:
             kept.append(char)

@@ -1,0 +1,375 @@
+"""Markdown to speech text, for whole texts and for text streamed in arbitrary deltas.
+
+Conversation agents answer in markdown. This pass turns it into plain sentences before
+:func:`.normalize.normalize_text`; the block structure is parsed by markdown-it-py
+(CommonMark + GFM tables and strikethrough, see :func:`.markdown_inline.markdown_parser`).
+What each block becomes (inline rules: :mod:`.markdown_inline`):
+
+* paragraph, heading, block quote, list item (bullet or number): its text as a sentence of
+  its own -- markers (``#``, ``>``, ``-``, ``1.``) are dropped, and a ``.`` (``。`` after a
+  Han/kana character) is added when the block does not end in sentence punctuation;
+* table: row by row, the header row first; the cells of a row joined by ``", "``; the
+  ``|---|`` delimiter row is dropped;
+* fenced code block (```` ``` ```` / ``~~~``), thematic break, link reference definition:
+  skipped (code read aloud is noise; the agent's prose around it says what it does);
+* HTML block: the text between its tags (``<script>``, ``<style>`` and comments: nothing);
+* text indented by four blanks is read as text (indented code blocks are disabled).
+
+The result holds one line per block: ``"**Sure!** Here:\\n- Kitchen: on"`` becomes
+``"Sure! Here:\\nKitchen: on.\\n"``.
+
+Streaming (:class:`MarkdownSpeech`): deltas may split markers (``"**Su"`` + ``"re!**"``).
+The converter holds back what later text can still change and hands out the rest:
+
+1. Blocks are parsed from the complete lines, plus the unfinished last line when its kind can
+   no longer change (it starts with a letter, or a list / heading / quote marker and a
+   letter; ``"#"`` alone may still become ``"#tag"``). Every block but the last is final
+   (CommonMark decides blocks top-down) and is spoken at once.
+2. The last block, while it grows, is spoken in *segments*: a segment ends after sentence
+   punctuation followed by a blank (or after ``。！？；`` followed by anything) where no
+   emphasis, code span, link or table bar is left open; when no such end exists within
+   ``window_chars`` characters, the segment ends at the last blank in them.
+3. Segments are a function of the block's text only, and a whole text is converted by the
+   same steps, so ``markdown_to_speech(text)`` equals the concatenated output of any split of
+   ``text`` into deltas.
+
+Bounds: the buffer keeps only the last top-level block (for a list or block quote, its last
+item); parsing runs only when a line ends, when a sentence may have ended, or after
+``window_chars // 2`` new characters, and an open fenced code block is not re-parsed until a
+line that may close it arrives.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from .markdown_inline import block_parser, has_unpaired_marker, speak_inline, speak_plain
+from .script import char_script
+
+if TYPE_CHECKING:
+    from markdown_it.token import Token
+
+DEFAULT_WINDOW_CHARS = 400
+"""Longest stretch of a block held back waiting for a sentence end (the server's
+:class:`~wyoming_cosyvoice3.server.streaming_text.SentenceBuffer` uses the same bound)."""
+
+_SENTENCE_ENDS = frozenset(".!?…;:。！？；：")
+_CJK_ENDS = frozenset("。！？；")
+_CLOSERS = frozenset("\"')]}»”’」』）》】〕〉")
+_COMMAS = ",，、"
+_CONTAINERS = frozenset({"bullet_list_open", "ordered_list_open", "blockquote_open"})
+_FENCE_LINE = re.compile(r"^[\s>]*(?:`{3,}|~{3,})")
+_TAG = re.compile(r"<[^<>]*>")
+_SKIPPED_HTML = re.compile(r"^\s*<(?:!--|script\b|style\b|\?)", re.IGNORECASE)
+_MARKER = re.compile(r"\s*(?:>|[-*+](?=\s)|\d{1,9}[.)](?=\s)|#{1,6}(?=\s))")
+_EMPHASIS_START = re.compile(r"(?:\*{1,3}|_{1,3}|`{1,2}|~~)[^\W_]")
+
+UnitKind = Literal["text", "row", "html", "skip"]
+
+
+@dataclass
+class _Unit:
+    """A leaf block: what is spoken as one line."""
+
+    kind: UnitKind
+    start: int
+    """First source line (relative to the parsed source)."""
+    anchor: int
+    """First line of the enclosing top-level block (a list's or quote's item)."""
+    content: str = ""
+    cells: tuple[str, ...] = ()
+    table: int = -1
+    """First line of the table of a row (its header row; the delimiter row follows)."""
+
+
+def _units(tokens: list[Token]) -> Iterator[_Unit]:
+    """Leaf blocks of a parsed token stream, in source order."""
+    anchor = 0
+    top_kind = ""
+    parents: list[Token] = []
+    cells: list[str] = []
+    row_start = table_start = 0
+    for token in tokens:
+        start = token.map[0] if token.map else None
+        if start is not None and token.level == 0:
+            anchor, top_kind = start, token.type
+        elif start is not None and token.level == 1 and top_kind in _CONTAINERS:
+            anchor = start
+        if token.nesting == 1:
+            parents.append(token)
+            if token.type == "tr_open":
+                cells, row_start = [], start or 0
+            elif token.type == "table_open":
+                table_start = start or 0
+        elif token.nesting == -1:
+            if parents:
+                parents.pop()
+            if token.type == "tr_close":
+                yield _Unit("row", row_start, anchor, cells=tuple(cells), table=table_start)
+        elif token.type == "inline":
+            parent = parents[-1] if parents else None
+            if parent is not None and parent.type in ("th_open", "td_open"):
+                cells.append(token.content)
+            elif parent is not None and parent.map is not None:
+                yield _Unit("text", parent.map[0], anchor, content=token.content)
+        elif token.type == "html_block" and start is not None:
+            yield _Unit("html", start, anchor, content=token.content)
+        elif start is not None:  # fence, code_block, hr
+            yield _Unit("skip", start, anchor)
+
+
+def line_kind_is_decided(line: str) -> bool:
+    """True when an unfinished line's block kind cannot change with more characters.
+
+    After optional list / heading / quote markers the line must continue with a letter,
+    digit or other character that cannot start another block (``|``, ``<``, ``[``, ``=``,
+    ``-``, ``*``... keep it undecided), or with an emphasis or code opener right before a
+    letter (``**Sure``).
+    """
+    position = 0
+    while True:
+        match = _MARKER.match(line, position)
+        if match is None or match.end() == position:
+            break
+        position = match.end()
+    rest = line[position:].lstrip()
+    if not rest:
+        return False
+    first = rest[0]
+    if first.isdigit():
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        after = rest[digits:digits + 2]
+        if not after:
+            return False
+        return after[0] not in ".)" or (len(after) == 2 and not after[1].isspace())
+    if first in "*_`~":
+        return _EMPHASIS_START.match(rest) is not None
+    return first not in "-+#>|<=[\\!"
+
+
+def _segment_end(text: str, final: bool, window: int) -> int | None:
+    """End of the first segment of ``text`` (see the module docstring), or None: undecided.
+
+    Depends only on ``text[:end + 1]``, so every split of the text into deltas finds the
+    same ends.
+    """
+    size = len(text)
+    index = 0
+    while index < size and index < window:
+        char = text[index]
+        if char in _SENTENCE_ENDS:
+            end = index + 1
+            while end < size and (text[end] in _SENTENCE_ENDS or text[end] in _CLOSERS):
+                end += 1
+            closed = end < size and (text[end].isspace() or char in _CJK_ENDS)
+            if closed and end <= window and not has_unpaired_marker(text[:end]):
+                return end
+            index = end
+            continue
+        index += 1
+    if size > window:
+        blank = text.rfind(" ", window // 4, window)
+        return blank if blank > 0 else window
+    return size if final else None
+
+
+def _terminated(text: str) -> str:
+    """``text`` ending in sentence punctuation: a trailing comma becomes one, else ``.`` /
+    ``。`` is added (after a Han or kana character)."""
+    stripped = text.rstrip(_COMMAS + " ")
+    if not stripped:
+        return ""
+    position = len(stripped) - 1
+    while position > 0 and stripped[position] in _CLOSERS:
+        position -= 1
+    if stripped[position] in _SENTENCE_ENDS:
+        return stripped
+    return stripped + ("。" if char_script(stripped[position]) in ("han", "kana") else ".")
+
+
+def _speak_html(block: str) -> str:
+    if _SKIPPED_HTML.match(block):
+        return ""
+    return speak_plain(html.unescape(_TAG.sub(" ", block)))
+
+
+def _speakable(text: str) -> bool:
+    return any(char.isalnum() for char in text)
+
+
+class MarkdownSpeech:
+    """Incremental markdown-to-speech converter (see the module docstring).
+
+    One instance per request: :meth:`feed` each delta, then :meth:`flush` once. The
+    concatenation of everything returned equals ``markdown_to_speech`` of the whole text.
+
+    Args:
+        window_chars: longest stretch held back waiting for a sentence end (>= 40).
+    """
+
+    def __init__(self, window_chars: int = DEFAULT_WINDOW_CHARS) -> None:
+        if window_chars < 40:
+            raise ValueError(f"window_chars must be >= 40, got {window_chars}")
+        self.window_chars = window_chars
+        self._buffer = ""
+        self._base_line = 0
+        """Absolute line number of the first line of ``_buffer``."""
+        self._done_line = 0
+        """Units starting before this absolute line have been spoken completely."""
+        self._open_line = -1
+        self._open_spoken = 0
+        """Characters of the open unit's text already spoken (its start line: _open_line)."""
+        self._open_said = ""
+        """Speech of the open unit handed out so far."""
+        self._unparsed = 0
+        self._in_fence = False
+        self._context = ""
+        """A table's header and delimiter lines, parsed before ``_buffer`` once the rows
+        before the open one are dropped (a row alone is not a table)."""
+        self._context_lines = 0
+
+    def feed(self, delta: str) -> str:
+        """Add ``delta``; return the speech text that no later text can change ("" if none)."""
+        if not delta:
+            return ""
+        self._buffer += delta
+        self._unparsed += len(delta)
+        if not self._should_parse(delta):
+            return ""
+        return self._process(final=False)
+
+    def flush(self) -> str:
+        """End of text: return the speech of everything held back, and reset."""
+        out = self._process(final=True)
+        self.__init__(self.window_chars)  # type: ignore[misc]
+        return out
+
+    # --- internals -----------------------------------------------------------------------
+    def _should_parse(self, delta: str) -> bool:
+        if self._in_fence:
+            if "\n" not in delta:
+                return False
+            lines = self._buffer[: self._buffer.rfind("\n")].split("\n")
+            new_lines = delta.count("\n")
+            return any(_FENCE_LINE.match(line) for line in lines[-new_lines:])
+        if "\n" in delta or self._unparsed >= self.window_chars // 2:
+            return True
+        if self._unparsed * 8 < len(self._buffer):
+            return False  # amortised: re-parsing a long open block costs its length
+        tail = self._buffer[-len(delta) - 2:]
+        return any(
+            char in _CJK_ENDS or (char in _SENTENCE_ENDS and tail[i + 1:i + 2].isspace())
+            for i, char in enumerate(tail)
+        )
+
+    def _process(self, final: bool) -> str:
+        self._unparsed = 0
+        complete = self._buffer.rfind("\n") + 1
+        last_line = self._buffer[complete:]
+        if final or not last_line or line_kind_is_decided(last_line):
+            source = self._context + self._buffer
+        else:
+            source = self._context + self._buffer[:complete]
+        units = list(_units(block_parser().parse(source)))
+        out: list[str] = []
+        for number, unit in enumerate(units):
+            line = self._base_line + unit.start - self._context_lines
+            if unit.start < self._context_lines or line < self._done_line:
+                continue
+            if final or number < len(units) - 1:
+                out.append(self._finish(unit, line))
+                self._done_line = line + 1
+            elif unit.kind == "text":
+                out.append(self._advance(unit, line))
+        self._in_fence = bool(units) and units[-1].kind == "skip" and not final
+        if final:
+            return "".join(out)
+        if units:
+            last = units[-1]
+            if last.kind == "row" and last.start > last.table + 2:
+                # keep the header and delimiter lines as context, drop the rows spoken
+                lines = source.split("\n")
+                self._trim(last.start - self._context_lines)
+                self._context = "\n".join(lines[last.table:last.table + 2]) + "\n"
+                self._context_lines = 2
+            elif last.kind != "row" or last.table >= self._context_lines:
+                self._trim(last.anchor - self._context_lines)
+                self._context, self._context_lines = "", 0
+        elif not self._buffer[:complete].strip():
+            self._trim(self._buffer.count("\n", 0, complete))
+        return "".join(out)
+
+    def _trim(self, keep_from_line: int) -> None:
+        """Drop the first ``keep_from_line`` lines of the buffer."""
+        if keep_from_line <= 0:
+            return
+        cut = 0
+        for _ in range(keep_from_line):
+            cut = self._buffer.index("\n", cut) + 1
+        self._buffer = self._buffer[cut:]
+        self._base_line += keep_from_line
+
+    def _spoken_of(self, line: int) -> tuple[int, str]:
+        if line == self._open_line:
+            return self._open_spoken, self._open_said
+        return 0, ""
+
+    def _advance(self, unit: _Unit, line: int) -> str:
+        """Hand out the decided segments of the open (last) text unit."""
+        spoken, said = self._spoken_of(line)
+        out: list[str] = []
+        text = unit.content
+        for _ in range(len(text) + 1):  # each pass advances by at least one character
+            end = _segment_end(text[spoken:], False, self.window_chars)
+            if end is None or end == 0:
+                break
+            segment = speak_inline(text[spoken:spoken + end])
+            spoken += end
+            if segment:
+                out.append(segment + " ")
+        said += "".join(out)
+        self._open_line, self._open_spoken, self._open_said = line, spoken, said
+        return "".join(out)
+
+    def _finish(self, unit: _Unit, line: int) -> str:
+        """Speech of a final unit (the rest of it when it was open), ending in a newline.
+
+        Segments handed out early end in a blank; the last segment gets the sentence mark.
+        """
+        spoken, said = self._spoken_of(line)
+        self._open_line, self._open_spoken, self._open_said = -1, 0, ""
+        if unit.kind == "row":
+            text = _terminated(", ".join(cell for cell in map(speak_inline, unit.cells) if cell))
+        elif unit.kind == "html":
+            text = _terminated(_speak_html(unit.content))
+        elif unit.kind == "skip":
+            text = ""
+        else:
+            parts: list[str] = []
+            rest = unit.content
+            for _ in range(len(rest) + 1):  # each pass advances by at least one character
+                if spoken >= len(rest):
+                    break
+                end = _segment_end(rest[spoken:], True, self.window_chars) or len(rest) - spoken
+                segment = speak_inline(rest[spoken:spoken + end])
+                spoken += end
+                if segment:
+                    parts.append(_terminated(segment) if spoken >= len(rest) else segment + " ")
+            text = "".join(parts)
+        if not (said or _speakable(text)):
+            return ""
+        return text + "\n"
+
+
+def markdown_to_speech(text: str) -> str:
+    """Speech text of a whole markdown ``text``: one line per block (module docstring).
+
+    Plain text without markdown comes back with blanks collapsed per line and a final
+    sentence mark on each line.
+    """
+    converter = MarkdownSpeech()
+    return converter.feed(text) + converter.flush()

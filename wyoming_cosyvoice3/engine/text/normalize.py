@@ -25,6 +25,7 @@ import unicodedata
 from ..errors import TextError
 from .numbers_en import expand_english
 from .script import char_script, dominant_script, has_cjk, is_english
+from .units_en import UNITS
 
 _SPECIAL_MARKUP = re.compile(r"<\|[^<>|\s]{1,64}\|>")
 """Qwen / CosyVoice control-token syntax, e.g. ``<|endofprompt|>``, ``<|im_start|>``."""
@@ -83,6 +84,17 @@ def clean_text(text: str) -> str:
     return re.sub(r" {2,}", " ", text).strip()
 
 
+_EN_WORD_SLASH = re.compile(r"(?<![\w/.:@-])(?P<a>[a-z]{2,})/(?P<b>[a-z]{2,})(?![\w/@])")
+"""Two lower-case English words joined by a slash ("on/off", "and/or")."""
+
+
+def _english_slash(match: re.Match[str]) -> str:
+    first, second = match.group("a"), match.group("b")
+    if first in UNITS or second in UNITS:
+        return match.group(0)  # a unit such as "mm/h" without its number
+    return f"{first} or {second}"
+
+
 def _is_cjk_char(char: str) -> bool:
     return char_script(char) in ("han", "kana") or char in _CJK_PUNCTUATION
 
@@ -122,14 +134,32 @@ def _remove_blanks_near_cjk(text: str) -> str:
     return "".join(out)
 
 
+_ZH_NUMBER = r"(?P<n>[-−]?\d+(?:[.,]\d+)?)"
+_ZH_SYMBOLS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(_ZH_NUMBER + r"\s?[%％]"), r"百分之\g<n>"),
+    (re.compile(_ZH_NUMBER + r"\s?(?:°\s?C|℃)"), r"\g<n>摄氏度"),
+    (re.compile(_ZH_NUMBER + r"\s?(?:°\s?F|℉)"), r"\g<n>华氏度"),
+    (re.compile(_ZH_NUMBER + r"\s?°"), r"\g<n>度"),
+    (re.compile(r"€\s?" + _ZH_NUMBER), r"\g<n>欧元"),
+    (re.compile(_ZH_NUMBER + r"\s?€"), r"\g<n>欧元"),
+    (re.compile(r"(?:US)?\$\s?" + _ZH_NUMBER), r"\g<n>美元"),
+    (re.compile(r"£\s?" + _ZH_NUMBER), r"\g<n>英镑"),
+    (re.compile(r"[¥￥]\s?" + _ZH_NUMBER), r"\g<n>元"),
+    (re.compile(r"\s*[&＆]\s*"), "和"),
+)
+"""Symbols read in Chinese word order (upstream's wetext zh rules read 50% as 百分之五十);
+the digits stay digits, as everywhere in this module."""
+
+
 def normalize_chinese(text: str) -> str:
     """Clean-up of text holding Han or kana characters (upstream ``text_normalize``, zh branch).
 
     " - " and "——" become a full-width comma; （ ） 【 】 and backticks are removed;
-    ² / ³ become 平方 / 立方 (upstream ``replace_corner_mark``); ASCII sentence punctuation
-    becomes full width at boundaries; blanks next to CJK characters are removed; trailing
-    commas become 。. Digits and Latin words are kept as they are (upstream's wetext
-    normaliser is not used here).
+    ² / ³ become 平方 / 立方 (upstream ``replace_corner_mark``); % ° °C € $ £ ¥ & after or
+    before a number are read in Chinese order (``_ZH_SYMBOLS``: 50% -> 百分之50); ASCII
+    sentence punctuation becomes full width at boundaries; blanks next to CJK characters
+    are removed; trailing commas become 。. Digits and Latin words are kept as they are
+    (upstream's wetext normaliser is not used here).
 
     Args:
         text: output of :func:`clean_text`.
@@ -137,6 +167,8 @@ def normalize_chinese(text: str) -> str:
     text = text.replace(" - ", "，").replace("——", "，")
     text = text.translate(_ZH_REMOVED)
     text = text.replace("²", "平方").replace("³", "立方")
+    for pattern, replacement in _ZH_SYMBOLS:
+        text = pattern.sub(replacement, text)
     text = _full_width_punctuation(text)
     text = _remove_blanks_near_cjk(text)
     text = re.sub(r"[，,、]+$", "。", text)
@@ -148,7 +180,8 @@ def normalize_text(text: str, language: str | None = None) -> str:
 
     * Text with Han or kana characters (Chinese, Japanese, mixed zh+en): :func:`normalize_chinese`.
     * Latin-script text detected as English (:func:`.script.is_english`): numbers, dates,
-      times, units, percentages and currencies read as words (:func:`.numbers_en.expand_english`).
+      times, units, percentages and currencies read as words (:func:`.numbers_en.expand_english`);
+      ``&`` is "and", a slash between two lower-case words is "or" ("on/off").
     * Any other text (German, French, Cyrillic, Hangul...): cleaned only; digits stay digits.
 
     Args:
@@ -173,5 +206,5 @@ def normalize_text(text: str, language: str | None = None) -> str:
     if has_cjk(text) and script not in ("hangul", "cyrillic", "greek", "arabic", "hebrew"):
         return normalize_chinese(text)
     if script in ("latin", "none") and is_english(text, language):
-        return expand_english(text)
+        return _EN_WORD_SLASH.sub(_english_slash, expand_english(text))
     return text

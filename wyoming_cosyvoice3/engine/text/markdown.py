@@ -66,6 +66,8 @@ _FENCE_LINE = re.compile(r"^[\s>]*(?:`{3,}|~{3,})")
 _TAG = re.compile(r"<[^<>]*>")
 _SKIPPED_HTML = re.compile(r"^\s*<(?:!--|script\b|style\b|\?)", re.IGNORECASE)
 _MARKER = re.compile(r"\s*(?:>|[-*+](?=\s)|\d{1,9}[.)](?=\s)|#{1,6}(?=\s))")
+_MAY_END = re.compile(r"[.!?…;:][*_~`\"')\]}»”’」』）》】〕〉]*\s")
+"""A sentence may have ended (sentence mark, closing markers or quotes, a blank)."""
 _EMPHASIS_START = re.compile(r"(?:\*{1,3}|_{1,3}|`{1,2}|~~)[^\W_]")
 
 UnitKind = Literal["text", "row", "html", "skip"]
@@ -148,6 +150,9 @@ def line_kind_is_decided(line: str) -> bool:
         return after[0] not in ".)" or (len(after) == 2 and not after[1].isspace())
     if first in "*_`~":
         return _EMPHASIS_START.match(rest) is not None
+    if first == "#":  # "#tag" and "#######" are text; "#" and "##" may still be headings
+        hashes = len(rest) - len(rest.lstrip("#"))
+        return hashes > 6 or (hashes < len(rest) and not rest[hashes].isspace())
     return first not in "-+#>|<=[\\!"
 
 
@@ -163,7 +168,9 @@ def _segment_end(text: str, final: bool, window: int) -> int | None:
         char = text[index]
         if char in _SENTENCE_ENDS:
             end = index + 1
-            while end < size and (text[end] in _SENTENCE_ENDS or text[end] in _CLOSERS):
+            while end < size and (
+                text[end] in _SENTENCE_ENDS or text[end] in _CLOSERS or text[end] in "*_~`"
+            ):
                 end += 1
             closed = end < size and (text[end].isspace() or char in _CJK_ENDS)
             if closed and end <= window and not has_unpaired_marker(text[:end]):
@@ -260,11 +267,8 @@ class MarkdownSpeech:
             return True
         if self._unparsed * 8 < len(self._buffer):
             return False  # amortised: re-parsing a long open block costs its length
-        tail = self._buffer[-len(delta) - 2:]
-        return any(
-            char in _CJK_ENDS or (char in _SENTENCE_ENDS and tail[i + 1:i + 2].isspace())
-            for i, char in enumerate(tail)
-        )
+        tail = self._buffer[-len(delta) - 8:]
+        return any(char in _CJK_ENDS for char in delta) or _MAY_END.search(tail) is not None
 
     def _process(self, final: bool) -> str:
         self._unparsed = 0

@@ -14,7 +14,7 @@ code_inline         its content (short code spans in agent replies are names: `l
 link                its link text; an autolink ``<https://a.b/c>`` its host name;
                     ``[text][label]`` (resolved only against the whole document) its text,
                     a bare citation ``[1]`` nothing
-image               its alt text
+image               its alt text (with ``.`` when words follow it)
 html_inline         nothing (the tag is dropped, the text between tags is kept)
 soft / hard break   a blank
 ==================  =========================================================================
@@ -23,8 +23,9 @@ Text rules: a bare URL (``https://...``, ``www....``) becomes its host name with
 (``https://www.met.no/x?y`` -> ``met.no``); emoji, their variation selectors, skin tones and
 zero-width joiners are dropped (keycap digits keep the digit); a leading task-list box
 ``[ ]`` / ``[x]`` is dropped; ``*``, ``_``, backtick and ``~~`` runs that the parser left
-unpaired are dropped, except a ``*`` or ``_`` standing between blanks or inside a word
-(``5 * 3``, ``snake_case``). Letters and digits of every script are never removed.
+unpaired are dropped, and so are table bars ``|`` outside a table and ``<`` ``>`` of a tag
+left open, except a ``*``, ``_``, ``<`` or ``>`` standing between blanks or inside a word
+(``5 * 3``, ``snake_case``, ``5 < 7``). Letters and digits of every script are never removed.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ _URL = re.compile(
 _TASK_BOX = re.compile(r"^\s*\[[ xX]\]\s+")
 _REFERENCE = re.compile(r"\[([^\[\]]*)\]\[[^\[\]]*\]")
 _CITATION = re.compile(r"\s?\[\d{1,3}\]")
-_DELIMITER_RUN = re.compile(r"\*+|_+|`+|~~+")
+_DELIMITER_RUN = re.compile(r"\*+|_+|`+|~~+|\|+|[<>]")
 _LINE_BREAK_TAG = re.compile(r"<br\b", re.IGNORECASE)
 _BLANKS = re.compile(r"\s+")
 _JOINERS = frozenset({"\u200d", "\u20e3", "\ufe0e", "\ufe0f"})
@@ -110,10 +111,10 @@ def _drop_leftover_markers(text: str) -> str:
         start, end = match.span()
         before = text[start - 1] if start > 0 else " "
         after = text[end] if end < len(text) else " "
-        if run[0] in "*_" and len(run) == 1 and (
+        if run[0] in "*_<>" and len(run) == 1 and (
             (before.isspace() and after.isspace()) or (before.isalnum() and after.isalnum())
         ):
-            return run  # "5 * 3", "snake_case": not a marker
+            return run  # "5 * 3", "snake_case", "5 < 7": not a marker
         return ""
 
     return _DELIMITER_RUN.sub(replace, text)
@@ -127,17 +128,28 @@ def speak_plain(text: str) -> str:
     return _BLANKS.sub(" ", text).strip()
 
 
+def _alt_sentence(alt: str, following: Sequence[Token]) -> str:
+    """An image's alt text, ended with ``.`` when words follow it in the same block."""
+    alt = alt.strip()
+    rest = "".join(t.content for t in following if t.type in ("text", "code_inline")).lstrip()
+    if alt and alt[-1].isalnum() and rest[:1].isalnum():
+        return alt + ". "
+    return alt
+
+
 def _speak_tokens(tokens: Sequence[Token]) -> str:
     parts: list[str] = []
     struck = 0
-    for token in tokens:
+    for index, token in enumerate(tokens):
         kind = token.type
         if kind in ("s_open", "s_close"):
             struck = max(0, struck + (1 if kind == "s_open" else -1))
         elif struck:
             continue  # struck-through text is not said
-        elif kind in ("text", "text_special", "code_inline", "image"):
-            parts.append(token.content)  # an image's content is its alt text
+        elif kind in ("text", "text_special", "code_inline"):
+            parts.append(token.content)
+        elif kind == "image":
+            parts.append(_alt_sentence(token.content, tokens[index + 1:]))
         elif kind in ("softbreak", "hardbreak") or (
             kind == "html_inline" and _LINE_BREAK_TAG.match(token.content)
         ):

@@ -88,6 +88,13 @@ _EN_WORD_SLASH = re.compile(r"(?<![\w/.:@-])(?P<a>[a-z]{2,})/(?P<b>[a-z]{2,})(?!
 """Two lower-case English words joined by a slash ("on/off", "and/or")."""
 
 
+_EN_ARITHMETIC = (
+    (re.compile(r"(?<=\d) ?\* ?(?=\d)"), " times "),
+    (re.compile(r"(?<=\d) = (?=[-−]?\d)"), " equals "),
+)
+"""``5 * 3 = 15`` (``×`` and ``x`` stay dimensions, "16x16" is "sixteen by sixteen")."""
+
+
 def _english_slash(match: re.Match[str]) -> str:
     first, second = match.group("a"), match.group("b")
     if first in UNITS or second in UNITS:
@@ -181,7 +188,8 @@ def normalize_text(text: str, language: str | None = None) -> str:
     * Text with Han or kana characters (Chinese, Japanese, mixed zh+en): :func:`normalize_chinese`.
     * Latin-script text detected as English (:func:`.script.is_english`): numbers, dates,
       times, units, percentages and currencies read as words (:func:`.numbers_en.expand_english`);
-      ``&`` is "and", a slash between two lower-case words is "or" ("on/off").
+      ``&`` is "and", a slash between two lower-case words is "or" ("on/off"), ``5 * 3 = 15``
+      is "five times three equals fifteen".
     * Any other text (German, French, Cyrillic, Hangul...): cleaned only; digits stay digits.
 
     Args:
@@ -206,5 +214,7 @@ def normalize_text(text: str, language: str | None = None) -> str:
     if has_cjk(text) and script not in ("hangul", "cyrillic", "greek", "arabic", "hebrew"):
         return normalize_chinese(text)
     if script in ("latin", "none") and is_english(text, language):
+        for pattern, words in _EN_ARITHMETIC:
+            text = pattern.sub(words, text)
         return _EN_WORD_SLASH.sub(_english_slash, expand_english(text))
     return text

@@ -127,9 +127,46 @@ async def test_home_assistant_streaming_sequence(shared: Shared) -> None:
     response.events.extend(rest.events)
     check_audio_format(response)
     assert response.types[-2:] == ["audio-stop", "synthesize-stopped"]
-    sentences = ["The living room lights are now on.", "The kitchen is 21.5 degrees"]
+    # the markdown pass ends the unpunctuated tail as a sentence (the engine would add the
+    # same full stop to its last piece)
+    sentences = ["The living room lights are now on.", "The kitchen is 21.5 degrees."]
     assert shared.spy.texts[calls_before:] == sentences  # the compat synthesize was ignored
     assert_same_audio(response.samples, expected_pcm(shared, sentences, "en-male"))
+
+
+_MARKDOWN_REPLY = ("**Sure!** Here are the lights:\n- Kitchen: *on*\n- Living room: off\n\n"
+                   "| Room | Temp |\n|---|---|\n| Hall | 19 °C |\n\n```yaml\nx: 1\n```\n"
+                   "See [the docs](https://example.com/a_b) 👍")
+
+
+async def test_markdown_reply_streamed_over_tcp(shared: Shared) -> None:
+    """Issue 17: an agent's markdown in small deltas reaches the engine as plain sentences."""
+    calls_before = len(shared.spy.texts)
+    async with client(shared.server) as cl:
+        voice = SynthesizeVoice("en-male")
+        await cl.write_event(SynthesizeStart(voice=voice).event())
+        for start in range(0, len(_MARKDOWN_REPLY), 3):
+            await cl.write_event(SynthesizeChunk(text=_MARKDOWN_REPLY[start:start + 3]).event())
+        await cl.write_event(SynthesizeStop().event())
+        response = await collect(cl, "synthesize-stopped")
+    check_audio_format(response)
+    assert shared.spy.texts[calls_before:] == [
+        "Sure!", "Here are the lights:", "Kitchen: on.", "Living room: off.", "Room, Temp.",
+        "Hall, 19 °C.", "See the docs.",
+    ]
+
+
+async def test_markdown_one_shot_over_tcp(shared: Shared) -> None:
+    calls_before = len(shared.spy.texts)
+    async with client(shared.server) as cl:
+        await cl.write_event(Synthesize(text=_MARKDOWN_REPLY,
+                                        voice=SynthesizeVoice("en-male")).event())
+        response = await collect(cl, "audio-stop")
+    check_audio_format(response)
+    assert shared.spy.texts[calls_before:] == [
+        "Sure! Here are the lights:\nKitchen: on.\nLiving room: off.\nRoom, Temp.\n"
+        "Hall, 19 °C.\nSee the docs.\n"
+    ]
 
 
 async def test_slow_stream_loses_nothing(shared: Shared) -> None:

@@ -6,10 +6,14 @@ client gets a coded ``error`` and then ``audio-stop`` as well: Home Assistant's 
 and reads until ``audio-stop`` or the end of the connection, so an ``error`` alone would leave
 it waiting; with the ``audio-stop`` it returns at once with the audio received so far (none
 when the request failed before audio), while other clients still read the coded error.
+
+The text of every request goes through the markdown-to-speech pass
+(:mod:`..engine.text.markdown`) before synthesis.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import threading
@@ -22,6 +26,7 @@ from wyoming.audio import AudioStart, AudioStop
 
 from ..engine.constants import OUTPUT_SAMPLE_RATE_HZ
 from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, SynthesisTimeout
+from ..engine.text.markdown import markdown_to_speech
 from ..engine.types import AudioChunk
 from .output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
 from .preroll import PrerollGate, expected_speech_s
@@ -191,7 +196,10 @@ async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRe
     gate = preroll_gate(runtime, sink, lambda: expected_s)
     try:
         try:
-            await speak(runtime, sink, request.text, slot, stats, request.received, gate=gate)
+            # markdown -> speech text; in a thread: 10,000 characters of hostile markup take
+            # up to about a second, and describe must stay answered
+            text = await asyncio.to_thread(markdown_to_speech, request.text)
+            await speak(runtime, sink, text, slot, stats, request.received, gate=gate)
         finally:
             await finish_gate(gate, sink)  # the audio made so far, also before an error
         note_first_chunk(stats, gate, request.received)

@@ -1,7 +1,9 @@
 """Streaming requests: ``synthesize-start`` / ``synthesize-chunk``... / ``synthesize-stop``.
 
-The read loop feeds text into a :class:`StreamRequest` (sentence boundaries found by
-:class:`~.streaming_text.SentenceBuffer`); the connection's worker runs :func:`run_stream`,
+The read loop feeds text into a :class:`StreamRequest`: markdown is turned into speech text
+by :class:`~..engine.text.markdown.MarkdownSpeech` (which holds back markers split across
+chunks), and sentence boundaries are found by :class:`~.streaming_text.SentenceBuffer`;
+the connection's worker runs :func:`run_stream`,
 which speaks each complete sentence as soon as it is queued, while later text still arrives.
 Sentences that are already queued when the worker turns to the next one are spoken as one
 engine request, up to :data:`MERGE_BUDGET_S` of expected speech (fewer LLM prefills of the
@@ -24,6 +26,7 @@ from wyoming.audio import AudioStop
 from wyoming.tts import SynthesizeStopped
 
 from ..engine.errors import CosyVoiceError, TextError, TextTooLong
+from ..engine.text.markdown import MarkdownSpeech
 from .output import ClientGone, RequestStats
 from .preroll import PrerollGate, expected_speech_s
 from .requests import SpeakRequest, check_chunk_text
@@ -70,7 +73,8 @@ class StreamRequest:
 
     Attributes:
         request: the checked ``synthesize-start`` (voice; ``problem`` when it was bad).
-        buffer: text received but not yet a complete sentence.
+        buffer: speech text received but not yet a complete sentence.
+        markdown: the markdown-to-speech pass of this stream (holds back unfinished markup).
         max_chars: the text limit of this stream (``max_text_chars``).
         items: sentences / errors for the worker, ended by None.
         cancelled: set when the client left mid-stream; stops the current synthesis.
@@ -85,6 +89,9 @@ class StreamRequest:
         default_factory=asyncio.Queue
     )
     cancelled: threading.Event = field(default_factory=threading.Event)
+    markdown: MarkdownSpeech = field(default_factory=MarkdownSpeech)
+    received_chars: int = 0
+    """Characters of ``synthesize-chunk`` text received (the limit counts these)."""
     failed: bool = False
     finished: bool = False
     waiting_for_text: bool = False
@@ -136,14 +143,18 @@ class StreamRequest:
         except TextError as err:
             self.add_problem(err.code, str(err))
             return
-        if self.buffer.total_chars + len(text) > self.max_chars:
+        if self.received_chars + len(text) > self.max_chars:
             self.add_problem(TextTooLong.code, f"the streamed text exceeds the limit of "
                              f"{self.max_chars} characters; the rest of this response is "
                              "dropped (raise --max-text-chars)")
             return
         self.expected_speech_s += expected_speech_s(text)
+        self.received_chars += len(text)
+        self._queue(self.markdown.feed(text))
+
+    def _queue(self, speech: str) -> None:
         now = time.monotonic()
-        for sentence in self.buffer.add(text):
+        for sentence in self.buffer.add(speech):
             self.items.put_nowait(StreamText(sentence, now))
 
     def add_problem(self, code: str, text: str) -> None:
@@ -164,6 +175,8 @@ class StreamRequest:
         if self.finished:
             return
         self.finished = True
+        if not self.failed:
+            self._queue(self.markdown.flush())
         tail = self.buffer.flush()
         if tail and not self.failed:
             self.items.put_nowait(StreamText(tail, time.monotonic()))

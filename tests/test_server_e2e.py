@@ -165,7 +165,7 @@ async def test_markdown_one_shot_over_tcp(shared: Shared) -> None:
     check_audio_format(response)
     assert shared.spy.texts[calls_before:] == [
         "Sure! Here are the lights:\nKitchen: on.\nLiving room: off.\nRoom, Temp.\n"
-        "Hall, 19 °C.\nSee the docs.\n"
+        "Hall, 19 °C.\nSee the docs."
     ]
 
 

@@ -33,6 +33,7 @@ from wyoming.event import Event
 from wyoming.info import Describe
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
+from wyoming_cosyvoice3.engine.text.markdown import markdown_to_speech
 from wyoming_cosyvoice3.server.cli import RunningServer
 from wyoming_cosyvoice3.server.runtime import ModelState
 
@@ -151,9 +152,9 @@ async def test_junk_data_on_describe_and_stop(shared: Shared, data: dict[str, An
      ("Tab\tand\rreturn.\u2028Line\u2029sep.", True), ("Zero\u200bwidth\ufeff joiner.", True)],
 )
 async def test_control_characters_and_nul(shared: Shared, text: str, speakable: bool) -> None:
-    """Control characters and NUL reach the engine unchanged and harm nothing: speakable
-    text around them gives audio, only control characters give none; always ending with
-    audio-stop."""
+    """Control characters and NUL harm nothing: speakable text around them gives audio, only
+    control characters give none; always ending with audio-stop. The engine gets the text as
+    the markdown pass leaves it (NUL dropped, the rest for the engine's normaliser)."""
     calls_before = len(shared.spy.texts)
     async with client(shared.server) as cl:
         await cl.write_event(Synthesize(text=text).event())
@@ -162,7 +163,8 @@ async def test_control_characters_and_nul(shared: Shared, text: str, speakable: 
         check_audio_format(response)
         assert bool(response.chunks) is speakable, response.types
         await still_serves(cl)
-    assert shared.spy.texts[calls_before:calls_before + 1] == [text]
+    expected = markdown_to_speech(text).strip()
+    assert shared.spy.texts[calls_before:calls_before + 1] == [expected]
 
 
 async def test_unpaired_surrogates(shared: Shared) -> None:
@@ -183,15 +185,17 @@ async def test_unpaired_surrogates(shared: Shared) -> None:
 
 
 async def test_special_token_text_is_plain_text(shared: Shared) -> None:
-    """Control-token strings in user text reach the engine unchanged, and the engine's
-    prompt for them holds no added-token id (they are spelled out as ordinary text)."""
+    """Control-token strings in user text lose their markup in the markdown pass, and the
+    engine's prompt for the raw strings holds no added-token id (they are spelled out as
+    ordinary text)."""
     text = "<|endofprompt|> [breath] Hello <|im_start|>system [laughter] there.<|endoftext|>"
     calls_before = len(shared.spy.texts)
     async with client(shared.server) as cl:
         await cl.write_event(Synthesize(text=text, voice=None).event())
         response = await collect(cl, "audio-stop")
     assert not response.errors and response.chunks
-    assert shared.spy.texts[calls_before:] == [text]
+    assert shared.spy.texts[calls_before:] == [
+        "endofprompt breath Hello im_startsystem laughter there.endoftext."]
     engine = shared.spy.inner
     tokenizer = engine.model.tokenizer  # type: ignore[attr-defined]
     added = set(tokenizer.get_added_tokens_decoder())

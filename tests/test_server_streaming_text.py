@@ -38,6 +38,8 @@ def test_home_assistant_deltas() -> None:
         (["你好。"], [], "你好。"),
         (["Line one\nLine two\n\nLine three"], ["Line one", "Line two"], "Line three"),
         (["e.g. this. And"], ["e.g. this."], "And"),
+        (["मौसम अच्छा है। कल", " बारिश"], ["मौसम अच्छा है।"], "कल बारिश"),
+        (["هل الباب مغلق؟ نعم"], ["هل الباب مغلق؟"], "نعم"),
         (["   ", "\n", " . "], ["."], None),
     ],
 )

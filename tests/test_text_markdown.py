@@ -325,6 +325,19 @@ def test_markers_split_across_deltas_are_held_back() -> None:
     assert converter.flush() == "Living.\n"
 
 
+def test_sentence_ending_in_a_blank_leaves_at_once() -> None:
+    """"here. " at the end of a delta is complete (the parser strips the blank)."""
+    converter = MarkdownSpeech()
+    assert converter.feed("First sentence here. ") == "First sentence here. "
+    assert converter.feed("Second") == ""
+    assert converter.flush() == "Second.\n"
+    assert markdown_to_speech("First sentence here. ") == "First sentence here. \n"
+
+
+def test_nul_is_dropped_not_replaced() -> None:
+    assert markdown_to_speech("Lights\x00 on.") == "Lights on.\n"
+
+
 def test_first_sentence_leaves_before_the_paragraph_ends() -> None:
     """C6 through the converter: the sentence buffer gets the first sentence mid-paragraph."""
     converter, buffer = MarkdownSpeech(), SentenceBuffer()
@@ -337,15 +350,15 @@ def test_first_sentence_leaves_before_the_paragraph_ends() -> None:
 def test_open_emphasis_keeps_its_sentences_together() -> None:
     converter = MarkdownSpeech()
     assert converter.feed("**Note. The door is open. ") == ""
-    assert converter.feed("Close it.** Thanks. ") == "Note. The door is open. Close it. "
-    assert converter.flush() == "Thanks.\n"
+    assert converter.feed("Close it.** Thanks. ") == "Note. The door is open. Close it. Thanks. "
+    assert converter.flush() == "\n"
 
 
 def test_fenced_code_is_skipped_while_it_streams() -> None:
     converter = MarkdownSpeech()
     outputs = [converter.feed(d) for d in ["Run:\n``", "`sh\nrm -rf /tmp/x. Done. \n", "ls\n",
                                             "```\nAll set. ", "Bye"]]
-    assert outputs == ["", "Run:\n", "", "", "All set. "]
+    assert outputs == ["", "Run:\n", "", "All set. ", ""]
     assert converter.flush() == "Bye.\n"
 
 

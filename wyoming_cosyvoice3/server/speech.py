@@ -198,7 +198,7 @@ async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRe
         try:
             # markdown -> speech text; in a thread: 10,000 characters of hostile markup take
             # up to about a second, and describe must stay answered
-            text = await asyncio.to_thread(markdown_to_speech, request.text)
+            text = (await asyncio.to_thread(markdown_to_speech, request.text)).strip()
             await speak(runtime, sink, text, slot, stats, request.received, gate=gate)
         finally:
             await finish_gate(gate, sink)  # the audio made so far, also before an error

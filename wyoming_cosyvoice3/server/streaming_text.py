@@ -5,7 +5,8 @@ not aligned to words or sentences (``"The li"``, ``"ving room lig"``, ...). The 
 each sentence as soon as it is complete, so it must decide from the text so far whether a
 sentence has ended:
 
-* Latin-script enders ``. ! ? …`` (plus closing quotes/brackets) end a sentence only once
+* Latin-script enders ``. ! ? …`` (and the danda ``।``, Arabic ``؟``, Urdu ``۔``; plus
+  closing quotes/brackets) end a sentence only once
   whitespace follows, so ``21.5`` and ``3:45`` are never split, and a ``.`` at the end of the
   buffer waits for the next piece. ``Dr.``, ``e.g.`` and single initials (``J.``) do not end
   a sentence.
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 import re
 
-LATIN_ENDERS = ".!?…"
+LATIN_ENDERS = ".!?…।॥؟۔"
+"""Sentence ends that need a blank after them (Latin, Devanagari danda, Arabic and Urdu)."""
 CJK_ENDERS = "。！？；｡"
 CLOSERS = "\"')]}»”’」』）》】〕〉"
 SOFT_BREAKS = ",;:，、；："

@@ -88,8 +88,13 @@ class _Unit:
     """First line of the table of a row (its header row; the delimiter row follows)."""
 
 
-def _units(tokens: list[Token]) -> Iterator[_Unit]:
-    """Leaf blocks of a parsed token stream, in source order."""
+def _units(tokens: list[Token], lines: list[str]) -> Iterator[_Unit]:
+    """Leaf blocks of a parsed token stream, in source order.
+
+    A text unit whose last source line ends in a blank gets one blank appended to its
+    content (the parser strips it): a sentence end right before it is then known to be
+    complete, in a delta ending with ``"here. "`` as in the whole text.
+    """
     anchor = 0
     top_kind = ""
     parents: list[Token] = []
@@ -117,7 +122,10 @@ def _units(tokens: list[Token]) -> Iterator[_Unit]:
             if parent is not None and parent.type in ("th_open", "td_open"):
                 cells.append(token.content)
             elif parent is not None and parent.map is not None:
-                yield _Unit("text", parent.map[0], anchor, content=token.content)
+                last = parent.map[1] - 1
+                blank = last < len(lines) and lines[last][-1:] in (" ", "\t")
+                content = token.content + " " if blank else token.content
+                yield _Unit("text", parent.map[0], anchor, content=content)
         elif token.type == "html_block" and start is not None:
             yield _Unit("html", start, anchor, content=token.content)
         elif start is not None:  # fence, code_block, hr
@@ -241,6 +249,7 @@ class MarkdownSpeech:
 
     def feed(self, delta: str) -> str:
         """Add ``delta``; return the speech text that no later text can change ("" if none)."""
+        delta = delta.replace("\x00", "")  # the parser would make NUL a U+FFFD
         if not delta:
             return ""
         self._buffer += delta
@@ -278,7 +287,7 @@ class MarkdownSpeech:
             source = self._context + self._buffer
         else:
             source = self._context + self._buffer[:complete]
-        units = list(_units(block_parser().parse(source)))
+        units = list(_units(block_parser().parse(source), source.split("\n")))
         out: list[str] = []
         for number, unit in enumerate(units):
             line = self._base_line + unit.start - self._context_lines

@@ -206,3 +206,27 @@ def test_normalize_never_raises_and_leaves_no_control_characters(text: str) -> N
     assert "  " not in out
     assert not any(unicodedata.category(c) in _FORBIDDEN for c in out)
     assert "<|endofprompt|>" not in out
+
+
+# --- symbols per language (issue 17) ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("温度是21.5°C，湿度50%。", "温度是21.5摄氏度，湿度百分之50。"),
+        ("今天12℃，明天-3 °C。", "今天12摄氏度，明天-3摄氏度。"),
+        ("价格€5.50或者$3，还有¥100。", "价格5.50欧元或者3美元，还有100元。"),
+        ("猫 & 狗", "猫和狗"),
+        ("５０％的人", "百分之５０的人"),
+        ("今日は50%の確率で雨です。", "今日は50パーセントの確率で雨です。"),
+        ("気温は21℃、¥100です。", "気温は21度、100円です。"),
+        ("Turn the lights on/off now.", "Turn the lights on or off now."),
+        ("It rains 5 mm/h and AC/DC is a band.",
+         "It rains five millimeters per hour and AC/DC is a band."),
+        ("The answer is 5 * 3 = 15.", "The answer is five times three equals fifteen."),
+        ("The screen is 1920×1080.",
+         "The screen is one thousand nine hundred and twenty by one thousand and eighty."),
+        ("Die Temperatur beträgt 10 Grad & mehr.", "Die Temperatur beträgt 10 Grad & mehr."),
+    ],
+)
+def test_symbols_read_per_language(text: str, expected: str) -> None:
+    assert normalize_text(text) == expected

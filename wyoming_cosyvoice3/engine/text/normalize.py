@@ -156,6 +156,15 @@ _ZH_SYMBOLS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 """Symbols read in Chinese word order (upstream's wetext zh rules read 50% as 百分之五十);
 the digits stay digits, as everywhere in this module."""
+_JA_SYMBOLS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(_ZH_NUMBER + r"\s?[%％]"), r"\g<n>パーセント"),
+    (re.compile(_ZH_NUMBER + r"\s?(?:°\s?C|℃|°)"), r"\g<n>度"),
+    (re.compile(r"€\s?" + _ZH_NUMBER), r"\g<n>ユーロ"),
+    (re.compile(_ZH_NUMBER + r"\s?€"), r"\g<n>ユーロ"),
+    (re.compile(r"(?:US)?\$\s?" + _ZH_NUMBER), r"\g<n>ドル"),
+    (re.compile(r"[¥￥]\s?" + _ZH_NUMBER), r"\g<n>円"),
+)
+"""The same for Japanese (text with kana): 50% is 50パーセント, ¥100 is 100円."""
 
 
 def normalize_chinese(text: str) -> str:
@@ -163,7 +172,8 @@ def normalize_chinese(text: str) -> str:
 
     " - " and "——" become a full-width comma; （ ） 【 】 and backticks are removed;
     ² / ³ become 平方 / 立方 (upstream ``replace_corner_mark``); % ° °C € $ £ ¥ & after or
-    before a number are read in Chinese order (``_ZH_SYMBOLS``: 50% -> 百分之50); ASCII
+    before a number are read in Chinese order (``_ZH_SYMBOLS``: 50% -> 百分之50; Japanese
+    text: ``_JA_SYMBOLS``, 50% -> 50パーセント); ASCII
     sentence punctuation becomes full width at boundaries; blanks next to CJK characters
     are removed; trailing commas become 。. Digits and Latin words are kept as they are
     (upstream's wetext normaliser is not used here).
@@ -174,7 +184,8 @@ def normalize_chinese(text: str) -> str:
     text = text.replace(" - ", "，").replace("——", "，")
     text = text.translate(_ZH_REMOVED)
     text = text.replace("²", "平方").replace("³", "立方")
-    for pattern, replacement in _ZH_SYMBOLS:
+    symbols = _JA_SYMBOLS if dominant_script(text) == "kana" else _ZH_SYMBOLS
+    for pattern, replacement in symbols:
         text = pattern.sub(replacement, text)
     text = _full_width_punctuation(text)
     text = _remove_blanks_near_cjk(text)

@@ -39,6 +39,7 @@ from wyoming.tts import (
 
 from wyoming_cosyvoice3.server.cli import RunningServer
 from wyoming_cosyvoice3.server.output import pcm16
+from wyoming_cosyvoice3.server.streams import INLINE_CHUNK_CHARS
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -154,6 +155,24 @@ async def test_markdown_reply_streamed_over_tcp(shared: Shared) -> None:
         "Sure!", "Here are the lights:", "Kitchen: on.", "Living room: off.", "Room, Temp.",
         "Hall, 19 °C.", "See the docs.",
     ]
+
+
+async def test_large_markdown_chunk_is_converted_off_the_loop(shared: Shared) -> None:
+    """A chunk over INLINE_CHUNK_CHARS goes through the worker-thread path, in order."""
+    items = "".join(f"- **Lamp {n}** is *on*\n" for n in range(12))
+    big = "Here is the list:\n" + items
+    assert len(big) > INLINE_CHUNK_CHARS
+    calls_before = len(shared.spy.texts)
+    async with client(shared.server) as cl:
+        await cl.write_event(SynthesizeStart(voice=SynthesizeVoice("en-male")).event())
+        await cl.write_event(SynthesizeChunk(text="Sure! ").event())
+        await cl.write_event(SynthesizeChunk(text=big).event())
+        await cl.write_event(SynthesizeChunk(text="\nDone.").event())
+        await cl.write_event(SynthesizeStop().event())
+        response = await collect(cl, "synthesize-stopped")
+    check_audio_format(response)
+    assert shared.spy.texts[calls_before:] == [
+        "Sure!", "Here is the list:", *[f"Lamp {n} is on." for n in range(12)], "Done."]
 
 
 async def test_markdown_one_shot_over_tcp(shared: Shared) -> None:

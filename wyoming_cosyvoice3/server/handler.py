@@ -236,7 +236,7 @@ class CosyVoiceEventHandler(AsyncEventHandler):
             self._start_stream(parse_request(event.data, max_chars, time.monotonic(),
                                              with_text=False))
         elif SynthesizeChunk.is_type(event.type):
-            self._stream_chunk(event.data)
+            await self._stream_chunk(event.data)
         elif SynthesizeStop.is_type(event.type):
             self._stop_stream()
         elif Synthesize.is_type(event.type):
@@ -278,14 +278,14 @@ class CosyVoiceEventHandler(AsyncEventHandler):
         if not self._add_job(("stream", stream)):
             stream.abandon()  # refused: its chunks and stop are swallowed
 
-    def _stream_chunk(self, data: dict[str, Any]) -> None:
+    async def _stream_chunk(self, data: dict[str, Any]) -> None:
         stream = self._stream
         if stream is None:
             if not self._warned_stray_chunk:
                 _LOGGER.warning("Ignoring synthesize-chunk outside a stream from %s", self.peer)
                 self._warned_stray_chunk = True
             return
-        stream.add_text(data)
+        await stream.add_text(data)
 
     def _stop_stream(self) -> None:
         stream, self._stream = self._stream, None

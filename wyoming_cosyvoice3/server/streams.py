@@ -50,6 +50,9 @@ MERGE_BUDGET_S = 20.0
 80-token piece (utils/frontend_utils.py split_paragraph ``token_max_n``; 80 tokens are about
 320 English characters = 23 s at 14 characters/s, or 80 CJK characters = 20 s)."""
 
+INLINE_CHUNK_CHARS = 256
+"""Chunks up to this size are converted on the event loop (at most ~20 ms of work)."""
+
 
 @dataclass(frozen=True)
 class StreamText:
@@ -92,6 +95,7 @@ class StreamRequest:
     markdown: MarkdownSpeech = field(default_factory=MarkdownSpeech)
     received_chars: int = 0
     """Characters of ``synthesize-chunk`` text received (the limit counts these)."""
+    _converting: bool = False
     failed: bool = False
     finished: bool = False
     waiting_for_text: bool = False
@@ -134,8 +138,13 @@ class StreamRequest:
         ``max_chars`` characters, plus one error and the end marker."""
         return self.max_chars + 2
 
-    def add_text(self, data: dict[str, Any]) -> None:
-        """Take one ``synthesize-chunk``; queue the sentences it completes."""
+    async def add_text(self, data: dict[str, Any]) -> None:
+        """Take one ``synthesize-chunk``; queue the sentences it completes.
+
+        A chunk longer than ``INLINE_CHUNK_CHARS`` is converted in a worker thread (hostile
+        markdown costs up to about 65 µs per character; the event loop serves every
+        connection). The read loop awaits this, so chunks stay in order.
+        """
         if self.finished or self.failed:
             return
         try:
@@ -150,7 +159,16 @@ class StreamRequest:
             return
         self.expected_speech_s += expected_speech_s(text)
         self.received_chars += len(text)
-        self._queue(self.markdown.feed(text))
+        if len(text) <= INLINE_CHUNK_CHARS:
+            self._queue(self.markdown.feed(text))
+            return
+        self._converting = True
+        try:
+            speech = await asyncio.to_thread(self.markdown.feed, text)
+        finally:
+            self._converting = False
+        if not (self.finished or self.failed):
+            self._queue(speech)
 
     def _queue(self, speech: str) -> None:
         now = time.monotonic()
@@ -175,7 +193,7 @@ class StreamRequest:
         if self.finished:
             return
         self.finished = True
-        if not self.failed:
+        if not self.failed and not self._converting:  # (shutdown during a conversion)
             self._queue(self.markdown.flush())
         tail = self.buffer.flush()
         if tail and not self.failed:

@@ -14,6 +14,16 @@ sentence has ended:
 * A line break ends a sentence.
 * A run without any boundary longer than ``soft_limit_chars`` is cut at its last space or
   comma so that 10,000 characters without punctuation still stream instead of piling up.
+
+Markdown is removed before this buffer (:class:`~..engine.text.markdown.MarkdownSpeech`).
+Kept over ``sentence-stream`` 1.3.0 (wyoming-piper's splitter) after
+``python -m wyoming_cosyvoice3.bench.splitters``: 19/19 labelled texts (shared/cases C2-C6,
+agent replies, CJK, Cyrillic, Devanagari, Arabic) split right against 15/19 --
+``sentence-stream`` needs a capital after the blank ("I am Bob." and "1234. 5678" stay joined,
+"on. ok" too) and does not end a sentence at a single line break (list items run together);
+both give the same sentences for any cut into deltas; a sentence leaves at most 1 character
+after its end here, 2 there; the markdown markers that ``sentence-stream`` strips itself
+(asterisks only: 22 of 30 markers left in six agent replies) are all gone after the pass.
 """
 
 from __future__ import annotations

@@ -362,6 +362,15 @@ def test_fenced_code_is_skipped_while_it_streams() -> None:
     assert converter.flush() == "Bye.\n"
 
 
+def test_text_after_a_closed_fence_or_rule_streams_at_once() -> None:
+    converter = MarkdownSpeech()
+    assert converter.feed("```\nx\n```\n") == ""
+    assert converter.feed("Next one. And") == "Next one. "
+    converter = MarkdownSpeech()
+    assert converter.feed("Part one.\n\n---\n\n") == "Part one.\n"
+    assert converter.feed("Part two. And") == "Part two. "
+
+
 @pytest.mark.parametrize(
     ("line", "decided"),
     [("Hello", True), ("#", False), ("#tag", True), ("# T", True), ("-", False), ("- K", True),

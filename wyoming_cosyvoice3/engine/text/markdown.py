@@ -86,6 +86,8 @@ class _Unit:
     cells: tuple[str, ...] = ()
     table: int = -1
     """First line of the table of a row (its header row; the delimiter row follows)."""
+    open_fence: bool = False
+    """A fenced code block without its closing fence (yet)."""
 
 
 def _units(tokens: list[Token], lines: list[str]) -> Iterator[_Unit]:
@@ -128,8 +130,13 @@ def _units(tokens: list[Token], lines: list[str]) -> Iterator[_Unit]:
                 yield _Unit("text", parent.map[0], anchor, content=content)
         elif token.type == "html_block" and start is not None:
             yield _Unit("html", start, anchor, content=token.content)
-        elif start is not None:  # fence, code_block, hr
-            yield _Unit("skip", start, anchor)
+        elif start is not None and token.map is not None:  # fence, code_block, hr
+            closing = lines[token.map[1] - 1].strip(" \t>") if token.map[1] <= len(lines) else ""
+            open_fence = token.type == "fence" and not (
+                token.map[1] - token.map[0] >= 2 and closing.startswith(token.markup)
+                and not closing.strip(token.markup[0])
+            )
+            yield _Unit("skip", start, anchor, open_fence=open_fence)
 
 
 def line_kind_is_decided(line: str) -> bool:
@@ -298,7 +305,7 @@ class MarkdownSpeech:
                 self._done_line = line + 1
             elif unit.kind == "text":
                 out.append(self._advance(unit, line))
-        self._in_fence = bool(units) and units[-1].kind == "skip" and not final
+        self._in_fence = bool(units) and units[-1].open_fence and not final
         if final:
             return "".join(out)
         if units:

@@ -2,13 +2,25 @@
 
 * :func:`normalize_text` (normalize.py): clean-up and number reading per language.
 * :class:`TextFrontend` (frontend.py): pieces of about 60-80 tokens and their prompt ids.
+* :func:`markdown_to_speech` / :class:`MarkdownSpeech` (markdown.py, markdown_inline.py):
+  markdown as conversation agents write it turned into plain sentences, whole or streamed;
+  applied by the server before the text reaches the engine.
 
 Imports the top engine modules (constants, errors, types) and no other stage.
 """
 
 from .frontend import TextFrontend
+from .markdown import MarkdownSpeech, markdown_to_speech
 from .normalize import normalize_text
 from .script import dominant_script, is_english
 from .split import is_speakable
 
-__all__ = ["TextFrontend", "dominant_script", "is_english", "is_speakable", "normalize_text"]
+__all__ = [
+    "MarkdownSpeech",
+    "TextFrontend",
+    "dominant_script",
+    "is_english",
+    "is_speakable",
+    "markdown_to_speech",
+    "normalize_text",
+]

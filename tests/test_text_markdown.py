@@ -411,6 +411,43 @@ def test_letters_and_digits_of_every_script_survive(parts: list[str], seed: int)
     assert "".join(stream(text, seed)) == speech
 
 
+_MARKDOWN_BITS = st.sampled_from([
+    "*", "**", "_", "`", "```", "~~~", "#", "# ", "## ", "- ", "* ", "1. ", "2) ", "> ", "|",
+    "| a | b |", "|---|---|", "---", "===", "\n", "\n\n", "[", "]", "](", ")", "<b>", "</b>",
+    "<div>", "~~", "\r", "\r\n", "word", "Word.", "Hi! ", " ", "  ", "。", "中文", "！", "\\",
+    "    ", "<!--", "-->", "![", "https://x.org/a", "😀", "1️⃣", "[ ] ", "[1]: http://z", ":",
+    ".", "5 * 3", "snake_case", "&amp;", "\t",
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_MARKDOWN_BITS, min_size=1, max_size=25), st.integers(0, 2**16),
+       st.sampled_from([40, 400]))
+def test_any_markdown_streams_to_the_one_shot_result(
+    bits: list[str], seed: int, window_chars: int
+) -> None:
+    """Random mixtures of markdown syntax, line ends and scripts, in random deltas."""
+    text = "".join(bits)
+    whole = MarkdownSpeech(window_chars)
+    expected = whole.feed(text) + whole.flush()
+    rng = random.Random(seed)
+    converter = MarkdownSpeech(window_chars)
+    outputs: list[str] = []
+    position = 0
+    while position < len(text):
+        size = rng.randint(1, 6)
+        outputs.append(converter.feed(text[position:position + size]))
+        position += size
+    outputs.append(converter.flush())
+    assert "".join(outputs) == expected
+
+
+def test_carriage_returns_are_line_ends() -> None:
+    text = "Line one\rLine two\r\r- item one\r- item two\r\n\r\nEnd."
+    assert markdown_to_speech(text) == "Line one Line two.\nitem one.\nitem two.\nEnd.\n"
+    assert "".join(stream(text, None)) == markdown_to_speech(text)
+
+
 # --- bounded on hostile input --------------------------------------------------------------------
 @pytest.mark.parametrize(
     "text",

@@ -253,10 +253,16 @@ class MarkdownSpeech:
         """A table's header and delimiter lines, parsed before ``_buffer`` once the rows
         before the open one are dropped (a row alone is not a table)."""
         self._context_lines = 0
+        self._carry = ""
 
     def feed(self, delta: str) -> str:
         """Add ``delta``; return the speech text that no later text can change ("" if none)."""
-        delta = delta.replace("\x00", "")  # the parser would make NUL a U+FFFD
+        # the parser would make NUL a U+FFFD; "\r\n" and "\r" are line ends (a "\r" at the
+        # end of a delta waits: a "\n" may follow)
+        delta = self._carry + delta.replace("\x00", "")
+        self._carry = "\r" if delta.endswith("\r") else ""
+        delta = delta[:-1] if self._carry else delta
+        delta = delta.replace("\r\n", "\n").replace("\r", "\n")
         if not delta:
             return ""
         self._buffer += delta
@@ -267,6 +273,7 @@ class MarkdownSpeech:
 
     def flush(self) -> str:
         """End of text: return the speech of everything held back, and reset."""
+        self._buffer += "\n" if self._carry else ""
         out = self._process(final=True)
         self.__init__(self.window_chars)  # type: ignore[misc]
         return out
@@ -329,7 +336,10 @@ class MarkdownSpeech:
             return
         cut = 0
         for _ in range(keep_from_line):
-            cut = self._buffer.index("\n", cut) + 1
+            cut = self._buffer.find("\n", cut) + 1
+            if cut == 0:  # not reached: the parser's lines are the buffer's lines
+                cut = len(self._buffer)
+                break
         self._buffer = self._buffer[cut:]
         self._base_line += keep_from_line
 
@@ -349,7 +359,7 @@ class MarkdownSpeech:
                 break
             segment = speak_inline(text[spoken:spoken + end])
             spoken += end
-            if segment:
+            if _speakable(segment):  # a segment of marks alone says nothing
                 out.append(segment + " ")
         said += "".join(out)
         self._open_line, self._open_spoken, self._open_said = line, spoken, said
@@ -377,7 +387,7 @@ class MarkdownSpeech:
                 end = _segment_end(rest[spoken:], True, self.window_chars) or len(rest) - spoken
                 segment = speak_inline(rest[spoken:spoken + end])
                 spoken += end
-                if segment:
+                if _speakable(segment):
                     parts.append(_terminated(segment) if spoken >= len(rest) else segment + " ")
             text = "".join(parts)
         if not (said or _speakable(text)):

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wyoming_cosyvoice3.server.requests import parse_request
 from wyoming_cosyvoice3.server.streaming_text import SentenceBuffer, find_boundary
+from wyoming_cosyvoice3.server.streams import (
+    INLINE_CHUNK_CHARS,
+    StreamError,
+    StreamRequest,
+    StreamText,
+)
 
 
 def feed(pieces: list[str], soft_limit_chars: int = 400) -> tuple[list[list[str]], str | None]:
@@ -90,3 +97,50 @@ def test_chunking_never_changes_the_sentences(text: str, cuts: list[int]) -> Non
     assert split_tail == whole_tail
     spoken = "".join([*whole[0], whole_tail or ""])
     assert "".join(spoken.split()) == "".join(text.split())
+
+
+# --- a stream request: markdown pass, then sentences (issue 17) ----------------------------------
+def _stream_request() -> StreamRequest:
+    request = parse_request({}, 10_000, 0.0, with_text=False)
+    return StreamRequest(request=request, buffer=SentenceBuffer(), max_chars=10_000)
+
+
+def _drain(stream: StreamRequest) -> list[object]:
+    items: list[object] = []
+    while not stream.items.empty():
+        item = stream.items.get_nowait()
+        items.append(item.text if isinstance(item, StreamText) else item)
+    return items
+
+
+async def test_stream_request_speaks_markdown_as_sentences() -> None:
+    stream = _stream_request()
+    chunks = ["**Su", "re!** Here are the lights:\n- Kit", "chen: *on*\n- Living", " room"]
+    for chunk in chunks:
+        await stream.add_text({"text": chunk})
+    assert _drain(stream) == ["Sure!", "Here are the lights:", "Kitchen: on."]
+    big = "| Room | Temp |\n|---|---|\n" + "".join(f"| Room {n} | {n} °C |\n" for n in range(14))
+    assert len(big) > INLINE_CHUNK_CHARS  # the worker-thread path
+    await stream.add_text({"text": ": off\n\n" + big})
+    stream.finish()
+    assert _drain(stream) == ["Living room: off.", "Room, Temp.",
+                              *[f"Room {n}, {n} °C." for n in range(14)], None]
+    assert stream.received_chars == sum(map(len, chunks)) + len(": off\n\n") + len(big)
+
+
+async def test_conversion_bug_ends_the_stream_with_a_coded_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stream = _stream_request()
+    await stream.add_text({"text": "First. "})
+
+    def broken(delta: str) -> str:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(stream.markdown, "feed", broken)
+    await stream.add_text({"text": "Second. "})
+    stream.finish()
+    items = _drain(stream)
+    assert items[0] == "First."
+    assert isinstance(items[1], StreamError) and items[1].code == "internal-error"
+    assert items[2:] == [None]

@@ -159,16 +159,23 @@ class StreamRequest:
             return
         self.expected_speech_s += expected_speech_s(text)
         self.received_chars += len(text)
-        if len(text) <= INLINE_CHUNK_CHARS:
-            self._queue(self.markdown.feed(text))
-            return
         self._converting = True
         try:
-            speech = await asyncio.to_thread(self.markdown.feed, text)
+            if len(text) <= INLINE_CHUNK_CHARS:
+                speech = self.markdown.feed(text)
+            else:
+                speech = await asyncio.to_thread(self.markdown.feed, text)
+        except Exception:  # a bug in the conversion ends this response, not the connection
+            self._conversion_failed()
+            return
         finally:
             self._converting = False
         if not (self.finished or self.failed):
             self._queue(speech)
+
+    def _conversion_failed(self) -> None:
+        _LOGGER.exception("The markdown conversion of a stream failed")
+        self.add_problem(INTERNAL_ERROR, "the server failed unexpectedly; see its log")
 
     def _queue(self, speech: str) -> None:
         now = time.monotonic()
@@ -192,9 +199,12 @@ class StreamRequest:
         """``synthesize-stop``: queue the unfinished tail, then the end marker."""
         if self.finished:
             return
-        self.finished = True
         if not self.failed and not self._converting:  # (shutdown during a conversion)
-            self._queue(self.markdown.flush())
+            try:
+                self._queue(self.markdown.flush())
+            except Exception:
+                self._conversion_failed()
+        self.finished = True
         tail = self.buffer.flush()
         if tail and not self.failed:
             self.items.put_nowait(StreamText(tail, time.monotonic()))

@@ -59,7 +59,7 @@ async def test_merge_stops_at_errors_and_the_end_marker() -> None:
     from wyoming_cosyvoice3.server.streams import StreamError, StreamRequest
 
     stream = StreamRequest(request=SpeakRequest(), buffer=SentenceBuffer(), max_chars=1000)
-    stream.add_text({"text": "One. Two. Three. "})
+    await stream.add_text({"text": "One. Two. Three. "})
     stream.add_problem("text-too-long", "too long")
     stream.finish()
     first = await stream.next_item()
@@ -71,7 +71,7 @@ async def test_merge_stops_at_errors_and_the_end_marker() -> None:
     assert await stream.next_item() is None
     # a budget of 0 s merges nothing: each sentence stays alone
     stream2 = StreamRequest(request=SpeakRequest(), buffer=SentenceBuffer(), max_chars=1000)
-    stream2.add_text({"text": "One. Two. "})
+    await stream2.add_text({"text": "One. Two. "})
     first2 = await stream2.next_item()
     assert first2 is not None and not isinstance(first2, StreamError)
     assert stream2.merge_queued(first2, budget_s=0.0).text == "One."

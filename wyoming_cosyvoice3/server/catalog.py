@@ -80,7 +80,8 @@ class VoiceEntry:
 
 
 def default_catalog_path() -> Path:
-    """The built-in catalog shipped inside the package (``wyoming_cosyvoice3/config``)."""
+    """The built-in catalog shipped inside the package (source: ``config/voices.yaml`` at the
+    top of the repository; ``wyoming_cosyvoice3/config/voices.yaml`` links to it)."""
     return Path(str(resources.files("wyoming_cosyvoice3").joinpath("config", CATALOG_FILE_NAME)))
 
 

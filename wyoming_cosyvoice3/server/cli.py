@@ -21,6 +21,7 @@ from wyoming.server import AsyncServer, AsyncTcpServer
 
 from .. import __version__
 from .handler import CosyVoiceEventHandler, make_handler_factory
+from .preload import preload
 from .runtime import EngineFactory, ServerRuntime, default_engine_factory
 from .settings import Settings, SettingsError, resolve_settings
 
@@ -69,7 +70,9 @@ class RunningServer:
         return int(inner.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        """Listen, then start loading the model in the background."""
+        """Preload (before listening: it holds the GIL), listen, then start loading the model
+        in the background."""
+        preload(self.settings)
         await self.server.start(make_handler_factory(self.runtime))
         _LOGGER.info("wyoming-cosyvoice3 %s listening on %s", __version__, self.settings.uri)
         self.runtime.start_loading()
@@ -170,6 +173,7 @@ async def serve_stdio(settings: Settings) -> None:
     """One connection over stdin/stdout (logs go to stderr); ends at the end of stdin, after
     every request read so far was answered."""
     runtime = ServerRuntime(settings)
+    preload(settings)
     runtime.start_loading()
     reader = await async_get_stdin()
     writer = await async_get_stdout()

@@ -5,6 +5,7 @@ second start works without any network."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,11 @@ from server_support import (
 from wyoming.tts import Synthesize
 
 from wyoming_cosyvoice3.download import EXPORT_REPO, UPSTREAM_REPO
+from wyoming_cosyvoice3.server import runtime as runtime_module
 from wyoming_cosyvoice3.server.runtime import ModelState
 from wyoming_cosyvoice3.server.settings import Settings
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 
 async def test_first_start_downloads_then_serves(tiny_model_dir: Path, tmp_path: Path,
@@ -63,15 +65,57 @@ async def test_first_start_downloads_then_serves(tiny_model_dir: Path, tmp_path:
 
 async def test_missing_files_without_network(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """No model and no hub: describe still answers; synthesis names the missing files."""
+    """No model and no hub: describe still answers and says what the server waits for;
+    synthesis names the missing files; the download is retried in the background."""
     monkeypatch.setenv("HF_ENDPOINT", closed_endpoint())
+    monkeypatch.setattr(runtime_module, "DOWNLOAD_RETRY_DELAYS_S", (0.2,))
     settings = Settings(uri="tcp://127.0.0.1:0", data_dirs=(tmp_path,), warm_up=False)
-    async with running_server(settings) as server:
-        assert server.runtime.state is ModelState.FAILED
-        info = await describe(server)
+    async with running_server(settings, wait_ready=False) as server:
+        assert await asyncio.to_thread(server.runtime.waiting_event.wait, 60)
+        info = await describe(server, timeout_s=1.0)
+        description = info.tts[0].description or ""
+        assert "waiting to download 12 model file(s)" in description, description
+        assert "unreachable" in description and "next try at" in description
         assert not any(v.installed for v in info.tts[0].voices)
         async with client(server) as cl:
             await cl.write_event(Synthesize(text="Hello.").event())
             error = await one_shot_error(cl)
+        for _ in range(600):  # retried: more attempts follow without a restart
+            if server.runtime.download_attempts >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert server.runtime.download_attempts >= 3
+        assert server.runtime.state is ModelState.LOADING
     assert error.code == "model-files-missing"
     assert "llm_int8.onnx" in error.text and "campplus.onnx" in error.text
+    assert str(tmp_path.absolute()) in error.text  # the directory is named absolutely
+
+
+async def test_download_resumes_when_the_network_comes_back(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """First start while the hub is unreachable; the hub comes back; the server downloads and
+    serves without a restart, and said in the log what it waited for."""
+    monkeypatch.setenv("HF_ENDPOINT", closed_endpoint())
+    monkeypatch.setattr(runtime_module, "DOWNLOAD_RETRY_DELAYS_S", (0.3, 0.6))
+    caplog.set_level(logging.INFO, logger="wyoming_cosyvoice3")
+    data_dir = tmp_path / "data"
+    settings = Settings(uri="tcp://127.0.0.1:0", data_dirs=(data_dir,), warm_up=False, seed=1)
+    repos = repos_from_dir(tiny_model_dir, EXPORT_REPO, UPSTREAM_REPO)
+    with HubMimic(repos) as hub:
+        async with running_server(settings, wait_ready=False) as server:
+            assert await asyncio.to_thread(server.runtime.waiting_event.wait, 60)
+            assert not hub.requests
+            monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)  # the network is back
+            assert await asyncio.to_thread(server.runtime.ready_event.wait, 120)
+            assert server.runtime.state is ModelState.READY, server.runtime.error
+            info = await describe(server, timeout_s=1.0)
+            assert [v.installed for v in info.tts[0].voices] == [True, True]
+            async with client(server) as cl:
+                await cl.write_event(Synthesize(text="Back online.").event())
+                response = await collect(cl, "audio-stop")
+            check_audio_format(response)
+            assert response.chunks
+    waits = [r.getMessage() for r in caplog.records if "Waiting to download" in r.getMessage()]
+    assert waits and "12 model file(s)" in waits[0] and "trying again in" in waits[0]

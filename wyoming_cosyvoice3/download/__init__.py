@@ -12,7 +12,7 @@ Command line (pre-seeding a machine)::
 
 from __future__ import annotations
 
-from .ensure import ensure_model, find_missing, hub_offline, resolve_endpoint
+from .ensure import DownloadUnavailable, ensure_model, find_missing, hub_offline, resolve_endpoint
 from .files import (
     DEFAULT_REVISION,
     EXPORT_REPO,
@@ -34,6 +34,7 @@ __all__ = [
     "PUBLISHED_SIZES_BYTES",
     "UPSTREAM_REPO",
     "DownloadCancelled",
+    "DownloadUnavailable",
     "HubSource",
     "ModelFile",
     "ensure_model",

@@ -66,6 +66,18 @@ def find_missing(download_dir: Path, precision: str = "int8") -> list[str]:
     return [f.filename for f in model_files(precision) if not (download_dir / f.filename).is_file()]
 
 
+class DownloadUnavailable(ModelFilesMissing):
+    """Model files are missing and could not be fetched now (code ``model-files-missing``).
+
+    ``reason`` is one line saying why (hub unreachable, offline mode, not found, disk full,
+    failed verification); the server retries later with backoff.
+    """
+
+    def __init__(self, model_dir: str, missing: list[str], hint: str, reason: str) -> None:
+        super().__init__(model_dir, missing, hint)
+        self.reason = reason
+
+
 @dataclass
 class _Plan:
     """What one ``ensure_model`` call found and still has to do."""
@@ -250,8 +262,9 @@ def ensure_model(
 
     Raises:
         ValueError: unknown precision.
-        ModelFilesMissing: files are missing and cannot be fetched (offline, hub unreachable,
-            not found, hash mismatch, disk full); the message lists each with its URL.
+        DownloadUnavailable: (a ModelFilesMissing) files are missing and cannot be fetched
+            (offline, hub unreachable, not found, hash mismatch, disk full); the message lists
+            each with its URL, ``reason`` says why in one line.
         DownloadCancelled: ``should_stop`` returned True.
     """
     files = model_files(precision)
@@ -267,7 +280,8 @@ def ensure_model(
 
     def fail(reason: str, missing: list[ModelFile]) -> ModelFilesMissing:
         hint = _by_hand_hint(reason, missing, source, download_dir, precision, plan.problems)
-        return ModelFilesMissing(str(download_dir), [f.filename for f in missing], hint)
+        return DownloadUnavailable(str(download_dir.absolute()), [f.filename for f in missing],
+                                   hint, reason)
 
     offline_reason = (
         "local_files_only is set"

@@ -2,6 +2,10 @@
 
 The model is located (downloaded if needed) and loaded in a background thread after the server
 listens, so ``describe`` is answered at once: state LOADING -> READY, or FAILED with the reason.
+A download that cannot be done now (no network, hub down, disk full, offline mode with files
+missing) is tried again in the background with backoff (:data:`DOWNLOAD_RETRY_DELAYS_S`)
+while the state stays LOADING and ``describe`` says what the server waits for: no restart is
+needed when the network comes back or the files are copied in.
 Engine work never runs on the event loop: every step of a synthesis (each ``next()`` of the
 engine's chunk iterator) runs in a worker thread, at most ``--max-concurrent`` syntheses at a
 time (an ``asyncio.Semaphore``); the rest wait, up to ``max_queued_requests``.
@@ -21,7 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..engine.errors import CosyVoiceError, ModelNotReady, SynthesisCancelled
+from ..engine.errors import (
+    CosyVoiceError,
+    ModelFilesMissing,
+    ModelNotReady,
+    SynthesisCancelled,
+)
 from ..engine.hooks import EngineObserver
 from ..engine.options import EngineOptions, SynthesisOptions
 from ..engine.types import AudioChunk, ShouldStop, SynthesisResult, VoicePrompt
@@ -34,10 +43,14 @@ from .engine_port import (
     default_model_locator,
 )
 from .limits import ConnectionCounter
+from .protocol import first_line
 from .settings import Settings
 from .voice_slots import VoiceSlot, prepare_slot
 
 _LOGGER = logging.getLogger(__name__)
+
+DOWNLOAD_RETRY_DELAYS_S: tuple[float, ...] = (10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
+"""Seconds between download attempts; the last one repeats for as long as it takes."""
 
 
 class ModelState(enum.Enum):
@@ -97,6 +110,11 @@ class ServerRuntime:
         """Set on shutdown: stops a running download and every synthesis."""
         self.ready_event = threading.Event()
         """Set when loading ended (READY or FAILED)."""
+        self.download_problem: ModelFilesMissing | None = None
+        """Why the model files could not be fetched at the last attempt (None: no problem)."""
+        self.download_attempts = 0
+        self.waiting_event = threading.Event()
+        """Set once a download attempt failed and a retry is scheduled."""
 
     # --- loading ------------------------------------------------------------------------
 
@@ -111,9 +129,10 @@ class ServerRuntime:
     def _load(self) -> None:
         started = time.monotonic()
         try:
-            self.phase = "checking or downloading the model files"
-            model_dir = self._model_locator(self.settings, self.stopping.is_set)
-            self.model_dir = model_dir
+            located = self._locate_model()
+            if located is None:
+                return  # stopping
+            model_dir = self.model_dir = located
             self.phase = "loading the model"
             options = EngineOptions(
                 llm_precision=self.settings.llm_precision,  # type: ignore[arg-type]
@@ -154,6 +173,41 @@ class ServerRuntime:
         if self.settings.voice and (default is None or default.entry.name != self.settings.voice):
             _LOGGER.warning("Default voice %r is not available; using %s", self.settings.voice,
                             default.entry.name if default else "none")
+
+    def _locate_model(self) -> Path | None:
+        """The model dir, downloading it; retried with backoff while files cannot be fetched
+        (None when the server stops while waiting). A given ``--model-dir`` is not retried."""
+        while True:
+            self.phase = "checking or downloading the model files"
+            self.download_attempts += 1
+            try:
+                model_dir = self._model_locator(self.settings, self.stopping.is_set)
+            except ModelFilesMissing as err:
+                if self.settings.model_dir is not None:
+                    raise
+                delays = DOWNLOAD_RETRY_DELAYS_S
+                delay_s = delays[min(self.download_attempts, len(delays)) - 1]
+                self._wait_for_download(err, delay_s)
+                if self.stopping.wait(delay_s):
+                    return None
+                continue
+            with self._lock:
+                self.download_problem = None
+            return model_dir
+
+    def _wait_for_download(self, err: ModelFilesMissing, delay_s: float) -> None:
+        reason = first_line(str(getattr(err, "reason", "") or err))
+        next_try = time.strftime("%H:%M:%S", time.localtime(time.time() + delay_s))
+        with self._lock:
+            self.download_problem = err
+            self.phase = (f"waiting to download {len(err.missing)} model file(s): {reason}; "
+                          f"next try at {next_try}")
+        if self.download_attempts == 1:
+            _LOGGER.warning("Model files cannot be fetched now: %s", err)
+        _LOGGER.warning("Waiting to download %d model file(s) (try %d): %s; trying again in "
+                        "%.0f s (the server keeps answering; no restart needed)",
+                        len(err.missing), self.download_attempts, reason, delay_s)
+        self.waiting_event.set()
 
     def _fail(self, err: CosyVoiceError) -> None:
         _LOGGER.error("Model unavailable: %s", err)
@@ -212,6 +266,8 @@ class ServerRuntime:
                 return self.engine
             if self.state is ModelState.FAILED and self.error is not None:
                 raise self.error
+            if self.download_problem is not None:
+                raise self.download_problem  # names the files and how to fix it
         raise ModelNotReady(
             f"the model is still loading ({self.phase}); try again in a moment"
         )

@@ -20,7 +20,9 @@ from wyoming.event import async_get_stdin, async_get_stdout
 from wyoming.server import AsyncServer, AsyncTcpServer
 
 from .. import __version__
+from . import addon
 from .handler import CosyVoiceEventHandler, make_handler_factory
+from .healthcheck import write_health_uri
 from .preload import preload
 from .runtime import EngineFactory, ServerRuntime, default_engine_factory
 from .settings import Settings, SettingsError, resolve_settings
@@ -51,6 +53,7 @@ class RunningServer:
         self.runtime = ServerRuntime(settings, engine_factory=engine_factory)
         self.server = AsyncServer.from_uri(settings.uri)
         self._zeroconf: object | None = None
+        self._discovery: asyncio.Future[bool] | None = None
         self.web: WebServer | None = None
         """The voice page (``--http-port``). Imported and built here, before anything
         listens: importing aiohttp takes seconds on a small board and would hold up
@@ -80,6 +83,9 @@ class RunningServer:
             await self.web.start()
         if self.settings.zeroconf and self.port is not None:
             await self._announce(self.settings.zeroconf, self.port)
+        if self.port is not None and os.environ.get(addon.TOKEN_VARIABLE):
+            self._discovery = asyncio.ensure_future(addon.announce(self.port))
+        write_health_uri(self.settings.uri, self.port)
 
     async def _announce(self, name: str, port: int) -> None:
         try:

@@ -171,6 +171,12 @@ class _Option:
     def key(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
 
+    @property
+    def positive_key(self) -> str | None:
+        """Options-file key without the negation for ``--no-*`` switches (``streaming`` for
+        ``--no-streaming``): the add-on shows ``streaming: true`` instead of a double no."""
+        return self.dest if self.kind == "bool-false" else None
+
 
 OPTIONS: tuple[_Option, ...] = (
     _Option("--uri", "uri", f"where to listen: tcp://HOST:PORT, unix:///PATH or stdio:// "
@@ -389,7 +395,7 @@ def resolve_settings(
     elif DEFAULT_OPTIONS_FILE.is_file():
         options_path = DEFAULT_OPTIONS_FILE
     file_values = load_options_file(options_path) if options_path is not None else {}
-    known_keys = {opt.key for opt in OPTIONS}
+    known_keys = {opt.key for opt in OPTIONS} | {o.positive_key for o in OPTIONS if o.positive_key}
     for key in file_values:
         if key not in known_keys:
             _LOGGER.warning("Ignoring unknown key %r in options file %s", key, options_path)
@@ -404,6 +410,14 @@ def resolve_settings(
             value = _from_json(opt, file_values[opt.key], f"option {opt.key!r} of {options_path}")
             if value is _UNSET:
                 continue
+        elif opt.positive_key is not None and opt.positive_key in file_values:
+            raw = file_values[opt.positive_key]
+            source = f"option {opt.positive_key!r} of {options_path}"
+            if raw is None or raw == "":
+                continue
+            if not isinstance(raw, bool):
+                raise SettingsError(f"{source}: expected true or false, got {raw!r}")
+            value = raw
         else:
             continue
         merged[opt.dest] = value

@@ -9,6 +9,7 @@ set -euo pipefail
 data_dir="${COSYVOICE3_CONTAINER_DATA_DIR:-/data}"
 config_dir="${COSYVOICE3_CONTAINER_CONFIG_DIR:-/config}"
 run_uid="${COSYVOICE3_CONTAINER_UID:-1000}"
+server="${COSYVOICE3_CONTAINER_SERVER:-wyoming-cosyvoice3}"
 
 args=(--data-dir "${data_dir}")
 if [[ -d "${config_dir}" ]]; then
@@ -54,7 +55,7 @@ if [[ "$(id -u)" -eq 0 ]] && command -v setpriv >/dev/null; then
     can_write "${data_dir}" "${run_uid}" || not_writable "${data_dir}" "${run_uid}"
     exec setpriv --reuid="${run_uid}" --regid="${run_uid}" --init-groups \
         env HOME="$(getent passwd "${run_uid}" | cut -d: -f6 || echo /tmp)" \
-        wyoming-cosyvoice3 "${args[@]}" "$@"
+        "${server}" "${args[@]}" "$@"
 fi
 can_write "${data_dir}" || not_writable "${data_dir}" "$(id -u)"
-exec wyoming-cosyvoice3 "${args[@]}" "$@"
+exec "${server}" "${args[@]}" "$@"

@@ -164,3 +164,10 @@ def test_other_seed_changes_weights_not_interfaces(tiny_model_dir: Path, tmp_pat
 def test_unknown_size_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="tiny"):
         build_synthetic_model(tmp_path, size="huge")
+
+
+def test_external_data_files_are_readable_like_their_graphs(tiny_model_dir: Path) -> None:
+    """onnx writes *.onnx.data with mode 0600; the builder gives them the graph's mode."""
+    for data in sorted(tiny_model_dir.glob("*.onnx.data")):
+        graph = data.with_name(data.name.removesuffix(".data"))
+        assert data.stat().st_mode & 0o777 == graph.stat().st_mode & 0o777, data.name

@@ -46,10 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-streaming", action="store_true", help="one flow/vocoder pass per piece")
     p.add_argument("--voice-cache-dir", type=Path, help="cache voice features here")
     p.add_argument("--cache-dir", type=Path,
-                   help="derived files (int8 DiT, split estimator, text table); default: the "
-                   "model directory if writable, else ~/.cache/wyoming-cosyvoice3")
+                   help="derived files (int8 DiT, split estimator, text table) and failure "
+                   "markers; default ~/.cache/wyoming-cosyvoice3/engine-cache (never the model "
+                   "directory)")
     p.add_argument("--debug", action="store_true", help="log per-stage details")
     return p
+
+
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "wyoming-cosyvoice3" / "engine-cache"
+"""Where ``cosyvoice3-synth`` keeps derived files unless ``--cache-dir`` says otherwise."""
 
 
 def _options(args: argparse.Namespace) -> SynthesisOptions:
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             llm_precision=args.llm_precision,
             threads=args.threads,
             voice_cache_dir=args.voice_cache_dir,
-            cache_dir=args.cache_dir,
+            cache_dir=args.cache_dir or DEFAULT_CACHE_DIR,
             flow_precision=options.flow_precision,
         )
         engine_options.validate()

@@ -31,7 +31,6 @@ HEAVY_MODULES = (
     "onnxruntime",
     "tokenizers",
     "soundfile",
-    "soxr",
     "kaldi_native_fbank",
     "onnx",  # optional (derived graphs, embedding table); skipped when not installed
     "wyoming_cosyvoice3.engine.pipeline",

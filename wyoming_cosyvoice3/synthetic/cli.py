@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         "--size",
         default="tiny",
         choices=sorted({*SIZES, *FULL_SIZES}),
-        help="model size: tiny (tests, ~30 MB, seconds); tiny-dit (tiny with an "
+        help="model size: tiny (tests, ~19 MB, seconds); tiny-dit (tiny with an "
         "upstream-structured DiT, on which the split and int8 DiT derivations work); "
         "full (real architecture and widths, "
         "random weights, ~4.8 GB, minutes; for benchmarks, write it outside git); "

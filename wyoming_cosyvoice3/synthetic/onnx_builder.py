@@ -160,5 +160,7 @@ def save_model(model: onnx.ModelProto, path: Path, external_data: bool = False) 
             location=data_path.name,
             size_threshold=1024,
         )
+        # onnx writes the data file with mode 0600; give it the .onnx file's mode (umask)
+        data_path.chmod(path.stat().st_mode & 0o777)
     else:
         onnx.save_model(model, str(path))

@@ -87,7 +87,6 @@ def test_readme_lines_work_as_written_in_a_fresh_copy(tiny_model_dir: Path,
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(60)
     assert (work / ".venv" / "bin" / "wyoming-cosyvoice3").is_file()
-    assert (work / "data").is_dir()
 
     done = subprocess.run(
         ["bash", "-c", tests_line], cwd=work, capture_output=True, text=True, timeout=LIMIT_S,

@@ -21,7 +21,7 @@ from server_support import (
 from wyoming.tts import Synthesize
 
 from wyoming_cosyvoice3.download import EXPORT_REPO, UPSTREAM_REPO
-from wyoming_cosyvoice3.server import runtime as runtime_module
+from wyoming_cosyvoice3.server import download_wait
 from wyoming_cosyvoice3.server.runtime import ModelState
 from wyoming_cosyvoice3.server.settings import Settings
 
@@ -68,7 +68,7 @@ async def test_missing_files_without_network(tmp_path: Path,
     """No model and no hub: describe still answers and says what the server waits for;
     synthesis names the missing files; the download is retried in the background."""
     monkeypatch.setenv("HF_ENDPOINT", closed_endpoint())
-    monkeypatch.setattr(runtime_module, "DOWNLOAD_RETRY_DELAYS_S", (0.2,))
+    monkeypatch.setattr(download_wait, "DOWNLOAD_RETRY_DELAYS_S", (0.2,))
     settings = Settings(uri="tcp://127.0.0.1:0", data_dirs=(tmp_path,), warm_up=False)
     async with running_server(settings, wait_ready=False) as server:
         assert await asyncio.to_thread(server.runtime.waiting_event.wait, 60)
@@ -98,7 +98,7 @@ async def test_download_resumes_when_the_network_comes_back(
     """First start while the hub is unreachable; the hub comes back; the server downloads and
     serves without a restart, and said in the log what it waited for."""
     monkeypatch.setenv("HF_ENDPOINT", closed_endpoint())
-    monkeypatch.setattr(runtime_module, "DOWNLOAD_RETRY_DELAYS_S", (0.3, 0.6))
+    monkeypatch.setattr(download_wait, "DOWNLOAD_RETRY_DELAYS_S", (0.3, 0.6))
     caplog.set_level(logging.INFO, logger="wyoming_cosyvoice3")
     data_dir = tmp_path / "data"
     settings = Settings(uri="tcp://127.0.0.1:0", data_dirs=(data_dir,), warm_up=False, seed=1)

@@ -3,7 +3,7 @@
 The model is located (downloaded if needed) and loaded in a background thread after the server
 listens, so ``describe`` is answered at once: state LOADING -> READY, or FAILED with the reason.
 A download that cannot be done now (no network, hub down, disk full, offline mode with files
-missing) is tried again in the background with backoff (:data:`DOWNLOAD_RETRY_DELAYS_S`)
+missing) is tried again in the background with backoff (:mod:`.download_wait`)
 while the state stays LOADING and ``describe`` says what the server waits for: no restart is
 needed when the network comes back or the files are copied in.
 Engine work never runs on the event loop: every step of a synthesis (each ``next()`` of the
@@ -34,6 +34,7 @@ from ..engine.errors import (
 from ..engine.hooks import EngineObserver
 from ..engine.options import EngineOptions, SynthesisOptions
 from ..engine.types import AudioChunk, ShouldStop, SynthesisResult, VoicePrompt
+from . import download_wait
 from .catalog import load_catalogs, with_model_dir
 from .engine_port import (
     Engine,
@@ -43,14 +44,10 @@ from .engine_port import (
     default_model_locator,
 )
 from .limits import ConnectionCounter
-from .protocol import first_line
 from .settings import Settings
 from .voice_slots import VoiceSlot, prepare_slot
 
 _LOGGER = logging.getLogger(__name__)
-
-DOWNLOAD_RETRY_DELAYS_S: tuple[float, ...] = (10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
-"""Seconds between download attempts; the last one repeats for as long as it takes."""
 
 
 class ModelState(enum.Enum):
@@ -185,29 +182,18 @@ class ServerRuntime:
             except ModelFilesMissing as err:
                 if self.settings.model_dir is not None:
                     raise
-                delays = DOWNLOAD_RETRY_DELAYS_S
-                delay_s = delays[min(self.download_attempts, len(delays)) - 1]
-                self._wait_for_download(err, delay_s)
+                delay_s = download_wait.retry_delay_s(self.download_attempts)
+                with self._lock:
+                    self.download_problem = err
+                    self.phase = download_wait.waiting_phase(err, delay_s)
+                download_wait.log_waiting(err, self.download_attempts, delay_s)
+                self.waiting_event.set()
                 if self.stopping.wait(delay_s):
                     return None
                 continue
             with self._lock:
                 self.download_problem = None
             return model_dir
-
-    def _wait_for_download(self, err: ModelFilesMissing, delay_s: float) -> None:
-        reason = first_line(str(getattr(err, "reason", "") or err))
-        next_try = time.strftime("%H:%M:%S", time.localtime(time.time() + delay_s))
-        with self._lock:
-            self.download_problem = err
-            self.phase = (f"waiting to download {len(err.missing)} model file(s): {reason}; "
-                          f"next try at {next_try}")
-        if self.download_attempts == 1:
-            _LOGGER.warning("Model files cannot be fetched now: %s", err)
-        _LOGGER.warning("Waiting to download %d model file(s) (try %d): %s; trying again in "
-                        "%.0f s (the server keeps answering; no restart needed)",
-                        len(err.missing), self.download_attempts, reason, delay_s)
-        self.waiting_event.set()
 
     def _fail(self, err: CosyVoiceError) -> None:
         _LOGGER.error("Model unavailable: %s", err)

@@ -207,6 +207,11 @@ def main() -> int:
           f"(refused before listening: {poller.refused}); median "
           f"{latencies[len(latencies) // 2] * 1000:.0f} ms, max {worst.latency_s * 1000:.0f} ms "
           f"at {worst.at_s:.1f} s ({worst.description})")
+    slow = [a for a in poller.answers if a.latency_s >= 1.0]
+    print(f"answers of 1 s or more: {len(slow)}")
+    for answer in slow:
+        print(f"  at {answer.at_s:7.1f} s: {answer.latency_s * 1000:6.0f} ms "
+              f"({answer.description})")
     return 0
 
 

@@ -20,9 +20,10 @@ import pytest
 from describe_poll import ask_describe, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-LIMIT_S = 900.0
+LIMIT_S = 1800.0
+"""Hang guard per line (installing the dev extra into a fresh venv takes minutes)."""
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(4000)]
 
 
 def readme_line(marker: str) -> str:

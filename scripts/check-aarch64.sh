@@ -66,12 +66,17 @@ cleanup() {
     for m in "${mounted[@]}"; do umount -l "${m}" 2>/dev/null || true; done
 }
 trap cleanup EXIT
-# only /dev: the host's /proc and /sys describe x86 CPUs, and onnxruntime's cpuinfo crashes
-# (SIGSEGV under qemu 7.2) parsing them; without them it warns and uses defaults
-for fs in dev; do
-    mount --rbind "/${fs}" "${root}/${fs}"
-    mounted+=("${root}/${fs}")
-done
+# /dev, and a procfs (onnxruntime opens external weights through /proc/self/fd) whose
+# cpuinfo describes an ARM core: onnxruntime's cpuinfo crashes (SIGSEGV under qemu 7.2) on
+# the host's x86 /proc/cpuinfo and /sys; without /sys it warns and uses defaults
+mount --rbind /dev "${root}/dev"
+mounted+=("${root}/dev")
+mount -t proc proc "${root}/proc"
+mounted=("${root}/proc" "${mounted[@]}")
+printf 'processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm crc32 cpuid\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x4\nCPU part\t: 0xd0b\nCPU revision\t: 1\n\n' \
+    > "${work}/cpuinfo"
+mount --bind "${work}/cpuinfo" "${root}/proc/cpuinfo"
+mounted=("${root}/proc/cpuinfo" "${mounted[@]}")
 
 log "running inside the arm64 root (uname -m: $(chroot "${root}" uname -m))"
 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 ${pip_cert:+PIP_CERT=${pip_cert}} \

@@ -18,6 +18,10 @@ fi
 if [[ -f "${data_dir}/options.json" ]]; then
     args+=(--options-file "${data_dir}/options.json")
 fi
+if [[ -n "${SUPERVISOR_TOKEN:-}" ]]; then
+    # Home Assistant add-on: the voice page for the ingress proxy only (config.yaml ingress_port)
+    args+=(--http-port 8099 --http-host 0.0.0.0 --http-allow-from 172.30.32.2)
+fi
 
 can_write() {  # can_write DIR [UID]: DIR is writable (by UID when given and we are root)
     local probe="$1/.cosyvoice3-write-test.$$"

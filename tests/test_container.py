@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 from server_support import make_settings, running_server
 
 from wyoming_cosyvoice3.server import healthcheck
@@ -79,3 +80,32 @@ def test_run_sh_gives_a_root_owned_data_dir_to_the_server_user(tmp_path: Path) -
         assert done.stdout.split("\n")[:2] == ["1000", f"--data-dir {data} --version"]
     finally:
         shutil.rmtree(request_cleanup, ignore_errors=True)
+
+
+@pytest.mark.parametrize("add_on", [False, True])
+def test_run_sh_serves_the_voice_page_for_ingress_only_in_the_add_on(
+    tmp_path: Path, add_on: bool
+) -> None:
+    """In the add-on (Supervisor sets SUPERVISOR_TOKEN) run.sh adds the voice page on the
+    config.yaml ingress_port, answering only the ingress proxy; plain Docker gets no page."""
+    data = tmp_path / "data"
+    data.mkdir()
+    server = tmp_path / "server.sh"  # stands in for wyoming-cosyvoice3: prints its arguments
+    server.write_text('#!/bin/sh\necho "$@"\n')
+    server.chmod(0o755)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("COSYVOICE3_") and k != "SUPERVISOR_TOKEN"}
+    env.update(COSYVOICE3_CONTAINER_DATA_DIR=str(data),
+               COSYVOICE3_CONTAINER_CONFIG_DIR=str(tmp_path / "no-config"),
+               COSYVOICE3_CONTAINER_SERVER=str(server), COSYVOICE3_CONTAINER_UID=str(os.geteuid()))
+    if add_on:
+        env["SUPERVISOR_TOKEN"] = "token"
+    done = subprocess.run(["bash", str(ROOT / "run.sh"), "--debug"], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert done.returncode == 0, done
+    args = done.stdout.strip().splitlines()[-1]
+    ingress_port = yaml.safe_load((ROOT / "cosyvoice3" / "config.yaml").read_text())[
+        "ingress_port"]
+    page = f"--http-port {ingress_port} --http-host 0.0.0.0 --http-allow-from 172.30.32.2"
+    expected = f"--data-dir {data} {page} --debug" if add_on else f"--data-dir {data} --debug"
+    assert args == expected

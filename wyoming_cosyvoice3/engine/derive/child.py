@@ -2,7 +2,8 @@
 
 ``python -m wyoming_cosyvoice3.engine.derive.child int8 SOURCE TARGET`` or
 ``... split fp32|int8 SOURCE MAIN_OUT TIME_OUT`` or ``... stream fp32|int8 SOURCE MAIN_OUT
-TIME_OUT`` (the chunk-causal streaming estimator, :mod:`.streaming_estimator`).
+TIME_OUT`` (the chunk-causal streaming estimator, :mod:`.streaming_estimator`) or
+``... table SOURCE TABLE_NPY DTYPE_FILE`` (the text embedding table, :mod:`.embedding_table`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .embedding_table import extract_table
 from .estimator_split import SPLIT_TAGS, derive_split
 from .quantize import quantize_estimator
 from .streaming_estimator import STREAM_TAGS, derive_streaming
@@ -26,12 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) == 5 and args[0] == "split" and args[1] in SPLIT_TAGS:
         derive_split(Path(args[2]), args[1], Path(args[3]), Path(args[4]))
         return 0
+    if len(args) == 4 and args[0] == "table":
+        extract_table(Path(args[1]), Path(args[2]), Path(args[3]))
+        return 0
     if len(args) == 5 and args[0] == "stream" and args[1] in STREAM_TAGS:
         derive_streaming(Path(args[2]), args[1], Path(args[3]), Path(args[4]))
         return 0
     print(
         "usage: python -m wyoming_cosyvoice3.engine.derive.child int8 SOURCE TARGET | "
-        "split|stream fp32|int8 SOURCE MAIN_OUT TIME_OUT",
+        "split|stream fp32|int8 SOURCE MAIN_OUT TIME_OUT | table SOURCE TABLE_NPY DTYPE_FILE",
         file=sys.stderr,
     )
     return 2

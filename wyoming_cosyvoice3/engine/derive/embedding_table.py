@@ -25,9 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import graphs
-from ..errors import SynthesisFailed
+from ..errors import ModelLoadError, SynthesisFailed
 from ..graphs import GraphSpec
-from .files import keyed_name, remove_stale, replace_atomically
+from .files import keyed_name, remove_stale, replace_atomically, run_child
 
 logger = logging.getLogger(__name__)
 
@@ -146,27 +146,46 @@ def _matches_session(source: Path, table: np.ndarray, out_dtype: str) -> bool:
     return expected.dtype == got.dtype and np.array_equal(expected, got)
 
 
-def load_table_embedding(source: Path, spec: GraphSpec, cache_dir: Path) -> TableEmbedding | None:
+def load_table_embedding(
+    source: Path, spec: GraphSpec, cache_dir: Path, *, in_process: bool = False
+) -> TableEmbedding | None:
     """A :class:`TableEmbedding` for ``source``, extracting its table once; None when the
     graph is not a plain lookup (then load the graph with onnxruntime instead).
 
+    The extraction runs in a child process (:mod:`.child`) unless ``in_process``: parsing the
+    published 272 MB graph with ``onnx.load`` holds Python's global lock for seconds, which
+    would stall every other thread of a serving process (the server's ``describe`` answers).
+
     Raises:
         OSError: the cache directory is not writable (callers fall back to the graph).
+        ModelLoadError: the table does not reproduce the graph's output, or the child failed
+            (callers fall back to the graph).
     """
     source = Path(source)
     target = Path(cache_dir) / keyed_name(source, "table", ".npy")
     meta = target.with_suffix(".dtype")
     with _extract_lock:
         cached = target.is_file() and meta.is_file()
-        if not cached and not _extract(source, target, meta):
-            return None
+        if not cached:
+            if in_process:
+                extract_table(source, target, meta)
+            else:
+                run_child(["table", str(source), str(target), str(meta)])
+            if not (target.is_file() and meta.is_file()):
+                return None  # not a plain lookup
         out_dtype = meta.read_text(encoding="utf-8").strip()
         table = np.load(target, mmap_mode="r")
     logger.debug("%s served from the memory-mapped table %s", source.name, target)
     return TableEmbedding(source, spec, table, out_dtype)
 
 
-def _extract(source: Path, target: Path, meta: Path) -> bool:
+def extract_table(source: Path, target: Path, meta: Path) -> bool:
+    """Write ``source``'s table to ``target`` (.npy) and its output dtype to ``meta``; False
+    (nothing written) when the graph is not a plain Gather lookup.
+
+    Raises:
+        ModelLoadError: the extracted table does not reproduce the graph's output bit for bit.
+    """
     import onnx
 
     started = time.perf_counter()
@@ -176,8 +195,7 @@ def _extract(source: Path, target: Path, meta: Path) -> bool:
         return False
     table, out_dtype = found
     if not _matches_session(source, table, out_dtype):
-        logger.warning("%s: host lookup differs from the graph; served by onnxruntime", source)
-        return False
+        raise ModelLoadError(f"{source.name}: the extracted table differs from the graph's output")
     tmp = target.with_name(f".{target.name}.tmp.npy")
     np.save(tmp, np.ascontiguousarray(table))
     replace_atomically(tmp, target)

@@ -299,8 +299,13 @@ async def test_preview_streams_while_synthesising(shared: Shared,
                                                   session: aiohttp.ClientSession) -> None:
     shared.release.clear()  # the engine holds the synthesis before its last chunk
     try:
+        # one piece long enough (at least 2 x its text tokens are decoded) that the quality
+        # preset's first hop (25 tokens padded to the 25-token grid, + 3 lookahead) is not
+        # its last chunk
+        text = ("One, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve, "
+                "thirteen, fourteen, fifteen, sixteen, seventeen, eighteen, nineteen, twenty.")
         async with session.get(page_url(shared.server, "api/voices/en-male/preview"),
-                               params={"text": "One. Two. Three. Four."}) as response:
+                               params={"text": text}) as response:
             assert response.status == 200
             first = await asyncio.wait_for(response.content.read(4096), 60)
             assert first[:4] == b"RIFF" and len(first) > 44  # audio before the synthesis ends

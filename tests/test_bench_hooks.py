@@ -45,6 +45,31 @@ def test_bench_flags_reach_the_settings(tmp_path: Path) -> None:
         SynthesisOptions(fixed_tokens_per_char=0.0).validate()
 
 
+def test_bench_synthesis_options_change_the_preset(tmp_path: Path) -> None:
+    from wyoming_cosyvoice3.engine.options import PRESETS
+    from wyoming_cosyvoice3.server.runtime import ServerRuntime
+
+    settings = resolve_settings(
+        ["--data-dir", str(tmp_path), "--preset", "balanced", "--bench-synthesis-options",
+         "flow_chunk_causal=true, flow_left_context_tokens=50,cfg_steps=none,speed=1.5"],
+        environ={})
+    assert settings.bench_synthesis_options == (
+        ("flow_chunk_causal", True), ("flow_left_context_tokens", 50), ("cfg_steps", None),
+        ("speed", 1.5))
+    options = ServerRuntime(settings).synthesis_options(seed=3)
+    assert options.flow_chunk_causal is True and options.flow_left_context_tokens == 50
+    assert options.euler_steps == PRESETS["balanced"].euler_steps  # the rest is the preset's
+    assert options.speed == 1.0  # --speed still decides the rate
+    assert options.seed == 3
+
+
+@pytest.mark.parametrize("raw", ["no_such_field=1", "euler_steps", "euler_steps=0",
+                                 "flow_precision=int4"])
+def test_bad_bench_synthesis_options_are_refused(raw: str) -> None:
+    with pytest.raises((SettingsError, SystemExit)):
+        resolve_settings(["--data-dir", "/tmp/x", "--bench-synthesis-options", raw], environ={})
+
+
 def test_fixed_length_and_records(tiny_model_dir: Path, make_clip, tmp_path: Path,
                                   recording: Path) -> None:
     from wyoming_cosyvoice3.engine import CosyVoice3Engine

@@ -119,13 +119,16 @@ def chunk_causal_mel(
     features: VoiceFeatures,
     tokens: np.ndarray,
     noise: np.ndarray,
+    drop_frames: int,
     req: RequestState,
 ) -> np.ndarray:
-    """New mel frames [80, n] of ``piece``'s next non-final chunk under the chunk mask.
+    """New mel frames [80, n] of ``piece``'s next chunk under the chunk mask.
 
     ``tokens`` = the flow prompt tokens ++ every token of the piece so far (3 lookahead tokens
-    included); ``noise`` float32 [80, N], column = frame. The piece's history cache is created
-    on its first chunk; ``flow_left_context_tokens`` > 0 bounds the attended history.
+    included in a non-final chunk, whose ``drop_frames`` = 6 mu frames are dropped; 0 for a
+    final chunk under ``flow_final_chunk_causal``); ``noise`` float32 [80, N], column = frame.
+    The piece's history cache is created on its first chunk; ``flow_left_context_tokens`` > 0
+    bounds the attended and stored history.
     """
     opts = req.options
     if piece.flow_history is None:
@@ -139,7 +142,7 @@ def chunk_causal_mel(
         opts.euler_steps,
         opts.cfg_rate,
         opts.cfg_steps,
-        C.TOKEN_MEL_RATIO * C.PRE_LOOKAHEAD_TOKENS,
+        drop_frames,
         req.check,
         C.TOKEN_MEL_RATIO * left if left > 0 else None,
         req.times,

@@ -118,7 +118,14 @@ class SynthesisOptions:
             chunks' keys/values cached, so a chunk costs only its own frames; the final chunk
             keeps full attention (upstream ``finalize=True``). Uses a streaming estimator
             derived once from the model (falls back to full attention with one warning).
-            ``flow_left_context_tokens`` then bounds the cached history instead.
+            ``flow_left_context_tokens`` then bounds the cached history instead (attended and
+            stored).
+        flow_final_chunk_causal: with ``flow_chunk_causal``, the final chunk (and a one-shot
+            piece) also runs chunk-causal on its new frames only, instead of upstream's full
+            attention over the prompt and the whole piece (``finalize=True``): its cost no
+            longer grows with the prompt and the piece. Lossy: the cached keys/values of the
+            earlier frames were made under the chunk mask and never see the final frames
+            (BENCHMARKS.md "Levers" gives the measured deviation).
         max_hop_tokens: the hop doubles after each chunk up to this many tokens (upstream 100).
         flow_left_context_tokens: when > 0, later chunks run the flow on the prompt plus only
             this many generated tokens before the new chunk (bounded cost); 0 keeps the whole
@@ -156,6 +163,7 @@ class SynthesisOptions:
     first_hop_tokens: int = 15
     first_hop_on_chunk_grid: bool = False
     flow_chunk_causal: bool = False
+    flow_final_chunk_causal: bool = False
     max_hop_tokens: int = 100
     flow_left_context_tokens: int = 0
     cfg_steps: int | None = None

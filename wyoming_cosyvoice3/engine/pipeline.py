@@ -334,8 +334,8 @@ class CosyVoice3Engine:
             end = offset + piece.hop_tokens + C.PRE_LOOKAHEAD_TOKENS
             drop = C.TOKEN_MEL_RATIO * C.PRE_LOOKAHEAD_TOKENS
             advance = piece.hop_tokens
-        chunked = None if final or not opts.flow_chunk_causal else self.chunked.get(
-            opts.flow_precision)
+        causal = opts.flow_chunk_causal and (not final or opts.flow_final_chunk_causal)
+        chunked = self.chunked.get(opts.flow_precision) if causal else None
         left = opts.flow_left_context_tokens
         start = max(0, offset - left) if left > 0 and chunked is None else 0
         flow_tokens = np.concatenate(
@@ -349,7 +349,7 @@ class CosyVoice3Engine:
         began = req.now()
         noise = req.flow_noise.take(noise_frames)[skip:].T
         if chunked is not None:  # chunk mask; prompt and history keys/values cached
-            new_mel = chunk_causal_mel(chunked, piece, features, flow_tokens, noise, req)
+            new_mel = chunk_causal_mel(chunked, piece, features, flow_tokens, noise, drop, req)
         else:
             new_mel = self._full_attention_mel(flow_tokens, features, noise, drop, start,
                                                offset, req)

@@ -262,7 +262,8 @@ class ServerRuntime:
         """Per-request options: the preset with ``--speed``, the seed and the time limit."""
         from ..engine.options import PRESETS
 
-        base = PRESETS.get(self.settings.preset, SynthesisOptions())
+        base = PRESETS.get(self.settings.preset, SynthesisOptions()).replace(
+            **dict(self.settings.bench_synthesis_options))
         return base.replace(
             speed=self.settings.speed,
             seed=seed if seed is not None else base.seed,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..engine.options import LLM_FILES, PRESETS
+from ..engine.options import LLM_FILES, PRESETS, SynthesisOptions
 from .limits import Limits
 
 _LOGGER = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class Settings:
     options_file: Path | None = None
     bench_stats_file: Path | None = None
     bench_tokens_per_char: float | None = None
+    bench_synthesis_options: tuple[tuple[str, Any], ...] = ()
     http_port: int | None = None
     http_host: str = DEFAULT_HTTP_HOST
     http_allow_from: tuple[str, ...] = ()
@@ -127,6 +128,36 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise ValueError(f"must be > 0, got {value}")
     return value
+
+
+def _synthesis_overrides(text: str) -> tuple[tuple[str, Any], ...]:
+    """``FIELD=VALUE,...`` -> ((field, value), ...) for :class:`SynthesisOptions` fields;
+    values are ``true``/``false``, ``none``, numbers or text. Raises ``ValueError`` naming an
+    unknown field or a value the options refuse."""
+    known = {f.name for f in fields(SynthesisOptions)}
+    pairs: list[tuple[str, Any]] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, raw = item.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not sep or name not in known:
+            raise ValueError(f"{item!r} is not FIELD=VALUE with a synthesis option field "
+                             f"({', '.join(sorted(known))})")
+        value: Any
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        elif raw.lower() == "none":
+            value = None
+        else:
+            try:
+                value = int(raw)
+            except ValueError:
+                try:
+                    value = float(raw)
+                except ValueError:
+                    value = raw
+        pairs.append((name, value))
+    SynthesisOptions().replace(**dict(pairs)).validate()
+    return tuple(pairs)
 
 
 def _port(text: str) -> int:
@@ -227,6 +258,10 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("--bench-tokens-per-char", "bench_tokens_per_char", "benchmarks: decode exactly "
             "this many speech tokens per character, ignoring the stop token",
             convert=_positive_float),
+    _Option("--bench-synthesis-options", "bench_synthesis_options", "benchmarks: change "
+            "fields of the preset's synthesis options, FIELD=VALUE,... (e.g. "
+            "euler_steps=3,flow_chunk_causal=true), to measure a lever through the server",
+            convert=_synthesis_overrides),
     _Option("--http-port", "http_port", "serve the voice page (add, preview and delete voices "
             "in a browser) on this TCP port; off by default; no authentication", convert=_port),
     _Option("--http-host", "http_host", "address the voice page listens on (default "

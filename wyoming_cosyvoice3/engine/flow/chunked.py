@@ -55,11 +55,13 @@ PROMPTS_IN_MEMORY = 2
 @dataclass
 class StepKv:
     """Cached keys/values of one Euler step: ``kv`` [depth, capacity, 2, B, inner] (filled up
-    to ``frames``) and the convolution context after the last cached frame."""
+    to ``frames``), the convolution context after the last cached frame, and ``dropped``: the
+    frames before the stored ones that a bounded left context let go (:meth:`keep_last`)."""
 
     kv: np.ndarray
     frames: int = 0
     conv: tuple[np.ndarray, np.ndarray] | None = None
+    dropped: int = 0
 
     def views(self, keep_frames: int | None = None) -> list[np.ndarray]:
         """Per block a contiguous [m, 2, B, inner] view of the last ``keep_frames`` frames."""
@@ -77,6 +79,16 @@ class StepKv:
         self.frames += n
         self.conv = conv
 
+    def keep_last(self, keep_frames: int) -> None:
+        """Store only the last ``keep_frames`` frames (the older ones are never attended
+        again under a bounded left context); their count moves to ``dropped``."""
+        extra = self.frames - max(0, keep_frames)
+        if extra <= 0:
+            return
+        self.kv[:, : self.frames - extra] = self.kv[:, extra : self.frames].copy()
+        self.frames -= extra
+        self.dropped += extra
+
     @property
     def nbytes(self) -> int:
         return int(self.frames * np.prod(self.kv.shape[2:]) * self.kv.shape[0] * 4)
@@ -90,7 +102,8 @@ class KvCache:
 
     @property
     def frames(self) -> int:
-        return self.steps[0].frames if self.steps else 0
+        """Frames this cache has seen (stored + dropped): the next new frame's index."""
+        return self.steps[0].frames + self.steps[0].dropped if self.steps else 0
 
     @property
     def nbytes(self) -> int:
@@ -98,8 +111,8 @@ class KvCache:
 
     def trimmed(self) -> KvCache:
         """A copy holding exactly the filled frames (for storage)."""
-        return KvCache([StepKv(np.ascontiguousarray(s.kv[:, : s.frames]), s.frames, s.conv)
-                        for s in self.steps])
+        return KvCache([StepKv(np.ascontiguousarray(s.kv[:, : s.frames]), s.frames, s.conv,
+                               s.dropped) for s in self.steps])
 
 
 def schedule_key(steps: int, cfg_rate: float, cfg_steps: int | None) -> tuple[int, ...]:
@@ -251,6 +264,8 @@ class ChunkedFlow:
             v = out.velocity
             vel = cfg_combine(v[0], v[1], cfg_rate) if guided else v[0]
             hist.append(out.kv_new, (out.conv1_next, out.conv2_next))
+            if left_context_frames is not None:  # older frames are never attended again
+                hist.keep_last(left_context_frames)
             x += (t_span[k + 1] - t_span[k]) * vel
         return x
 

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -73,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="server --threads and microbenchmark threads (0: physical cores)")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra server flag, repeatable (e.g. --server-arg=--llm-precision=fp32)")
+    p.add_argument("--baseline-src", type=Path, default=None,
+                   help="also serve each preset from this source tree (e.g. a worktree of "
+                   "the baseline commit), alive beside this tree's server, with the measured "
+                   "requests alternating between them; rows '<preset> (baseline)'")
+    p.add_argument("--variant", action="append", default=[],
+                   help="also serve each preset from this tree with more server flags, "
+                   "LABEL:FLAGS (e.g. 'cc:--bench-synthesis-options=flow_chunk_causal=true'), "
+                   "alternating like --baseline-src; rows '<preset> (LABEL)'; repeatable")
     p.add_argument("--delta-chars", type=int, default=10, help="streaming delta size")
     p.add_argument("--delta-interval-s", type=float, default=0.05, help="time between deltas")
     p.add_argument("--request-timeout-s", type=float, default=1800.0,
@@ -114,48 +123,84 @@ async def _request(mode: str, port: int, text: str, trace: RunTrace,
                                   args.request_timeout_s, args.delta_chars, args.delta_interval_s)
 
 
-def _run_preset(preset: str, args: argparse.Namespace, data_dir: Path,
-                workloads: Sequence[str], modes: Sequence[str]) -> dict[str, Any]:
+def _servers_for(preset: str, args: argparse.Namespace,
+                 data_dir: Path) -> list[tuple[str, ServerProcess]]:
+    """(label, server) for ``preset``: this tree's server, then the baseline and variants."""
     extra = [*args.server_arg]
     if args.threads:
         extra += ["--threads", str(args.threads)]
-    server = ServerProcess(args.model_dir, data_dir, preset, args.out / f"server-{preset}.jsonl",
-                           args.out / f"server-{preset}.log", args.tokens_per_char, extra)
-    _LOGGER.info("[%s] starting the server", preset)
-    traces: list[RunTrace] = []
+    out = args.out
+
+    def make(label: str, tag: str, flags: list[str], source: Path | None) -> tuple[
+            str, ServerProcess]:
+        data = data_dir if not tag else data_dir.parent / f"data-{tag}"
+        if tag:  # its own voice cache and derived files; the same voice clip
+            clip = data / "bench-voice.wav"
+            data.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(data_dir / "bench-voice.wav", clip)
+            shutil.copyfile(data_dir / "voices.yaml", data / "voices.yaml")
+        name = preset if not tag else f"{preset}-{tag}"
+        return label, ServerProcess(args.model_dir, data, preset, out / f"server-{name}.jsonl",
+                                    out / f"server-{name}.log", args.tokens_per_char, flags,
+                                    source)
+
+    servers = [make(preset, "", extra, None)]
+    if args.baseline_src is not None:
+        threads = ["--threads", str(args.threads)] if args.threads else []
+        servers.append(make(f"{preset} (baseline)", "baseline", threads, args.baseline_src))
+    for spec in args.variant:
+        label, _, flags = spec.partition(":")
+        servers.append(make(f"{preset} ({label})", label, [*extra, *shlex.split(flags)], None))
+    return servers
+
+
+def _run_preset(preset: str, args: argparse.Namespace, data_dir: Path,
+                workloads: Sequence[str], modes: Sequence[str]) -> list[dict[str, Any]]:
+    """Serve ``preset`` (and its baseline/variants, alive at once, each measured request
+    going to them in turn, the order rotating per run) and measure every cell."""
+    servers = _servers_for(preset, args, data_dir)
+    traces: dict[str, list[RunTrace]] = {label: [] for label, _ in servers}
+    steady: dict[str, int] = {}
     try:
-        server.start()
-        _LOGGER.info("[%s] ready in %.1f s (RSS %.2f GB); warm-up request", preset,
-                     server.load_s, server.rss_bytes() / 1e9)
-        asyncio.run(_request("one-shot", server.port, SENTENCE,
-                             RunTrace(preset, "warm-up", "one-shot", 0.0), args))
+        for label, server in servers:
+            _LOGGER.info("[%s] starting the server", label)
+            server.start()
+            _LOGGER.info("[%s] ready in %.1f s (RSS %.2f GB); warm-up request", label,
+                         server.load_s, server.rss_bytes() / 1e9)
+            asyncio.run(_request("one-shot", server.port, SENTENCE,
+                                 RunTrace(label, "warm-up", "one-shot", 0.0), args))
         for workload in workloads:
             for mode in modes:
                 cell_start = time.monotonic()
                 for index in range(args.runs):
-                    trace = RunTrace(preset, workload, mode, 0.0)
-                    asyncio.run(_request(mode, server.port, WORKLOADS[workload], trace, args))
-                    traces.append(trace)
-                    _LOGGER.info("[%s] %s %s run %d: first chunk %s s, total %.2f s, "
-                                 "audio %.2f s%s", preset, workload, mode, index + 1,
-                                 f"{trace.first_chunk_s:.2f}" if trace.first_chunk_s else "-",
-                                 trace.total_s, trace.audio_s,
-                                 f", error: {trace.error}" if trace.error else "")
+                    turn = index % len(servers)
+                    for label, server in servers[turn:] + servers[:turn]:
+                        trace = RunTrace(label, workload, mode, 0.0)
+                        asyncio.run(_request(mode, server.port, WORKLOADS[workload], trace,
+                                             args))
+                        traces[label].append(trace)
+                        _LOGGER.info("[%s] %s %s run %d: first chunk %s s, total %.2f s, "
+                                     "audio %.2f s%s", label, workload, mode, index + 1,
+                                     f"{trace.first_chunk_s:.2f}" if trace.first_chunk_s
+                                     else "-", trace.total_s, trace.audio_s,
+                                     f", error: {trace.error}" if trace.error else "")
                     spent = time.monotonic() - cell_start
                     if spent + spent / (index + 1) > args.cell_budget_s:
                         break
-        steady = server.rss_bytes()
+        steady = {label: server.rss_bytes() for label, server in servers}
     finally:
-        server.stop()
-    return {
-        "preset": preset,
+        for _, server in servers:
+            server.stop()
+    return [{
+        "preset": label,
         "load_s": server.load_s,
         "peak_rss_bytes": server.peak_rss_bytes,
-        "steady_rss_bytes": steady,
+        "steady_rss_bytes": steady.get(label, 0),
         "stats_file": server.stats_file.name,
-        "traces": [dataclasses.asdict(t) for t in traces],
+        "traces": [dataclasses.asdict(t) for t in traces[label]],
         "command": shlex.join(server.command()),
-    }
+        **({"source_dir": str(server.source_dir)} if server.source_dir is not None else {}),
+    } for label, server in servers]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -205,9 +250,10 @@ def _collect(args: argparse.Namespace, argv: Sequence[str], presets: Sequence[st
     loads = [_load_average()]
     servers = []
     for preset in presets:  # measured again after each preset: the best sample is used
-        servers.append(_run_preset(preset, args, data_dir, workloads, modes))
-        # count the graphs this server ran now, while derived files surely exist (cached)
-        records = read_records(args.out / servers[-1]["stats_file"])
+        ran = _run_preset(preset, args, data_dir, workloads, modes)
+        servers += ran
+        # count the graphs these servers ran now, while derived files surely exist (cached)
+        records = [r for server in ran for r in read_records(args.out / server["stats_file"])]
         load_cost_models({name: Path(path) for r in records
                           for name, path in r.get("graph_paths", {}).items()},
                          args.out / "flop-cache.json")

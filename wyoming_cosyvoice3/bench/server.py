@@ -86,6 +86,10 @@ class ServerProcess:
         log_file: its stderr/stdout.
         extra_args: more command-line flags (e.g. ``--llm-precision fp32``).
         tokens_per_char: fixed decoding length (``--bench-tokens-per-char``).
+        source_dir: run the server from this source tree (``PYTHONPATH``) instead of the
+            installed package, e.g. a checkout of an older commit for a baseline; the
+            benchmark settings then go through the environment (``COSYVOICE3_BENCH_*``),
+            which older servers read too.
     """
 
     model_dir: Path
@@ -95,6 +99,7 @@ class ServerProcess:
     log_file: Path
     tokens_per_char: float
     extra_args: list[str] = field(default_factory=list)
+    source_dir: Path | None = None
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     load_s: float = 0.0
@@ -114,8 +119,9 @@ class ServerProcess:
             "--preset", self.preset,
             "--seed", "1",
             "--max-request-seconds", "3600",
-            "--bench-tokens-per-char", f"{self.tokens_per_char:g}",
-            "--bench-stats-file", str(self.stats_file),
+            *([] if self.source_dir is not None else [
+                "--bench-tokens-per-char", f"{self.tokens_per_char:g}",
+                "--bench-stats-file", str(self.stats_file)]),
             *self.extra_args,
         ]
 
@@ -130,6 +136,11 @@ class ServerProcess:
         # every start computes the voice features again: feature extraction is measured
         shutil.rmtree(self.data_dir / "voice-cache", ignore_errors=True)
         env = dict(os.environ)
+        if self.source_dir is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(self.source_dir.resolve()), *filter(None, [env.get("PYTHONPATH")])])
+            env["COSYVOICE3_BENCH_TOKENS_PER_CHAR"] = f"{self.tokens_per_char:g}"
+            env["COSYVOICE3_BENCH_STATS_FILE"] = str(self.stats_file)
         self._log = self.log_file.open("wb")
         started = time.monotonic()
         self.process = subprocess.Popen(self.command(), stdout=self._log,

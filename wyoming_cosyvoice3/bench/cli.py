@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="sentence,paragraph")
     p.add_argument("--modes", default=",".join(MODES), help="one-shot,streaming")
+    p.add_argument("--skip-cells", default="",
+                   help="WORKLOAD:MODE pairs left out, comma-separated (e.g. "
+                   "paragraph:one-shot for a long preset)")
     p.add_argument("--runs", type=int, default=3, help="measured runs per cell (default 3)")
     p.add_argument("--cell-budget-s", type=float, default=900.0,
                    help="stop repeating a cell once another run would pass this many seconds "
@@ -169,8 +172,11 @@ def _run_preset(preset: str, args: argparse.Namespace, data_dir: Path,
                          server.load_s, server.rss_bytes() / 1e9)
             asyncio.run(_request("one-shot", server.port, SENTENCE,
                                  RunTrace(label, "warm-up", "one-shot", 0.0), args))
+        skip = {tuple(c.split(":", 1)) for c in args.skip_cells.split(",") if c}
         for workload in workloads:
             for mode in modes:
+                if (workload, mode) in skip:
+                    continue
                 cell_start = time.monotonic()
                 for index in range(args.runs):
                     turn = index % len(servers)

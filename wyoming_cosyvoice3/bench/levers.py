@@ -59,7 +59,11 @@ TRANSCRIPT = "This is the reference voice speaking for about five seconds."
 QUALITY = PRESETS["quality"]
 LEVERS: dict[str, SynthesisOptions] = {
     "quality (spec-exact)": QUALITY,
+    "flow_chunk_causal=False (full attention in every chunk)": QUALITY.replace(
+        flow_chunk_causal=False, first_hop_on_chunk_grid=False),
+    "flow_final_chunk_causal": QUALITY.replace(flow_final_chunk_causal=True),
     "first_hop_tokens=10": QUALITY.replace(first_hop_tokens=10),
+    "flow_left_context_tokens=50": QUALITY.replace(flow_left_context_tokens=50),
     "flow_left_context_tokens=25": QUALITY.replace(flow_left_context_tokens=25),
     "flow_prompt_tokens=50": QUALITY.replace(flow_prompt_tokens=50),
     "flow_prompt_tokens=25": QUALITY.replace(flow_prompt_tokens=25),

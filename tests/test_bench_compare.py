@@ -1,0 +1,65 @@
+"""The benchmark harness's comparison mode (``--baseline-src``, ``--variant``) through real
+servers on the tiny model: every server of a preset is alive at once and the measured requests
+alternate between them, so machine noise falls on every row alike."""
+
+from __future__ import annotations
+
+import json
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from wyoming_cosyvoice3.bench import cli
+from wyoming_cosyvoice3.bench.run_helpers import read_records
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _clip(path: Path, seconds: float = 3.0) -> Path:
+    rng = np.random.default_rng(5)
+    samples = (0.2 * rng.standard_normal(int(16000 * seconds))).clip(-1, 1)
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes((samples * 32767).astype("<i2").tobytes())
+    return path
+
+
+def test_baseline_and_variant_alternate_with_this_tree(tiny_model_dir: Path,
+                                                       tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = ["--model-dir", str(tiny_model_dir), "--voice-clip", str(_clip(tmp_path / "v.wav")),
+            "--voice-seconds", "2", "--out", str(out), "--presets", "fast",
+            "--workloads", "sentence", "--modes", "one-shot,streaming",
+            "--skip-cells", "sentence:streaming", "--runs", "2", "--threads", "1",
+            "--throughput-seconds", "0.05",
+            # the baseline is this same tree run through PYTHONPATH (a checkout of an older
+            # commit in real use); the variant changes one preset field through the server
+            "--baseline-src", str(REPO),
+            "--variant", "hop4:--bench-synthesis-options=first_hop_tokens=4"]
+    args = cli.build_parser().parse_args(argv)
+    raw = cli._collect(args, argv, ["fast"], ["sentence"], ["one-shot", "streaming"])
+    labels = [s["preset"] for s in raw["servers"]]
+    assert labels == ["fast", "fast (baseline)", "fast (hop4)"]
+    by_label = {s["preset"]: s for s in raw["servers"]}
+    for label, server in by_label.items():
+        traces = server["traces"]
+        assert [(t["workload"], t["mode"]) for t in traces] == [("sentence", "one-shot")] * 2
+        for t in traces:
+            assert t["error"] is None, label
+            assert abs(sum(n for _, n in t["chunks"]) / t["sample_rate_hz"] - 4.0) < 0.05
+        # the fixed decoding length and the stats file reached every server (the baseline
+        # through COSYVOICE3_BENCH_* variables, the others through flags)
+        records = read_records(out / server["stats_file"])
+        assert sum(r.get("kind") == "request" for r in records) >= 3, label  # warm-up + 2
+    assert "--bench-tokens-per-char" not in by_label["fast (baseline)"]["command"]
+    assert by_label["fast (baseline)"]["source_dir"] == str(REPO)
+    assert "first_hop_tokens=4" in by_label["fast (hop4)"]["command"]
+    # run 1 starts with this tree's server, run 2 with the baseline: the order rotates
+    starts = sorted((t["wall_start_s"], s["preset"]) for s in raw["servers"]
+                    for t in s["traces"])
+    assert [label for _, label in starts[:3]] == labels
+    assert [label for _, label in starts[3:]] == labels[1:] + labels[:1]
+    json.dumps(raw)  # raw.json stays serialisable

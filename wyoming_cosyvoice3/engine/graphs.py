@@ -138,12 +138,16 @@ def count_llm_layers(input_names: list[str]) -> int:
     )
 
 
-def session_options(threads: int, spin_wait: bool = True) -> ort.SessionOptions:
+def session_options(threads: int, spin_wait: bool = True,
+                    memory_arena: bool = True) -> ort.SessionOptions:
     """SessionOptions used for every graph: all graph optimisations, sequential execution,
     ``threads`` intra-op threads (0 = onnxruntime's choice), one inter-op thread; idle worker
     threads spin before sleeping unless ``spin_wait`` is False
-    (``session.intra_op.allow_spinning``, see ``EngineOptions.spin_wait``)."""
+    (``session.intra_op.allow_spinning``, see ``EngineOptions.spin_wait``). ``memory_arena``
+    False: intermediate tensors are freed after each run instead of kept in onnxruntime's
+    CPU arena (``enable_cpu_mem_arena``), for graphs whose largest run is a one-off."""
     options = ort.SessionOptions()
+    options.enable_cpu_mem_arena = memory_arena
     if not spin_wait:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -167,9 +171,10 @@ def resolve_providers(requested: tuple[str, ...]) -> list[str]:
 
 
 def open_session(
-    path: Path, threads: int, providers: tuple[str, ...], spin_wait: bool = True
+    path: Path, threads: int, providers: tuple[str, ...], spin_wait: bool = True,
+    memory_arena: bool = True,
 ) -> ort.InferenceSession:
-    """Load ``path`` into an InferenceSession.
+    """Load ``path`` into an InferenceSession (:func:`session_options`).
 
     Raises:
         ModelFilesMissing: the file does not exist.
@@ -180,7 +185,7 @@ def open_session(
     try:
         return ort.InferenceSession(
             str(path),
-            sess_options=session_options(threads, spin_wait),
+            sess_options=session_options(threads, spin_wait, memory_arena),
             providers=resolve_providers(providers),
         )
     except ORT_ERRORS as exc:

@@ -214,29 +214,32 @@ PRESETS: dict[str, SynthesisOptions] = {
     "quality": SynthesisOptions(
         first_hop_tokens=25, first_hop_on_chunk_grid=True, flow_chunk_causal=True
     ),
-    # The default. int8 DiT (per-frame MatMuls only), 4 Euler steps, the flow sees the last
-    # 1 s of the prompt (25 tokens) and 10 tokens of history, first chunk after 10 tokens,
-    # vocoder with 16 frames of left context. Measured through the server on the 2-core
-    # reference machine with a 5 s prompt: first audio 2.4 s for a 60-character sentence,
-    # RTF 2.4 (one-shot) / 3.1 (streaming text) on a 30 s paragraph, steady RSS 1.03 GB; the
-    # same work needs RTF 1.07-1.34 even at the peak MatMul rate (BENCHMARKS.md, "Levers" and
-    # "Targets and the physical limit").
+    # The default. int8 DiT (per-frame MatMuls only), 4 Euler steps; chunk-causal flow with
+    # the prompt's and the history's keys/values cached, so a chunk (the final one too) costs
+    # its own frames; the flow sees the last 4 s of the prompt (100 tokens: bounds the prompt
+    # cache at 150 frames, 216 MB) and attends 2 s of history (50 tokens); first chunk after
+    # 10 tokens (off upstream's 25-token grid); vocoder with 16 frames of left context.
+    # Figures: BENCHMARKS.md "Results in brief"; deviation of each lever: "Levers".
     "balanced": SynthesisOptions(
         flow_precision="int8",
         euler_steps=4,
-        flow_prompt_tokens=25,
-        flow_left_context_tokens=10,
+        flow_chunk_causal=True,
+        flow_final_chunk_causal=True,
+        flow_prompt_tokens=100,
+        flow_left_context_tokens=50,
         first_hop_tokens=10,
         vocoder_window_frames=16,
     ),
     # Lowest latency: 2 Euler steps (audible loss on real weights: the MNN port measured
-    # mel SNR 14 dB for an undistilled 10 -> 2 steps), 15 prompt tokens, 5 tokens of
-    # history, first chunk after 8 tokens, 8 frames of vocoder context.
+    # mel SNR 14 dB for an undistilled 10 -> 2 steps), the same chunk-causal flow with 1 s of
+    # attended history, first chunk after 8 tokens, 8 frames of vocoder context.
     "fast": SynthesisOptions(
         flow_precision="int8",
         euler_steps=2,
-        flow_prompt_tokens=15,
-        flow_left_context_tokens=5,
+        flow_chunk_causal=True,
+        flow_final_chunk_causal=True,
+        flow_prompt_tokens=100,
+        flow_left_context_tokens=25,
         first_hop_tokens=8,
         vocoder_window_frames=8,
     ),

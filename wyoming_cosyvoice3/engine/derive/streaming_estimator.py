@@ -41,6 +41,7 @@ import numpy as np
 from ..chunkmask import CHUNK_FRAMES
 from ..chunkmask import chunk_attention_bias as chunk_bias
 from ..errors import ModelFilesMissing, ModelLoadError
+from ..memory import return_freed_memory
 from .files import (
     check_failed_before,
     keyed_name,
@@ -237,7 +238,10 @@ def load_streaming_estimator(
     )
     errors: tuple[type[BaseException], ...] = (*ORT_ERRORS, KeyError)
     try:
-        session = open_session(main, threads, providers, spin_wait)
+        # no arena: the voice's prompt-cache pass (all cacheable prompt frames at once) would
+        # keep ~0.45 GB of intermediates (full-size int8, 200 frames) for good; measured
+        # 2 % slower per request without it (BENCHMARKS.md "Memory")
+        session = open_session(main, threads, providers, spin_wait, memory_arena=False)
         spec = GraphSpec(
             ESTIMATOR.file,
             {i.name: "float32" for i in session.get_inputs()},
@@ -298,29 +302,43 @@ class StreamingEstimator:
         self._lock = threading.Lock()
 
     def modulation(self, t: float) -> dict[str, np.ndarray]:
-        """``mod_<i>`` [1, 6D] and ``mod_final`` [1, 2D] for time ``t`` (cached)."""
+        """``mod_<i>`` [1, 6D] and ``mod_final`` [1, 2D] for time ``t`` (cached; a time not
+        precomputed opens the time graph for this one call)."""
         key = float(np.float32(t))
         with self._lock:
             hit = self._mods.get(key)
             if hit is not None:
                 return hit
-            session = self._time
-            if session is None:
-                if self.time_path is None:
-                    raise ModelLoadError("the streaming DiT's time graph is not available")
-                session = self._factory(self.time_path)
-            names = [o.name for o in session.get_outputs()]
+            return self._compute([key])[key]
+
+    def _compute(self, keys: Sequence[float]) -> dict[float, dict[str, np.ndarray]]:
+        """Run the time graph for ``keys`` (lock held); an opened graph is dropped after."""
+        session = self._time
+        opened = session is None
+        if session is None:
+            if self.time_path is None:
+                raise ModelLoadError("the streaming DiT's time graph is not available")
+            session = self._factory(self.time_path)
+        names = [o.name for o in session.get_outputs()]
+        for key in keys:
             values = session.run(names, {"t": np.array([key], dtype=np.float32)})
-            out = {n: np.ascontiguousarray(v) for n, v in zip(names, values, strict=True)}
-            self._mods[key] = out
-            return out
+            self._mods[key] = {n: np.ascontiguousarray(v)
+                               for n, v in zip(names, values, strict=True)}
+        if opened:
+            del session
+            return_freed_memory()  # the time graph's weights (0.57 GB at full size)
+        return {k: self._mods[k] for k in keys}
 
     def precompute(self, t_values: Sequence[float]) -> None:
-        """Compute the modulation for every ``t`` now, then release the time graph."""
-        for t in t_values:
-            self.modulation(t)
-        if self.time_path is not None:
-            self._time = None
+        """Compute the modulation for every ``t`` with one opening of the time graph, then
+        release it (and give its freed heap back to the operating system)."""
+        with self._lock:
+            missing = sorted({float(np.float32(t)) for t in t_values} - set(self._mods))
+            if missing:
+                self._compute(missing)
+            if self.time_path is not None and self._time is not None:
+                self._time = None
+                return_freed_memory()
 
     def empty_kv(self, batch: int) -> np.ndarray:
         return np.zeros((0, 2, batch, self.inner), dtype=np.float32)

@@ -146,4 +146,5 @@ def chunk_causal_mel(
         req.check,
         C.TOKEN_MEL_RATIO * left if left > 0 else None,
         req.times,
+        store_history=drop_frames > 0,  # a final chunk's keys/values are never attended
     )

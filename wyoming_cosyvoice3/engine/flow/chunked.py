@@ -234,9 +234,12 @@ class ChunkedFlow:
         history: KvCache,
         should_stop: ShouldStop | None,
         left_context_frames: int | None = None,
+        store: bool = True,
     ) -> FloatArray:
         """Euler/CFG solve of new frames ``start ..`` (float32 [80, n] each); appends their
-        keys/values to ``history``. flow_matching.py ``solve_euler`` with cached attention."""
+        keys/values to ``history`` (unless ``store`` is False: a piece's final chunk), keeping
+        at most ``left_context_frames`` when given. flow_matching.py ``solve_euler`` with
+        cached attention."""
         t_span = cosine_t_schedule(steps)
         guided_steps = schedule_key(steps, cfg_rate, cfg_steps)
         n = x0.shape[1]
@@ -263,9 +266,12 @@ class ChunkedFlow:
                                      kv_prompt, kv_hist)
             v = out.velocity
             vel = cfg_combine(v[0], v[1], cfg_rate) if guided else v[0]
-            hist.append(out.kv_new, (out.conv1_next, out.conv2_next))
-            if left_context_frames is not None:  # older frames are never attended again
-                hist.keep_last(left_context_frames)
+            if store:
+                if left_context_frames is not None:  # older frames are never attended again
+                    hist.keep_last(max(0, left_context_frames - n))
+                hist.append(out.kv_new, (out.conv1_next, out.conv2_next))
+                if left_context_frames is not None:
+                    hist.keep_last(left_context_frames)
             x += (t_span[k + 1] - t_span[k]) * vel
         return x
 
@@ -282,6 +288,7 @@ class ChunkedFlow:
         should_stop: ShouldStop | None = None,
         left_context_frames: int | None = None,
         times: StageTimes | None = None,
+        store_history: bool = True,
     ) -> FloatArray:
         """Mel of one non-final chunk under upstream's chunk mask (``streaming=True``).
 
@@ -295,6 +302,7 @@ class ChunkedFlow:
             drop_lookahead_frames: mu frames dropped at the end (6 = 2 x 3 lookahead tokens).
             left_context_frames: attend to at most this many history frames (None = all).
             times: ``flow_s`` and ``flow_calls`` are added to (prompt cache work included).
+            store_history: False for a piece's final chunk (its keys/values are not needed).
 
         Returns:
             float32 [80, new generated frames].
@@ -314,7 +322,8 @@ class ChunkedFlow:
             cond[:, : prompt_frames - start] = np.asarray(
                 voice.prompt_mel, dtype=np.float32)[start:].T
         x = self._solve(x0, np.ascontiguousarray(mu[:, start:end]), cond, spks, start, steps,
-                        cfg_rate, cfg_steps, prompt, history, should_stop, left_context_frames)
+                        cfg_rate, cfg_steps, prompt, history, should_stop, left_context_frames,
+                        store_history)
         if times is not None:
             times.flow_s += time.perf_counter() - began
             times.flow_calls += 1

@@ -42,14 +42,9 @@ READ_TIMEOUT_S = 60.0
 
 
 def make_settings(model_dir: Path, data_dir: Path, **changes: Any) -> Settings:
-    """Settings of an in-process server on 127.0.0.1 with an ephemeral port.
-
-    The LLM runs the published graph unless a test asks otherwise: the default ``fused`` graph
-    is derived once per data dir, and every test has a new one (test_server_default_preset
-    starts the server with every default)."""
+    """Settings of an in-process server on 127.0.0.1 with an ephemeral port."""
     values: dict[str, Any] = dict(uri="tcp://127.0.0.1:0", model_dir=model_dir,
-                                  data_dirs=(data_dir,), warm_up=False, seed=1,
-                                  llm_graph="published")
+                                  data_dirs=(data_dir,), warm_up=False, seed=1)
     values.update(changes)
     return Settings(**values)
 

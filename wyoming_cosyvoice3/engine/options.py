@@ -214,32 +214,29 @@ PRESETS: dict[str, SynthesisOptions] = {
     "quality": SynthesisOptions(
         first_hop_tokens=25, first_hop_on_chunk_grid=True, flow_chunk_causal=True
     ),
-    # The default. int8 DiT (per-frame MatMuls only), 4 Euler steps; chunk-causal flow with
-    # the prompt's and the history's keys/values cached, so a chunk (the final one too) costs
-    # its own frames; the flow sees the last 4 s of the prompt (100 tokens: bounds the prompt
-    # cache at 150 frames, 216 MB) and attends 2 s of history (50 tokens); first chunk after
-    # 10 tokens (off upstream's 25-token grid); vocoder with 16 frames of left context.
-    # Figures: BENCHMARKS.md "Results in brief"; deviation of each lever: "Levers".
+    # The default. int8 DiT (per-frame MatMuls only), 4 Euler steps, the flow sees the last
+    # 1 s of the prompt (25 tokens) and 10 tokens of history, first chunk after 10 tokens,
+    # vocoder with 16 frames of left context. The chunk-causal flow (``flow_chunk_causal``,
+    # ``flow_final_chunk_causal``, 4 s of prompt, 2 s of history) is much closer to the exact
+    # path (mel SNR 23.4 dB against 12.4 dB) but measured 1.05-1.1x slower through the server
+    # on the 2-core reference machine, so it is not used here (BENCHMARKS.md, "Chunk-causal
+    # presets through the server").
     "balanced": SynthesisOptions(
         flow_precision="int8",
         euler_steps=4,
-        flow_chunk_causal=True,
-        flow_final_chunk_causal=True,
-        flow_prompt_tokens=100,
-        flow_left_context_tokens=50,
+        flow_prompt_tokens=25,
+        flow_left_context_tokens=10,
         first_hop_tokens=10,
         vocoder_window_frames=16,
     ),
     # Lowest latency: 2 Euler steps (audible loss on real weights: the MNN port measured
-    # mel SNR 14 dB for an undistilled 10 -> 2 steps), the same chunk-causal flow with 1 s of
-    # attended history, first chunk after 8 tokens, 8 frames of vocoder context.
+    # mel SNR 14 dB for an undistilled 10 -> 2 steps), 15 prompt tokens, 5 tokens of
+    # history, first chunk after 8 tokens, 8 frames of vocoder context.
     "fast": SynthesisOptions(
         flow_precision="int8",
         euler_steps=2,
-        flow_chunk_causal=True,
-        flow_final_chunk_causal=True,
-        flow_prompt_tokens=100,
-        flow_left_context_tokens=25,
+        flow_prompt_tokens=15,
+        flow_left_context_tokens=5,
         first_hop_tokens=8,
         vocoder_window_frames=8,
     ),

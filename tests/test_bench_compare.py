@@ -5,6 +5,7 @@ alternate between them, so machine noise falls on every row alike."""
 from __future__ import annotations
 
 import json
+import shutil
 import wave
 from pathlib import Path
 
@@ -30,14 +31,25 @@ def _clip(path: Path, seconds: float = 3.0) -> Path:
 def test_baseline_and_variant_alternate_with_this_tree(tiny_model_dir: Path,
                                                        tmp_path: Path) -> None:
     out = tmp_path / "out"
+    # a baseline tree: this package copied, its version marked so that the log shows which
+    # tree the server imported (a server started in this repository's directory imports the
+    # repository's package first: python -m puts the working directory before PYTHONPATH)
+    baseline = tmp_path / "baseline-src"
+    shutil.copytree(REPO / "wyoming_cosyvoice3", baseline / "wyoming_cosyvoice3",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    init = baseline / "wyoming_cosyvoice3" / "__init__.py"
+    text = init.read_text(encoding="utf-8")
+    assert "__version__ = " in text
+    init.write_text(text.replace("__version__ = ", "__version__ = '9.9.9-baseline' or ", 1),
+                    encoding="utf-8")
     argv = ["--model-dir", str(tiny_model_dir), "--voice-clip", str(_clip(tmp_path / "v.wav")),
             "--voice-seconds", "2", "--out", str(out), "--presets", "fast",
             "--workloads", "sentence", "--modes", "one-shot,streaming",
             "--skip-cells", "sentence:streaming", "--runs", "2", "--threads", "1",
             "--throughput-seconds", "0.05",
-            # the baseline is this same tree run through PYTHONPATH (a checkout of an older
+            # the baseline: another source tree run through PYTHONPATH (a checkout of an older
             # commit in real use); the variant changes one preset field through the server
-            "--baseline-src", str(REPO),
+            "--baseline-src", str(baseline),
             "--variant", "hop4:--bench-synthesis-options=first_hop_tokens=4"]
     args = cli.build_parser().parse_args(argv)
     raw = cli._collect(args, argv, ["fast"], ["sentence"], ["one-shot", "streaming"])
@@ -55,7 +67,11 @@ def test_baseline_and_variant_alternate_with_this_tree(tiny_model_dir: Path,
         records = read_records(out / server["stats_file"])
         assert sum(r.get("kind") == "request" for r in records) >= 3, label  # warm-up + 2
     assert "--bench-tokens-per-char" not in by_label["fast (baseline)"]["command"]
-    assert by_label["fast (baseline)"]["source_dir"] == str(REPO)
+    assert by_label["fast (baseline)"]["source_dir"] == str(baseline)
+    logs = {label: (out / Path(s["stats_file"]).with_suffix(".log").name).read_text()
+            for label, s in by_label.items()}
+    assert "9.9.9-baseline" in logs["fast (baseline)"]  # the baseline tree answered
+    assert "9.9.9-baseline" not in logs["fast"] and "9.9.9-baseline" not in logs["fast (hop4)"]
     assert "first_hop_tokens=4" in by_label["fast (hop4)"]["command"]
     # run 1 starts with this tree's server, run 2 with the baseline: the order rotates
     starts = sorted((t["wall_start_s"], s["preset"]) for s in raw["servers"]

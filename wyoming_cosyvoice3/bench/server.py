@@ -113,15 +113,15 @@ class ServerProcess:
         return [
             sys.executable, "-m", "wyoming_cosyvoice3",
             "--uri", f"tcp://{HOST}:{self.port}",
-            "--model-dir", str(self.model_dir),
-            "--data-dir", str(self.data_dir),
+            "--model-dir", str(self.model_dir.resolve()),
+            "--data-dir", str(self.data_dir.resolve()),
             "--voice", VOICE_NAME,
             "--preset", self.preset,
             "--seed", "1",
             "--max-request-seconds", "3600",
             *([] if self.source_dir is not None else [
                 "--bench-tokens-per-char", f"{self.tokens_per_char:g}",
-                "--bench-stats-file", str(self.stats_file)]),
+                "--bench-stats-file", str(self.stats_file.resolve())]),
             *self.extra_args,
         ]
 
@@ -140,10 +140,13 @@ class ServerProcess:
             env["PYTHONPATH"] = os.pathsep.join(
                 [str(self.source_dir.resolve()), *filter(None, [env.get("PYTHONPATH")])])
             env["COSYVOICE3_BENCH_TOKENS_PER_CHAR"] = f"{self.tokens_per_char:g}"
-            env["COSYVOICE3_BENCH_STATS_FILE"] = str(self.stats_file)
+            env["COSYVOICE3_BENCH_STATS_FILE"] = str(self.stats_file.resolve())
         self._log = self.log_file.open("wb")
         started = time.monotonic()
-        self.process = subprocess.Popen(self.command(), stdout=self._log,
+        # ``python -m`` puts the working directory first on sys.path, before PYTHONPATH: a
+        # server from another source tree must start there, or it imports this tree
+        cwd = None if self.source_dir is None else self.source_dir.resolve()
+        self.process = subprocess.Popen(self.command(), stdout=self._log, cwd=cwd,
                                         stderr=subprocess.STDOUT, env=env)
         self._sampler = threading.Thread(target=self._sample_rss, daemon=True)
         self._sampler.start()

@@ -7,6 +7,8 @@ replaced source is derived again; it is written once, atomically (temporary name
 not retry it (delete the marker to retry). Large derivations run in a child process
 (:func:`run_child`, entry point :mod:`.child`): it holds the source graph and its derived copy
 in memory (a few GB at the published size), which the serving process should never keep.
+:func:`derive_once` is that whole sequence; each derivation module gives it only what to make
+and how to tell a valid result.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import ModelLoadError
+from ..errors import ModelFilesMissing, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +34,7 @@ CHILD_TIMEOUT_S = 3600.0
 """Longest a derivation child process may run (the full-size int8 quantisation takes minutes)."""
 CHILD_MODULE = "wyoming_cosyvoice3.engine.derive.child"
 _KEEP_ELEMENTS = 4096
+"""Initializers up to this size keep their data for shape inference (Reshape targets...)."""
 _locks: dict[Path, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -61,8 +66,11 @@ def derived_files_dir(model_dir: Path, cache_dir: Path | None) -> Path:
 def keyed_name(source: Path, tag: str, suffix: str) -> str:
     """``<source stem without .fp32>.<tag>-<size>-<mtime_ns><suffix>`` for a derived file."""
     stat = source.stat()
-    stem = source.name.removesuffix(".onnx").removesuffix(".fp32")
-    return f"{stem}.{tag}-{stat.st_size}-{stat.st_mtime_ns}{suffix}"
+    return f"{_stem(source)}.{tag}-{stat.st_size}-{stat.st_mtime_ns}{suffix}"
+
+
+def _stem(source: Path) -> str:
+    return source.name.removesuffix(".onnx").removesuffix(".fp32")
 
 
 def replace_atomically(tmp: Path, target: Path) -> None:
@@ -130,7 +138,6 @@ def weight_free_copy(model: Any) -> Any:
                 onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
             )
     return light
-"""Initializers up to this size keep their data for shape inference (Reshape targets...)."""
 
 
 def run_child(args: list[str]) -> None:
@@ -154,3 +161,94 @@ def run_child(args: list[str]) -> None:
             f"the {args[0]} estimator converter exited with {proc.returncode}: "
             f"{lines[-1] if lines else 'no output'}"
         )
+
+
+def _all_present(paths: list[Path]) -> bool:
+    return all(path.is_file() for path in paths)
+
+
+def derive_once(
+    source: Path,
+    cache_dir: Path,
+    files: Sequence[tuple[str, str]],
+    make: Callable[[list[Path]], None],
+    *,
+    what: str,
+    failure: str | None = None,
+    valid: Callable[[list[Path]], bool] = _all_present,
+    shared: Collection[str] = (),
+    retired: Sequence[str] = (),
+) -> list[Path]:
+    """Paths of the files derived from ``source``, made by ``make`` only when no valid result
+    is cached and no earlier attempt failed.
+
+    The sequence, under a per-file lock (threads of this process): a valid earlier result
+    (``valid``) is returned as it is; a ``<last>.failed`` marker raises at once; else ``make``
+    writes every file under a temporary name (``.<name>.<pid>.<thread>.tmp``, same directory),
+    each is renamed onto its final name in the order of ``files``, the last one (the *guard*,
+    which also names the lock and the marker) last, so a crash half-way leaves no valid result
+    and the next call derives again. On success the files of other sources' keys (and the
+    ``retired`` ones) are removed; on failure the temporary files are removed and the marker
+    records the reason. Nothing here warns: the caller falls back with its one warning.
+
+    Args:
+        source: the published file derived from (its size and mtime key the names).
+        cache_dir: directory of derived files (:func:`derived_files_dir`).
+        files: ``(tag, suffix)`` per file, in writing order, the guard last; the file is
+            ``cache_dir / keyed_name(source, tag, suffix)``.
+        make: writes the files to the temporary paths it is given (same order); in this
+            process or through :func:`run_child`. Any exception it raises is a failure.
+        what: what is done, for the log (``"splitting <source>"``).
+        failure: prefix of the error message (default ``"<what> failed"``).
+        valid: whether the files (final paths) hold a usable result (default: all exist).
+        shared: tags of files that other derivations make identically (a split's time graph):
+            kept when already present, not replaced.
+        retired: globs after ``"<stem>."`` of files an older recipe wrote (``"int8-*.onnx"``),
+            removed after a success.
+
+    Returns:
+        The final paths, in the order of ``files``.
+
+    Raises:
+        ModelFilesMissing: ``source`` does not exist.
+        ModelLoadError: the derivation failed now (a ModelLoadError of ``make`` as it is,
+            anything else wrapped as ``"<failure>: <error>"``) or in an earlier attempt
+            (until the marker is deleted).
+    """
+    source = Path(source)
+    if not source.is_file():
+        raise ModelFilesMissing(str(source.parent), [source.name])
+    cache_dir = Path(cache_dir)
+    finals = [cache_dir / keyed_name(source, tag, suffix) for tag, suffix in files]
+    guard = finals[-1]
+    with lock_for(guard):
+        if valid(finals):
+            return finals
+        check_failed_before(guard)
+        tmp_suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
+        tmps = [path.with_name(f".{path.name}{tmp_suffix}") for path in finals]
+        prefix = failure or f"{what} failed"
+        started = time.perf_counter()
+        logger.info("%s (once; writing %s)", what, guard)
+        try:
+            make(tmps)
+            for (tag, _), tmp, final in zip(files, tmps, finals, strict=True):
+                if tag in shared and final.is_file():
+                    continue
+                if not tmp.is_file():
+                    raise ModelLoadError(f"{prefix}: no {final.name} was made")
+                replace_atomically(tmp, final)
+        except Exception as exc:  # derivation errors are not typed; always wrapped below
+            record_failure(guard, exc)
+            if isinstance(exc, ModelLoadError):
+                raise
+            raise ModelLoadError(f"{prefix}: {exc}") from exc
+        finally:
+            for tmp in tmps:
+                tmp.unlink(missing_ok=True)
+        for (tag, suffix), final in zip(files, finals, strict=True):
+            remove_stale(cache_dir, f"{_stem(source)}.{tag}-*-*{suffix}", final)
+        for pattern in retired:
+            remove_stale(cache_dir, f"{_stem(source)}.{pattern}", guard)
+        logger.info("%s: done in %.1f s", what, time.perf_counter() - started)
+        return finals

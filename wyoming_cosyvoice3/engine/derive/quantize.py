@@ -13,45 +13,28 @@ model card gives for ``llm_int8.onnx`` ("dynamic int8 MatMul (per-channel)"). Ac
 quantised per tensor at run time (``DynamicQuantizeLinear``). Published effect of the same
 change: nardi-xhepi/cosyvoice3-cpu reports 0.46 % waveform error for an int8 flow.
 
-A failed attempt leaves ``<name>.failed`` (with the reason) so later starts do not retry it
-(delete it to retry). The quantised file is written once, atomically (temporary name +
-``os.replace``), named after the source file's size and mtime so a replaced source is
-re-quantised, and reused afterwards.
-The quantiser runs in a child process: it holds the fp32 model and its quantised copy in
-memory (a few GB at the published size), which the serving process should never keep.
+Cached like every derivation (:func:`~.files.derive_once`): written once, atomically, named
+after the source file's size and mtime so a replaced source is re-quantised, reused
+afterwards; a failed attempt leaves ``<name>.failed`` (with the reason) so later starts do not
+retry it (delete it to retry). The quantiser runs in a child process: it holds the fp32 model
+and its quantised copy in memory (a few GB at the published size), which the serving process
+should never keep.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
-import time
 from pathlib import Path
 
-from ..errors import ModelFilesMissing, ModelLoadError
-from .files import (
-    check_failed_before,
-    keyed_name,
-    lock_for,
-    record_failure,
-    remove_stale,
-    replace_atomically,
-    run_child,
-    weight_free_copy,
-)
+from .files import derive_once, run_child, weight_free_copy
 
 logger = logging.getLogger(__name__)
 
 INT8_TAG = "int8r2"
 """Tag of the int8 file name; bumped when the recipe changes (r2: per-frame MatMuls only)."""
-
-
 MIN_QUANTIZED_DIM = 512
 """Only weights whose both dimensions are at least this are quantised (the DiT blocks' linear
 layers: 1024 x 1024, 1024 x 2048, 2048 x 1024); the input and output projections stay fp32."""
-
-
 
 
 def per_frame_matmuls(model: object) -> list[str]:
@@ -128,11 +111,12 @@ def quantize_estimator(source: Path, target: Path) -> None:
 
 
 def ensure_int8_estimator(source: Path, cache_dir: Path, *, in_process: bool = False) -> Path:
-    """Path of the int8 estimator for ``source``, quantising it first if not cached yet.
+    """Path of the int8 estimator for ``source``, quantising it first if not cached yet
+    (:func:`~.files.derive_once`).
 
     Args:
         source: the fp32 estimator file.
-        cache_dir: directory of derived files (:func:`derived_files_dir`).
+        cache_dir: directory of derived files (:func:`~.files.derived_files_dir`).
         in_process: quantise in this process instead of a child process (tests, tools).
 
     Returns:
@@ -140,40 +124,22 @@ def ensure_int8_estimator(source: Path, cache_dir: Path, *, in_process: bool = F
 
     Raises:
         ModelFilesMissing: ``source`` does not exist.
-        ModelLoadError: quantisation failed (the message holds the quantiser's last output).
+        ModelLoadError: quantisation failed, now (the message holds the quantiser's last
+            output) or in an earlier attempt.
     """
-    source = Path(source)
-    if not source.is_file():
-        raise ModelFilesMissing(str(source.parent), [source.name])
-    target = Path(cache_dir) / keyed_name(source, INT8_TAG, ".onnx")
-    with lock_for(target):
-        if target.is_file():
-            return target
-        check_failed_before(target)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        started = time.perf_counter()
-        logger.info("quantising %s to int8 (once; written to %s)", source.name, target)
-        try:
-            if in_process:
-                quantize_estimator(source, tmp)
-            else:
-                _quantize_in_child(source, tmp)
-            replace_atomically(tmp, target)
-        except Exception as exc:  # quantiser errors are not typed; always wrapped below
-            tmp.unlink(missing_ok=True)
-            record_failure(target, exc)
-            if isinstance(exc, ModelLoadError):
-                raise
-            raise ModelLoadError(f"quantising {source} to int8 failed: {exc}") from exc
-        stem = target.name.split(f".{INT8_TAG}-")[0]
-        remove_stale(target.parent, f"{stem}.int8*.onnx", target)
-        logger.info("int8 estimator ready in %.1f s", time.perf_counter() - started)
-        return target
 
+    def make(tmps: list[Path]) -> None:
+        if in_process:
+            quantize_estimator(source, tmps[0])
+        else:
+            run_child(["int8", str(source), str(tmps[0])])
 
-def _quantize_in_child(source: Path, target: Path) -> None:
-    run_child(["int8", str(source), str(target)])
-    if not target.is_file():
-        raise ModelLoadError(f"the int8 quantiser wrote no {target.name}")
-
-
+    (target,) = derive_once(
+        source,
+        cache_dir,
+        [(INT8_TAG, ".onnx")],
+        make,
+        what=f"quantising {source} to int8",
+        retired=["int8-*.onnx"],  # recipe r1
+    )
+    return target

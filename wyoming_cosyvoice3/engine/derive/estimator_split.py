@@ -19,9 +19,7 @@ once per distinct ``t`` (a schedule has ``n`` of them) and caches its outputs (a
 from __future__ import annotations
 
 import logging
-import os
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,18 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelFilesMissing, ModelLoadError
 from ..graphs import ESTIMATOR, Graph, GraphSpec
-from .files import (
-    check_failed_before,
-    keyed_name,
-    lock_for,
-    record_failure,
-    remove_stale,
-    replace_atomically,
-    run_child,
-    weight_free_copy,
-)
+from .files import derive_once, run_child, weight_free_copy
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +113,6 @@ def split_time_conditioning(model: Any) -> tuple[Any, Any] | None:
 def _value_types(model: Any, names: list[str]) -> dict[str, tuple[int, list[Any]]] | None:
     """(elem type, shape) of ``names`` by shape inference on a weight-free copy."""
     from onnx import shape_inference
-
 
     try:
         inferred = shape_inference.infer_shapes(weight_free_copy(model))
@@ -290,46 +277,29 @@ SPLIT_TAGS = {"fp32": "main", "int8": "int8main"}
 def ensure_split_estimator(
     source: Path, cache_dir: Path, precision: str, *, in_process: bool = False
 ) -> tuple[Path, Path]:
-    """(main graph, time graph) of the split estimator (:mod:`.estimator_split`) for
-    ``precision``, derived once from ``source`` like :func:`ensure_int8_estimator`.
+    """(main graph, time graph) of the split estimator for ``precision`` ("fp32" or "int8"),
+    derived once from ``source`` into ``cache_dir`` (:func:`~.files.derive_once`; the time
+    graph, the same for both precisions, is shared).
 
     Raises:
         ModelFilesMissing: ``source`` does not exist.
-        ModelLoadError: splitting or quantising failed (callers fall back to the whole graph).
+        ModelLoadError: splitting or quantising failed, now or in an earlier attempt (callers
+            fall back to the whole graph).
     """
-    source = Path(source)
-    if not source.is_file():
-        raise ModelFilesMissing(str(source.parent), [source.name])
-    cache_dir = Path(cache_dir)
-    main = cache_dir / keyed_name(source, SPLIT_TAGS[precision], ".onnx")
-    time_graph = cache_dir / keyed_name(source, "time", ".onnx")
-    with lock_for(main):
-        if main.is_file() and time_graph.is_file():
-            return main, time_graph
-        check_failed_before(main)
-        suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp_main = main.with_name(f".{main.name}{suffix}")
-        tmp_time = time_graph.with_name(f".{time_graph.name}{suffix}")
-        started = time.perf_counter()
-        logger.info("splitting %s (%s, once; written to %s)", source.name, precision, cache_dir)
-        try:
-            if in_process:
-                                derive_split(source, precision, tmp_main, tmp_time)
-            else:
-                run_child(["split", precision, str(source), str(tmp_main), str(tmp_time)])
-            if not time_graph.is_file():
-                replace_atomically(tmp_time, time_graph)
-            replace_atomically(tmp_main, main)
-        except Exception as exc:  # child/quantiser errors are not typed; always wrapped below
-            record_failure(main, exc)
-            if isinstance(exc, ModelLoadError):
-                raise
-            raise ModelLoadError(f"splitting {source} failed: {exc}") from exc
-        finally:
-            tmp_main.unlink(missing_ok=True)
-            tmp_time.unlink(missing_ok=True)
-        stem = main.name.split(f".{SPLIT_TAGS[precision]}-")[0]
-        remove_stale(cache_dir, f"{stem}.{SPLIT_TAGS[precision]}-*.onnx", main)
-        remove_stale(cache_dir, f"{stem}.time-*.onnx", time_graph)
-        logger.info("split estimator ready in %.1f s", time.perf_counter() - started)
-        return main, time_graph
+
+    def make(tmps: list[Path]) -> None:
+        tmp_time, tmp_main = tmps
+        if in_process:
+            derive_split(source, precision, tmp_main, tmp_time)
+        else:
+            run_child(["split", precision, str(source), str(tmp_main), str(tmp_time)])
+
+    time_graph, main = derive_once(
+        source,
+        cache_dir,
+        [("time", ".onnx"), (SPLIT_TAGS[precision], ".onnx")],
+        make,
+        what=f"splitting {source}",
+        shared={"time"},
+    )
+    return main, time_graph

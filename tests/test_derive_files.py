@@ -11,6 +11,7 @@ derivations (int8, split, streaming DiT, fused LLM) are tested in their own file
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -67,16 +68,16 @@ def key(source: Path) -> str:
 
 def test_a_valid_result_is_reused_and_not_made_again(source: Path, cache: Path) -> None:
     make = Maker()
-    first = derive_once(source, cache, FILES, make, what="deriving")
+    first = derive_once(source, cache, FILES, make, name="x")
     assert [p.name for p in first] == [f"{STEM}.time-{key(source)}.onnx",
                                        f"{STEM}.main-{key(source)}.onnx"]
     assert [p.read_bytes() for p in first] == [b"part 0 #1", b"part 1 #1"]
     assert sorted(p.name for p in cache.iterdir()) == sorted(p.name for p in first)  # no tmp
     before = [p.stat().st_mtime_ns for p in first]
-    assert derive_once(source, cache, FILES, make, what="deriving") == first
+    assert derive_once(source, cache, FILES, make, name="x") == first
     assert make.calls == 1 and [p.stat().st_mtime_ns for p in first] == before
     # a result its module finds unusable (e.g. an unreadable report) is made again
-    again = derive_once(source, cache, FILES, make, what="deriving", valid=lambda _: False)
+    again = derive_once(source, cache, FILES, make, name="x", valid=lambda _: False)
     assert again == first and make.calls == 2
     assert [p.read_bytes() for p in first] == [b"part 0 #2", b"part 1 #2"]
 
@@ -85,7 +86,7 @@ def test_concurrent_callers_derive_once(source: Path, cache: Path) -> None:
     make = Maker()
     results: list[list[Path]] = []
     threads = [threading.Thread(target=lambda: results.append(
-        derive_once(source, cache, FILES, make, what="deriving"))) for _ in range(4)]
+        derive_once(source, cache, FILES, make, name="x"))) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -96,7 +97,7 @@ def test_concurrent_callers_derive_once(source: Path, cache: Path) -> None:
 def test_a_failure_leaves_a_marker_that_later_calls_honour(source: Path, cache: Path) -> None:
     make = Maker(fail=ValueError("no DiT structure found"))
     with pytest.raises(ModelLoadError, match=r"^splitting it failed: no DiT structure found$"):
-        derive_once(source, cache, FILES, make, what="splitting it")
+        derive_once(source, cache, FILES, make, name="x", what="splitting it")
     guard = cache / f"{STEM}.main-{key(source)}.onnx"
     marker = failure_marker(guard)
     assert marker.name == guard.name + ".failed"
@@ -104,12 +105,12 @@ def test_a_failure_leaves_a_marker_that_later_calls_honour(source: Path, cache: 
     assert [p.name for p in cache.iterdir()] == [marker.name]  # no result, no temporary file
     # a later call (a later start) does not run the derivation again
     with pytest.raises(ModelLoadError, match=r"earlier attempt .* \(no DiT structure found\)"):
-        derive_once(source, cache, FILES, make, what="splitting it")
+        derive_once(source, cache, FILES, make, name="x", what="splitting it")
     assert make.calls == 1
     # deleting the marker retries
     marker.unlink()
     good = Maker()
-    paths = derive_once(source, cache, FILES, good, what="splitting it")
+    paths = derive_once(source, cache, FILES, good, name="x", what="splitting it")
     assert good.calls == 1 and paths[-1] == guard and guard.read_bytes() == b"part 1 #1"
 
 
@@ -117,19 +118,23 @@ def test_error_types_and_messages(source: Path, cache: Path) -> None:
     # a ModelLoadError of the derivation is raised as it is
     with pytest.raises(ModelLoadError, match=r"^validation: differs by 0\.3$"):
         derive_once(source, cache, [("a", ".onnx")],
-                    Maker(fail=ModelLoadError("validation: differs by 0.3")), what="x")
-    # the message prefix can be set
+                    Maker(fail=ModelLoadError("validation: differs by 0.3")), name="x")
+    # the default prefix, and a prefix of the caller's
+    default = rf"^deriving the y from {re.escape(str(source))} failed: bad$"
+    with pytest.raises(ModelLoadError, match=default):
+        derive_once(source, cache, [("d", ".onnx")], Maker(fail=OSError("bad")), name="y")
     with pytest.raises(ModelLoadError, match=r"^fused LLM graph of llm\.onnx: bad$") as info:
-        derive_once(source, cache, [("b", ".onnx")], Maker(fail=OSError("bad")), what="x",
+        derive_once(source, cache, [("b", ".onnx")], Maker(fail=OSError("bad")), name="x",
                     failure="fused LLM graph of llm.onnx")
     assert isinstance(info.value.__cause__, OSError)
     # a derivation that returns without writing one of its files failed
-    with pytest.raises(ModelLoadError, match=rf"^x failed: no {STEM}\.time-.* was made$"):
-        derive_once(source, cache, [("time", ".onnx"), ("c", ".onnx")], Maker(skip=0), what="x")
+    unmade = rf"^deriving the x from .* failed: no {STEM}\.time-.* was made$"
+    with pytest.raises(ModelLoadError, match=unmade):
+        derive_once(source, cache, [("time", ".onnx"), ("c", ".onnx")], Maker(skip=0), name="x")
     assert failure_marker(cache / f"{STEM}.c-{key(source)}.onnx").is_file()
     assert not list(cache.glob(f"{STEM}.c-*.onnx"))
     with pytest.raises(ModelFilesMissing):
-        derive_once(source.with_name("missing.onnx"), cache, FILES, Maker(), what="x")
+        derive_once(source.with_name("missing.onnx"), cache, FILES, Maker(), name="x")
 
 
 def test_the_helper_never_warns_so_the_caller_warns_once(
@@ -138,16 +143,16 @@ def test_the_helper_never_warns_so_the_caller_warns_once(
     with caplog.at_level(logging.DEBUG, logger="wyoming_cosyvoice3"):
         for _ in range(2):  # the failure, then the marker
             with pytest.raises(ModelLoadError):
-                derive_once(source, cache, FILES, Maker(fail=RuntimeError("oom")), what="x")
-        derive_once(source, cache, [("ok", ".onnx")], Maker(), what="deriving ok")
+                derive_once(source, cache, FILES, Maker(fail=RuntimeError("oom")), name="x")
+        derive_once(source, cache, [("ok", ".onnx")], Maker(), name="ok graph")
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
-    assert any("deriving ok: done in" in r.getMessage() for r in caplog.records)
+    assert any("ok graph ready in" in r.getMessage() for r in caplog.records)
 
 
 def test_a_shared_file_already_present_is_kept(source: Path, cache: Path) -> None:
     shared = cache / f"{STEM}.time-{key(source)}.onnx"
     shared.write_bytes(b"made by the other precision")
-    paths = derive_once(source, cache, FILES, Maker(), what="x", shared={"time"})
+    paths = derive_once(source, cache, FILES, Maker(), name="x", shared={"time"})
     assert paths[0] == shared and shared.read_bytes() == b"made by the other precision"
     assert paths[1].read_bytes() == b"part 1 #1"
     assert not list(cache.glob(".*tmp"))
@@ -160,7 +165,7 @@ def test_files_of_replaced_sources_and_retired_recipes_are_removed(
     others = [f"{STEM}.int8main-1-2.onnx", f"{STEM}.stream1main-1-2.onnx", "llm.main-1-2.onnx"]
     for name in old + others:
         (cache / name).write_bytes(b"x")
-    paths = derive_once(source, cache, FILES, Maker(), what="x", retired=["int8-*.onnx"])
+    paths = derive_once(source, cache, FILES, Maker(), name="x", retired=["int8-*.onnx"])
     assert sorted(p.name for p in cache.iterdir()) == sorted(others + [p.name for p in paths])
 
 
@@ -186,7 +191,7 @@ def make(tmps):
 
 
 files.replace_atomically = replace_then_die
-files.derive_once(source, cache, [("time", ".onnx"), ("main", ".onnx")], make, what="x")
+files.derive_once(source, cache, [("time", ".onnx"), ("main", ".onnx")], make, name="x")
 """
 
 
@@ -204,6 +209,6 @@ def test_a_process_killed_half_way_leaves_no_valid_result(
     assert time_graph.exists() == (stage == "commit")
     assert list(cache.glob(".*.tmp"))  # the killed process's temporary files stay hidden
     make = Maker()
-    paths = derive_once(source, cache, FILES, make, what="x")
+    paths = derive_once(source, cache, FILES, make, name="x")
     assert make.calls == 1 and paths == [time_graph, guard]
     assert [p.read_bytes() for p in paths] == [b"part 0 #1", b"part 1 #1"]

@@ -299,6 +299,7 @@ def ensure_split_estimator(
         cache_dir,
         [("time", ".onnx"), (SPLIT_TAGS[precision], ".onnx")],
         make,
+        name="split estimator",
         what=f"splitting {source}",
         shared={"time"},
     )

@@ -173,7 +173,8 @@ def derive_once(
     files: Sequence[tuple[str, str]],
     make: Callable[[list[Path]], None],
     *,
-    what: str,
+    name: str,
+    what: str | None = None,
     failure: str | None = None,
     valid: Callable[[list[Path]], bool] = _all_present,
     shared: Collection[str] = (),
@@ -198,7 +199,8 @@ def derive_once(
             ``cache_dir / keyed_name(source, tag, suffix)``.
         make: writes the files to the temporary paths it is given (same order); in this
             process or through :func:`run_child`. Any exception it raises is a failure.
-        what: what is done, for the log (``"splitting <source>"``).
+        name: what is made, for the log (``"split estimator"``: ``"<name> ready in 2.0 s"``).
+        what: what is done, for the log (default ``"deriving the <name> from <source>"``).
         failure: prefix of the error message (default ``"<what> failed"``).
         valid: whether the files (final paths) hold a usable result (default: all exist).
         shared: tags of files that other derivations make identically (a split's time graph):
@@ -227,6 +229,7 @@ def derive_once(
         check_failed_before(guard)
         tmp_suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
         tmps = [path.with_name(f".{path.name}{tmp_suffix}") for path in finals]
+        what = what or f"deriving the {name} from {source}"
         prefix = failure or f"{what} failed"
         started = time.perf_counter()
         logger.info("%s (once; writing %s)", what, guard)
@@ -250,5 +253,5 @@ def derive_once(
             remove_stale(cache_dir, f"{_stem(source)}.{tag}-*-*{suffix}", final)
         for pattern in retired:
             remove_stale(cache_dir, f"{_stem(source)}.{pattern}", guard)
-        logger.info("%s: done in %.1f s", what, time.perf_counter() - started)
+        logger.info("%s ready in %.1f s", name, time.perf_counter() - started)
         return finals

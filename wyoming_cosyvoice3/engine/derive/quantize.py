@@ -139,6 +139,7 @@ def ensure_int8_estimator(source: Path, cache_dir: Path, *, in_process: bool = F
         cache_dir,
         [(INT8_TAG, ".onnx")],
         make,
+        name="int8 estimator",
         what=f"quantising {source} to int8",
         retired=["int8-*.onnx"],  # recipe r1
     )

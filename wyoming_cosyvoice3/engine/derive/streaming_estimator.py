@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,17 +39,9 @@ import numpy as np
 
 from ..chunkmask import CHUNK_FRAMES
 from ..chunkmask import chunk_attention_bias as chunk_bias
-from ..errors import ModelFilesMissing, ModelLoadError
+from ..errors import ModelLoadError
 from ..memory import return_freed_memory
-from .files import (
-    check_failed_before,
-    keyed_name,
-    lock_for,
-    record_failure,
-    remove_stale,
-    replace_atomically,
-    run_child,
-)
+from .files import derive_once, run_child
 
 logger = logging.getLogger(__name__)
 
@@ -173,50 +164,32 @@ def ensure_streaming_estimator(
     source: Path, cache_dir: Path, precision: str, *, in_process: bool = False
 ) -> tuple[Path, Path]:
     """(main graph, time graph) of the streaming estimator for ``precision`` ("fp32" or
-    "int8"), derived and validated once from ``source`` into ``cache_dir``.
+    "int8"), derived and validated once from ``source`` into ``cache_dir``
+    (:func:`~.files.derive_once`; the time graph is shared by both precisions).
 
     Raises:
         ModelFilesMissing: ``source`` does not exist.
         ModelLoadError: the derivation or a validation failed (also on later calls, until
             the ``.failed`` marker is deleted).
     """
-    source = Path(source)
-    if not source.is_file():
-        raise ModelFilesMissing(str(source.parent), [source.name])
-    cache_dir = Path(cache_dir)
-    main = cache_dir / keyed_name(source, STREAM_TAGS[precision], ".onnx")
-    time_graph = cache_dir / keyed_name(source, TIME_TAG, ".onnx")
-    with lock_for(main):
-        if main.is_file() and time_graph.is_file():
-            return main, time_graph
-        check_failed_before(main)
-        suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp_main = main.with_name(f".{main.name}{suffix}")
-        tmp_time = time_graph.with_name(f".{time_graph.name}{suffix}")
-        started = time.perf_counter()
-        logger.info("deriving the streaming DiT from %s (%s, once; into %s)", source.name,
-                    precision, cache_dir)
-        try:
-            if in_process:
-                summary = derive_streaming(source, precision, tmp_main, tmp_time)
-            else:
-                run_child(["stream", precision, str(source), str(tmp_main), str(tmp_time)])
-                summary = "validated in a child process"
-            if not time_graph.is_file():
-                replace_atomically(tmp_time, time_graph)
-            replace_atomically(tmp_main, main)
-        except Exception as exc:  # structure/validation/child errors: always wrapped below
-            record_failure(main, exc)
-            if isinstance(exc, ModelLoadError):
-                raise
-            raise ModelLoadError(f"deriving the streaming DiT from {source} failed: {exc}") from exc
-        finally:
-            tmp_main.unlink(missing_ok=True)
-            tmp_time.unlink(missing_ok=True)
-        stem = main.name.split(f".{STREAM_TAGS[precision]}-")[0]
-        remove_stale(cache_dir, f"{stem}.{STREAM_TAGS[precision]}-*.onnx", main)
-        logger.info("streaming DiT ready in %.1f s (%s)", time.perf_counter() - started, summary)
-        return main, time_graph
+
+    def make(tmps: list[Path]) -> None:
+        tmp_time, tmp_main = tmps
+        if in_process:
+            summary = derive_streaming(source, precision, tmp_main, tmp_time)
+            logger.info("streaming DiT validated: %s", summary)
+        else:  # validated in the child process
+            run_child(["stream", precision, str(source), str(tmp_main), str(tmp_time)])
+
+    time_graph, main = derive_once(
+        source,
+        cache_dir,
+        [(TIME_TAG, ".onnx"), (STREAM_TAGS[precision], ".onnx")],
+        make,
+        name="streaming DiT",
+        shared={TIME_TAG},
+    )
+    return main, time_graph
 
 
 def load_streaming_estimator(

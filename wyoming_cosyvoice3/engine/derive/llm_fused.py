@@ -50,7 +50,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,17 +60,10 @@ import onnx
 
 from ..errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
 from ..graphs import Graph, count_llm_layers, llm_spec, open_session
-from .files import (
-    check_failed_before,
-    keyed_name,
-    lock_for,
-    record_failure,
-    remove_stale,
-    replace_atomically,
-)
+from .files import derive_once, keyed_name
 from .llm_fused_graph import build_fused_llm
 from .llm_patterns import float_activation_reference
-from .llm_weights import LlmStructureError, read_llm_weights
+from .llm_weights import read_llm_weights
 
 logger = logging.getLogger(__name__)
 
@@ -264,71 +256,77 @@ def _save(model: onnx.ModelProto, target: Path) -> None:
 def ensure_fused_llm(
     source: Path, cache_dir: Path, variant: str, embeds: np.ndarray | None = None
 ) -> tuple[Path, FusedReport]:
-    """Path of the fused graph of ``source`` (deriving and validating it once) and its report.
+    """Path of the fused graph of ``source`` (deriving and validating it once,
+    :func:`~.files.derive_once`) and its report.
 
     Returns:
-        (``cache_dir / "<stem>.<tag>-<size>-<mtime_ns>.onnx"``, the report stored beside it).
+        (``cache_dir / "<stem>.<tag>-<size>-<mtime_ns>.onnx"``, the report stored beside it
+        as ``.onnx.json``; the weights are in ``.onnx.data``).
 
     Raises:
+        ValueError: unknown variant.
         ModelFilesMissing: ``source`` does not exist.
         ModelLoadError: not derivable or not valid (now or in an earlier attempt).
     """
-    source = Path(source)
-    if not source.is_file():
-        raise ModelFilesMissing(str(source.parent), [source.name])
     if variant not in FUSED_TAGS:
         raise ValueError(f"variant must be one of {sorted(FUSED_TAGS)}, got {variant!r}")
     tag = FUSED_TAGS[variant]
-    target = Path(cache_dir) / keyed_name(source, tag, ".onnx")
-    report_path = target.with_name(target.name + ".json")
-    with lock_for(target):
-        if target.is_file() and report_path.is_file():
-            try:
-                return target, FusedReport(**json.loads(report_path.read_text(encoding="utf-8")))
-            except (OSError, ValueError, TypeError) as exc:  # unreadable or older report
-                logger.info("re-deriving %s: its report is unreadable (%s)", target.name, exc)
-        check_failed_before(target)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        logger.info(
-            "deriving the %s LLM graph from %s (once; written to %s)", variant, source.name, target
-        )
+
+    def valid(paths: list[Path]) -> bool:
+        return all(path.is_file() for path in paths) and _read_report(paths[1]) is not None
+
+    def make(tmps: list[Path]) -> None:
+        data, report_json, graph = tmps
+        written = graph.with_name(graph.name + ".data")  # the weights, as derive_fused_llm saves
         try:
-            report = derive_fused_llm(source, tmp, variant, embeds)
-            report_path.write_text(json.dumps(asdict(report), indent=1), encoding="utf-8")
-            os.replace(tmp.with_name(tmp.name + ".data"), target.with_name(target.name + ".data"))
-            _relocate(tmp, target)
-        except (LlmStructureError, ModelLoadError, ValueError, OSError) as exc:
-            for leftover in (tmp, tmp.with_name(tmp.name + ".data"), report_path):
-                leftover.unlink(missing_ok=True)
-            record_failure(target, exc)
-            if isinstance(exc, ModelLoadError):
-                raise
-            raise ModelLoadError(f"{variant} LLM graph of {source.name}: {exc}") from exc
-        stem = target.name.split(f".{tag}-")[0]
-        remove_stale(target.parent, f"{stem}.{tag}-*.onnx", target)
+            report = derive_fused_llm(source, graph, variant, embeds)
+            os.replace(written, data)
+            _point_at(graph, keyed_name(source, tag, ".onnx.data"))
+        finally:
+            written.unlink(missing_ok=True)
+        report_json.write_text(json.dumps(asdict(report), indent=1), encoding="utf-8")
         logger.info(
-            "%s LLM graph ready in %.1f s: %d nodes (published %d), teacher-forced log-prob "
-            "max abs %.2g, greedy agreement %.3f",
+            "%s LLM graph: %d nodes (published %d), teacher-forced log-prob max abs %.2g, "
+            "greedy agreement %.3f",
             variant,
-            report.derive_s,
             report.nodes,
             report.source_nodes,
             report.max_abs_logp,
             report.greedy_agreement,
         )
-        return target, report
+
+    _, report_path, target = derive_once(
+        source,
+        cache_dir,
+        [(tag, ".onnx.data"), (tag, ".onnx.json"), (tag, ".onnx")],
+        make,
+        name=f"{variant} LLM graph",
+        failure=f"{variant} LLM graph of {Path(source).name}",
+        valid=valid,
+    )
+    report = _read_report(report_path)
+    if report is None:  # damaged since the check (another process)
+        raise ModelLoadError(f"the report {report_path} is unreadable")
+    return target, report
 
 
-def _relocate(tmp: Path, target: Path) -> None:
-    """Point ``tmp``'s external-data entries at ``target``'s data file, write it atomically."""
-    model = onnx.load(str(tmp), load_external_data=False)
-    data = target.name + ".data"
+def _read_report(path: Path) -> FusedReport | None:
+    """The report stored beside a fused graph, or None (missing, unreadable or older)."""
+    try:
+        return FusedReport(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as exc:
+        logger.info("the fused LLM report %s cannot be used (%s)", path.name, exc)
+        return None
+
+
+def _point_at(graph: Path, data: str) -> None:
+    """Rewrite ``graph`` so that its external-data entries name the file ``data``."""
+    model = onnx.load(str(graph), load_external_data=False)
     for tensor in model.graph.initializer:
         for entry in tensor.external_data:
             if entry.key == "location":
                 entry.value = data
-    tmp.write_bytes(model.SerializeToString())
-    replace_atomically(tmp, target)
+    graph.write_bytes(model.SerializeToString())
 
 
 def load_fused_llm(

@@ -92,6 +92,7 @@ def remove_stale(directory: Path, pattern: str, keep: Path) -> None:
 
 
 def failure_marker(target: Path) -> Path:
+    """``<target>.failed``: written with the reason when deriving ``target`` failed."""
     return target.with_name(target.name + ".failed")
 
 
@@ -107,6 +108,7 @@ def check_failed_before(target: Path) -> None:
 
 
 def record_failure(target: Path, exc: BaseException) -> None:
+    """Write ``exc`` to ``target``'s failure marker (best effort: a read-only cache only logs)."""
     try:
         failure_marker(target).write_text(f"{exc}\n", encoding="utf-8")
     except OSError as err:
@@ -114,6 +116,7 @@ def record_failure(target: Path, exc: BaseException) -> None:
 
 
 def lock_for(path: Path) -> threading.Lock:
+    """The lock serialising this process's derivations of ``path`` (one per path, kept)."""
     with _locks_guard:
         return _locks.setdefault(path, threading.Lock())
 
@@ -185,7 +188,7 @@ def derive_once(
 
     The sequence, under a per-file lock (threads of this process): a valid earlier result
     (``valid``) is returned as it is; a ``<last>.failed`` marker raises at once; else ``make``
-    writes every file under a temporary name (``.<name>.<pid>.<thread>.tmp``, same directory),
+    writes every file under a temporary name (``.<file>.<pid>.<thread>.tmp``, same directory),
     each is renamed onto its final name in the order of ``files``, the last one (the *guard*,
     which also names the lock and the marker) last, so a crash half-way leaves no valid result
     and the next call derives again. On success the files of other sources' keys (and the

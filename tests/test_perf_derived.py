@@ -88,8 +88,14 @@ def test_int8_estimator_is_redone_when_the_source_changes(int8_dir: Path, tmp_pa
     first = ensure_int8_estimator(tmp_path / EST, tmp_path, in_process=True)
     stat = (tmp_path / EST).stat()
     os.utime(tmp_path / EST, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    # a file of the retired r1 recipe goes with the old key; the split's int8 graph stays
+    retired = tmp_path / "flow.decoder.estimator.int8-1-2.onnx"
+    split_main = tmp_path / "flow.decoder.estimator.int8main-1-2.onnx"
+    for path in (retired, split_main):
+        path.write_bytes(b"x")
     second = ensure_int8_estimator(tmp_path / EST, tmp_path, in_process=True)
     assert second != first and second.is_file() and not first.exists()
+    assert not retired.exists() and split_main.exists()
 
 
 def test_int8_estimator_quantises_per_frame_matmuls_and_stays_close(int8_dir: Path) -> None:

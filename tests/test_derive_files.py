@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -29,16 +30,19 @@ FILES = [("time", ".onnx"), ("main", ".onnx")]
 
 
 class Maker:
-    """A derivation: writes ``part <i> #<call>`` to each temporary path, then raises ``fail``
-    (when given)."""
+    """A derivation: writes ``part <i> #<call>`` to each temporary path (but ``skip``), after
+    ``delay_s``; then raises ``fail`` (when given)."""
 
-    def __init__(self, fail: BaseException | None = None, skip: int | None = None) -> None:
+    def __init__(self, fail: BaseException | None = None, skip: int | None = None,
+                 delay_s: float = 0.0) -> None:
         self.calls = 0
         self.fail = fail
         self.skip = skip
+        self.delay_s = delay_s
 
     def __call__(self, tmps: list[Path]) -> None:
         self.calls += 1
+        time.sleep(self.delay_s)
         for i, tmp in enumerate(tmps):
             if i != self.skip:
                 tmp.write_bytes(f"part {i} #{self.calls}".encode())
@@ -83,7 +87,7 @@ def test_a_valid_result_is_reused_and_not_made_again(source: Path, cache: Path) 
 
 
 def test_concurrent_callers_derive_once(source: Path, cache: Path) -> None:
-    make = Maker()
+    make = Maker(delay_s=0.3)  # the others arrive while the first one derives
     results: list[list[Path]] = []
     threads = [threading.Thread(target=lambda: results.append(
         derive_once(source, cache, FILES, make, name="x"))) for _ in range(4)]

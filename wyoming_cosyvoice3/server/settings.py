@@ -223,8 +223,8 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("--llm-precision", "llm_precision", "LLM graph to load (default int8)",
             choices=tuple(LLM_FILES)),
     _Option("--llm-graph", "llm_graph", "published: run the LLM file as shipped (default); "
-            "fused: a fused-operator graph derived once from it (same numbers; faster per "
-            "token in process, not in the server on x86, BENCHMARKS.md); fused-q4: the same with 4-bit weights (lossy)",
+            "fused: a fused-operator graph derived once from it (same numbers, fewer "
+            "nodes); fused-q4: the same with 4-bit weights (lossy)",
             choices=("published", "fused", "fused-q4")),
     _Option("--threads", "threads", "onnxruntime threads per graph; 0 = one per core (default)",
             convert=_non_negative_int),

@@ -24,10 +24,17 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import constants as C
-from ..errors import SynthesisFailed, VoiceError
 from ..types import VoiceFeatures, VoicePrompt
-from . import features as dsp
-from .audio_io import MAX_CLIP_BYTES, decode_clip, read_clip_bytes, resample
+from .audio_io import MAX_CLIP_BYTES, decode_clip, read_clip_bytes
+from .encoders import align_features, features_from_audio, read_only, run_voice_encoders
+
+__all__ = [
+    "FEATURE_FORMAT_VERSION",
+    "FeatureWorker",
+    "VoiceFeatureExtractor",
+    "align_features",
+    "cache_key",
+]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -41,19 +48,6 @@ MEMORY_CACHE_ENTRIES = 32
 """Prepared voices kept in memory (least recently used dropped first)."""
 
 
-class _GraphLike(Protocol):
-    """What this module needs of :class:`.graphs.Graph`."""
-
-    path: Path
-
-    @property
-    def spec(self) -> Any: ...
-
-    def run(
-        self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None
-    ) -> dict[str, np.ndarray]: ...
-
-
 class VoiceModel(Protocol):
     """What this module needs of :class:`.model.CosyVoice3Model`."""
 
@@ -65,6 +59,14 @@ class VoiceModel(Protocol):
     def release_voice_encoders(self) -> None: ...
 
     def fingerprint(self) -> str: ...
+
+
+class FeatureWorker(Protocol):
+    """Computes voice features away from the caller (:class:`.worker.VoiceWorker`)."""
+
+    def compute(self, clip_bytes: bytes, clip_name: str) -> VoiceFeatures:
+        """Features of an encoded clip; raises ``VoiceError`` / ``SynthesisFailed``."""
+        ...
 
 
 def _blank_to_none(text: str | None) -> str | None:
@@ -95,57 +97,6 @@ def cache_key(
     return digest.hexdigest()
 
 
-def align_features(
-    speech_tokens: npt.NDArray[np.int64], prompt_mel: npt.NDArray[np.float32]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-    """Trim tokens and mel so that the mel has exactly two frames per token.
-
-    ``L = min(F // 2, n_tokens)``; returns ``(tokens[:L], mel[:2L])`` (upstream
-    ``frontend.py frontend_zero_shot``: "force speech_feat % speech_token = 2").
-    """
-    length = min(prompt_mel.shape[0] // C.TOKEN_MEL_RATIO, speech_tokens.shape[0])
-    return speech_tokens[:length], prompt_mel[: C.TOKEN_MEL_RATIO * length]
-
-
-def _first_output(graph: _GraphLike, outputs: dict[str, np.ndarray]) -> np.ndarray:
-    names = list(getattr(graph.spec, "outputs", {}) or {})
-    for name in names:
-        if name in outputs:
-            return outputs[name]
-    return next(iter(outputs.values()))
-
-
-def _speech_tokenizer_feeds(
-    graph: _GraphLike, log_mel: npt.NDArray[np.float32]
-) -> dict[str, np.ndarray]:
-    """Feeds of speech_tokenizer_v3: the float32 input gets the mel, the int32 one its length."""
-    inputs: dict[str, str] = dict(getattr(graph.spec, "inputs", {}) or {})
-    mel_names = [name for name, dtype in inputs.items() if dtype == "float32"]
-    length_names = [name for name, dtype in inputs.items() if dtype.startswith("int")]
-    if len(mel_names) != 1 or len(length_names) != 1:
-        raise SynthesisFailed(
-            f"{graph.path}: expected one float32 mel input and one int32 length input, "
-            f"found {inputs}; use the upstream speech_tokenizer_v3.onnx"
-        )
-    length_dtype = np.dtype(inputs[length_names[0]])
-    return {
-        mel_names[0]: log_mel[np.newaxis],
-        length_names[0]: np.array([log_mel.shape[1]], dtype=length_dtype),
-    }
-
-
-def _single_input_name(graph: _GraphLike) -> str:
-    inputs = list(getattr(graph.spec, "inputs", {}) or {})
-    if len(inputs) != 1:
-        raise SynthesisFailed(f"{graph.path}: expected one input, found {inputs}")
-    return inputs[0]
-
-
-def _read_only(array: np.ndarray) -> np.ndarray:
-    array.setflags(write=False)
-    return array
-
-
 class VoiceFeatureExtractor:
     """Turns reference clips into :class:`VoicePrompt` objects, with memory and disk caches.
 
@@ -158,12 +109,20 @@ class VoiceFeatureExtractor:
             ``fingerprint()``, ``options.load_voice_encoders``).
         cache_dir: directory of ``<sha256>.npz`` feature files; ``None`` keeps them in memory only.
         max_clip_bytes: larger clip files are refused.
+        worker: computes features of a clip's bytes elsewhere (the voice encoder process of
+            :mod:`.worker`); ``None`` computes them in this process with ``model``'s encoders.
+            The caches stay here either way.
     """
 
     def __init__(
-        self, model: VoiceModel, cache_dir: Path | None, max_clip_bytes: int = MAX_CLIP_BYTES
+        self,
+        model: VoiceModel,
+        cache_dir: Path | None,
+        max_clip_bytes: int = MAX_CLIP_BYTES,
+        worker: FeatureWorker | None = None,
     ) -> None:
         self._model = model
+        self._worker = worker
         self._cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._max_clip_bytes = max_clip_bytes
         self._memory: OrderedDict[str, VoiceFeatures] = OrderedDict()
@@ -216,14 +175,18 @@ class VoiceFeatureExtractor:
     def _compute_and_store(
         self, key: str, data: bytes, clip_path: Path, name: str
     ) -> VoiceFeatures:
-        samples, rate_hz = decode_clip(data, str(clip_path))
         started = time.perf_counter()
-        features = self.compute_features(samples, rate_hz, clip_name=str(clip_path))
+        if self._worker is not None:
+            features = self._worker.compute(data, str(clip_path))
+        else:
+            samples, rate_hz = decode_clip(data, str(clip_path))
+            features = self.compute_features(samples, rate_hz, clip_name=str(clip_path))
         _LOGGER.info(
-            "Prepared voice %s from %s in %.2f s: %d speech tokens, %d mel frames",
+            "Prepared voice %s from %s in %.2f s%s: %d speech tokens, %d mel frames",
             name,
             clip_path,
             time.perf_counter() - started,
+            "" if self._worker is None else " (voice encoder process)",
             features.speech_tokens.shape[0],
             features.prompt_mel.shape[0],
         )
@@ -231,7 +194,7 @@ class VoiceFeatureExtractor:
         self._write_disk(key, features)
         return features
 
-    # --- feature computation -----------------------------------------------------------------
+    # --- feature computation in this process ----------------------------------------------
 
     def compute_features(
         self,
@@ -239,84 +202,32 @@ class VoiceFeatureExtractor:
         sample_rate_hz: int,
         clip_name: str = "the reference clip",
     ) -> VoiceFeatures:
-        """Features of mono float32 ``[N]`` audio at ``sample_rate_hz`` (no caching).
-
-        Resamples separately to 16 kHz (speech tokens, speaker embedding) and 24 kHz (prompt
-        mel), runs speech_tokenizer_v3 on the Whisper log-mel ``[1, 128, T]`` with length
-        ``[T]`` and campplus on the mean-normalised fbank ``[1, T, 80]``, then aligns tokens and
-        mel (:func:`align_features`).
+        """Features of mono float32 ``[N]`` audio at ``sample_rate_hz``, computed in this
+        process with the model's voice encoders (no caching; see
+        :func:`.encoders.features_from_audio`). The encoders are released afterwards unless
+        ``options.load_voice_encoders``.
 
         Raises:
             VoiceError: the clip yields no speech tokens.
             SynthesisFailed: an encoder output has the wrong size, token ids out of range,
                 or non-finite values.
         """
-        audio_16k = resample(samples, sample_rate_hz, C.FEATURE_SAMPLE_RATE_HZ)
-        audio_24k = resample(samples, sample_rate_hz, C.OUTPUT_SAMPLE_RATE_HZ)
-        log_mel = dsp.whisper_log_mel(audio_16k)
-        fbank = dsp.kaldi_fbank(audio_16k)
-        mel = dsp.prompt_mel(audio_24k)
+        return features_from_audio(samples, sample_rate_hz, self._run_encoders, clip_name)
+
+    def _run_encoders(
+        self, log_mel: npt.NDArray[np.float32], fbank: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """(speech tokens, speaker embedding), checked; the sessions live only in this call."""
+        dims = getattr(self._model, "dims", None)
+        speaker_dim = int(getattr(dims, "speaker_dim", C.SPEAKER_EMBEDDING_DIM))
         with self._compute_lock:
             try:
-                tokens, embedding = self._run_encoders(log_mel, fbank)
+                campplus, tokenizer = self._model.voice_encoders()
+                return run_voice_encoders(campplus, tokenizer, log_mel, fbank, speaker_dim)
             finally:
                 # the sessions are unreferenced here, so releasing frees their weights
                 if not getattr(self._model.options, "load_voice_encoders", False):
                     self._model.release_voice_encoders()
-        tokens, mel = align_features(tokens, mel)
-        if tokens.shape[0] == 0:
-            raise VoiceError(
-                f"reference clip {clip_name} yields no speech tokens; use 3-30 s of clear speech"
-            )
-        return VoiceFeatures(
-            speech_tokens=_read_only(np.ascontiguousarray(tokens)),
-            speaker_embedding=_read_only(embedding),
-            prompt_mel=_read_only(np.ascontiguousarray(mel)),
-        )
-
-    @staticmethod
-    def _check_tokens(graph: _GraphLike, raw: np.ndarray) -> npt.NDArray[np.int64]:
-        values = np.asarray(raw)
-        if not np.issubdtype(values.dtype, np.integer):
-            raise SynthesisFailed(
-                f"{graph.path} returned {values.dtype} tokens, expected integers; "
-                "use the upstream speech_tokenizer_v3.onnx"
-            )
-        tokens = values.reshape(-1).astype(np.int64)
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= C.SPEECH_TOKEN_VOCAB):
-            raise SynthesisFailed(
-                f"{graph.path} returned token ids {tokens.min()}..{tokens.max()}, outside "
-                f"0..{C.SPEECH_TOKEN_VOCAB - 1}; use the upstream speech_tokenizer_v3.onnx"
-            )
-        return tokens
-
-    def _check_embedding(self, graph: _GraphLike, raw: np.ndarray) -> npt.NDArray[np.float32]:
-        embedding = np.asarray(raw, dtype=np.float32).reshape(-1).copy()
-        dims = getattr(self._model, "dims", None)
-        expected = int(getattr(dims, "speaker_dim", C.SPEAKER_EMBEDDING_DIM))
-        if embedding.shape[0] != expected or not np.all(np.isfinite(embedding)):
-            raise SynthesisFailed(
-                f"{graph.path} returned a speaker embedding of {embedding.shape[0]} values "
-                f"(finite: {bool(np.all(np.isfinite(embedding)))}), expected {expected} finite "
-                "values; use the upstream campplus.onnx"
-            )
-        return embedding
-
-    def _run_encoders(
-        self, log_mel: np.ndarray, fbank: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(speech tokens, speaker embedding), checked; the sessions live only in this call."""
-        campplus, tokenizer = self._model.voice_encoders()
-        raw_tokens = _first_output(
-            tokenizer, tokenizer.run(_speech_tokenizer_feeds(tokenizer, log_mel))
-        )
-        raw_embedding = _first_output(
-            campplus, campplus.run({_single_input_name(campplus): fbank[np.newaxis]})
-        )
-        return (
-            self._check_tokens(tokenizer, raw_tokens),
-            self._check_embedding(campplus, raw_embedding),
-        )
 
     # --- caches --------------------------------------------------------------------------------
 
@@ -371,9 +282,9 @@ class VoiceFeatureExtractor:
             _LOGGER.warning("Ignoring voice cache file %s (%s); recomputing", path, problem)
             return None
         return VoiceFeatures(
-            speech_tokens=_read_only(tokens),
-            speaker_embedding=_read_only(embedding),
-            prompt_mel=_read_only(mel),
+            speech_tokens=read_only(tokens),
+            speaker_embedding=read_only(embedding),
+            prompt_mel=read_only(mel),
         )
 
     def _write_disk(self, key: str, features: VoiceFeatures) -> None:

@@ -24,6 +24,7 @@ class ModelFilesMissing(CosyVoiceError):
     def __init__(self, model_dir: str, missing: list[str], hint: str = "") -> None:
         self.model_dir = model_dir
         self.missing = list(missing)
+        self.hint = hint
         fix = hint or (
             "download the model (run the server without --local-files-only and with network) "
             "or place the files by hand"
@@ -32,6 +33,10 @@ class ModelFilesMissing(CosyVoiceError):
             f"model directory {model_dir!s} lacks {len(self.missing)} file(s): "
             f"{', '.join(self.missing)}; {fix}"
         )
+
+    def __reduce__(self) -> tuple[type[ModelFilesMissing], tuple[str, list[str], str]]:
+        """Pickle with the constructor's arguments (errors cross process boundaries)."""
+        return (type(self), (self.model_dir, self.missing, self.hint))
 
 
 class GraphSignatureMismatch(CosyVoiceError):

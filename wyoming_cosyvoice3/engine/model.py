@@ -337,7 +337,7 @@ class CosyVoice3Model:
                 f"{model.llm.spec.file}: logits have {model.dims.speech_vocab_rows} columns, "
                 f"expected {C.SPEECH_EMBEDDING_ROWS} (speech tokens + specials); re-download it"
             )
-        if options.load_voice_encoders:
+        if options.load_voice_encoders and not options.voice_process:
             model.voice_encoders()
         log.info(
             "model loaded from %s: llm %s, %d layers, hidden %d, providers %s",

@@ -39,7 +39,13 @@ class EngineOptions:
             is always appended as the fallback.
         voice_cache_dir: directory for cached voice features; ``None`` disables the disk cache.
         load_voice_encoders: load campplus and speech_tokenizer_v3 at start (True) or only
-            while a new voice is prepared (False, saves memory on small boards).
+            while a new voice is prepared (False, saves memory on small boards). With
+            ``voice_process`` True keeps the voice encoder process running instead.
+        voice_process: prepare new voices in a child process (:mod:`.voice.worker`): the
+            encoder sessions never load in this process, so nothing of a voice preparation
+            holds this interpreter's lock (GIL) for long, and their memory is returned when
+            the child exits. Costs the child's start (about 1 s) per batch of preparations.
+            The server sets it; off, voices are prepared in the calling thread.
         flow_precision: DiT estimator loaded at start: ``fp32`` (the upstream file) or
             ``int8`` (quantised once from it, see :mod:`.derive.quantize`); a request asking for the
             other precision loads it on first use. Set it to the preset's ``flow_precision``.
@@ -73,6 +79,7 @@ class EngineOptions:
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     voice_cache_dir: Path | None = None
     load_voice_encoders: bool = False
+    voice_process: bool = False
     flow_precision: FlowPrecision = "fp32"
     cache_dir: Path | None = None
     mmap_embeddings: bool | None = None

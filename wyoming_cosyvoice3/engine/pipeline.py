@@ -43,6 +43,7 @@ from .types import (
 )
 from .vocoder.hift import HiftRunner, VocoderStream
 from .voice.prepare import VoiceFeatureExtractor
+from .voice.worker import worker_for
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ class CosyVoice3Engine:
         self.flow = FlowRunner(model)
         self.chunked = ChunkedFlows(self.flow, model, options)
         self.hift = HiftRunner(model.hift)
-        self.voices = VoiceFeatureExtractor(model, options.voice_cache_dir)
+        worker = worker_for(model.model_dir, options, model.dims.speaker_dim)
+        self.voices = VoiceFeatureExtractor(model, options.voice_cache_dir, worker=worker)
 
     @classmethod
     def load(cls, model_dir: Path, options: EngineOptions | None = None) -> CosyVoice3Engine:
@@ -100,6 +102,14 @@ class CosyVoice3Engine:
         if self.options.observer is not None:
             self.options.observer.voice_prepared(name, time.perf_counter() - started)
         return voice
+
+    def release_voice_encoders(self) -> None:
+        """Free the voice encoders now (see :meth:`.VoiceFeatureExtractor.release_encoders`)."""
+        self.voices.release_encoders()
+
+    def close(self) -> None:
+        """Stop the voice encoder process (a voice preparation in flight fails)."""
+        self.voices.close()
 
     def warm_up(self, voice: VoicePrompt, options: SynthesisOptions | None = None) -> None:
         """Run one short synthesis so onnxruntime allocates its buffers before real requests.

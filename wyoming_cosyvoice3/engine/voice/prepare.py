@@ -129,6 +129,23 @@ class VoiceFeatureExtractor:
         self._memory_lock = threading.Lock()
         self._compute_lock = threading.RLock()
 
+    def release_encoders(self) -> None:
+        """Drop the voice encoders until the next voice needs them (the voice encoder
+        process exits); kept with ``options.load_voice_encoders``."""
+        if getattr(self._model.options, "load_voice_encoders", False):
+            return
+        release = getattr(self._worker, "release", None)
+        if callable(release):
+            release()
+        self._model.release_voice_encoders()
+
+    def close(self) -> None:
+        """Stop the voice encoder process now (a preparation in flight fails); later
+        preparations that miss the caches fail with ``SynthesisFailed``."""
+        close = getattr(self._worker, "close", None)
+        if callable(close):
+            close()
+
     @property
     def cache_dir(self) -> Path | None:
         """Directory of the disk cache, or None."""

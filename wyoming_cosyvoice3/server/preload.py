@@ -10,8 +10,9 @@ duration: the initialisation of C extension modules on first import (``onnx`` wi
 start.
 
 What stays in the loader thread releases the GIL while it works (onnxruntime session creation
-and runs, numpy, file I/O) or runs in child processes (derived graphs). One stall remains on
-the very first start that downloads the model: tokenizer.json does not exist before the
+and runs, numpy, file I/O) or runs in child processes (derived graphs; new voices in the
+engine's voice encoder process, ``EngineOptions.voice_process``). One stall remains on the
+very first start that downloads the model: tokenizer.json does not exist before the
 download, so it is parsed after it, while the server listens.
 """
 

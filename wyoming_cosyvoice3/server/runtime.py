@@ -78,6 +78,7 @@ class ServerRuntime(SynthesisRunner):
         """Open client connections (``max_connections``)."""
         self.refused_connections = 0
         self._loader: threading.Thread | None = None
+        self._built_engine: Engine | None = None
         self.ready_event = threading.Event()
         """Set when loading ended (READY or FAILED)."""
         self.download_problem: ModelFilesMissing | None = None
@@ -110,14 +111,18 @@ class ServerRuntime(SynthesisRunner):
                 threads=self.settings.threads,
                 providers=self.settings.providers,
                 voice_cache_dir=self.settings.cache_dir,
+                voice_process=True,  # voice encoders never load in this process
                 cache_dir=self.settings.engine_cache_dir,
                 # load the DiT estimator the preset uses (int8 for balanced/fast) at start
                 flow_precision=self.synthesis_options().flow_precision,
                 observer=self._bench_observer(),
             )
-            engine = self._engine_factory(model_dir, options)
+            engine = self._built_engine = self._engine_factory(model_dir, options)
             self.phase = "preparing voices"
             self._prepare_voices(engine, model_dir)
+            release = getattr(engine, "release_voice_encoders", None)
+            if callable(release):  # the voice encoder process exits before the warm-up
+                release()
             if not any(slot.installed for slot in self.voices.values()):
                 _LOGGER.error("No voice could be prepared; synthesis requests will fail")
             if self.settings.warm_up:
@@ -254,9 +259,13 @@ class ServerRuntime(SynthesisRunner):
         return StatsRecorder(self.settings.bench_stats_file)
 
     def shutdown(self) -> None:
-        """Stop loading and the worker threads (queued calls are dropped)."""
+        """Stop loading, the worker threads (queued calls are dropped) and the engine's voice
+        encoder process (a voice preparation in flight fails)."""
         self.stopping.set()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        close = getattr(self._built_engine, "close", None)
+        if callable(close):
+            close()
 
 
 __all__ = [

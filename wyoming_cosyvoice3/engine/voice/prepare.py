@@ -147,6 +147,11 @@ class VoiceFeatureExtractor:
             close()
 
     @property
+    def worker(self) -> FeatureWorker | None:
+        """Where features are computed (None: in this process)."""
+        return self._worker
+
+    @property
     def cache_dir(self) -> Path | None:
         """Directory of the disk cache, or None."""
         return self._cache_dir

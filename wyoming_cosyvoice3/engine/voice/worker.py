@@ -177,15 +177,20 @@ class VoiceWorker:
         if self._closed:
             raise SynthesisFailed("the engine is closed: no voice can be prepared")
         deadline = time.monotonic() + self.timeout_s
+        reused = self._child is not None
         child = self._running_child()
         try:
             child.send.send((clip_bytes, clip_name))
         except OSError as err:
-            code = self._stop_child()
-            raise SynthesisFailed(
-                f"the voice encoder process ended before preparing {clip_name} (exit code "
-                f"{code}; see the log above): {err}"
-            ) from err
+            if not reused or self._closed:
+                raise self._ended(clip_name, err) from err
+            # an idle child that died (its exit not visible yet): the job never reached it
+            self._stop_child()
+            child = self._running_child()
+            try:
+                child.send.send((clip_bytes, clip_name))
+            except OSError as again:
+                raise self._ended(clip_name, again) from again
         while not child.receive.poll(max(0.0, min(POLL_S, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 child.process.kill()
@@ -197,12 +202,20 @@ class VoiceWorker:
         try:
             reply: tuple[str, Any] = child.receive.recv()
         except Exception as err:  # EOF, broken pipe, an answer that cannot be unpickled
-            code = self._stop_child()
-            raise SynthesisFailed(
-                f"the voice encoder process ended while preparing {clip_name} (exit code "
-                f"{code}; out of memory?): {type(err).__name__}: {err}"
-            ) from err
+            raise self._ended(clip_name, err) from err
         return reply
+
+    def _ended(self, clip_name: str, err: Exception) -> SynthesisFailed:
+        """The error of a job whose child went away (reaped here)."""
+        code = self._stop_child()
+        if self._closed:
+            return SynthesisFailed(
+                f"preparing {clip_name} was stopped: the engine is closing (server shutdown)"
+            )
+        return SynthesisFailed(
+            f"the voice encoder process ended while preparing {clip_name} (exit code {code}; "
+            f"out of memory? see the log above): {type(err).__name__}: {err}"
+        )
 
     def _running_child(self) -> _Child:
         child = self._child

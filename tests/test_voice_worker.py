@@ -121,8 +121,10 @@ def test_missing_encoder_file_is_typed(tiny_model_dir: Path, make_clip, tmp_path
 def test_a_job_over_its_time_bound_kills_the_child(
     tiny_model_dir: Path, make_clip, tmp_path: Path
 ) -> None:
-    """The child's start alone (interpreter, numpy, onnxruntime) takes longer than 50 ms."""
-    clip = make_clip(tmp_path / "a.wav", seconds=2.0)
+    """The child's start alone (interpreter, numpy, onnxruntime) takes longer than 50 ms; the
+    2.9 MB clip does not fit in the pipe's buffer, so the send itself waits for the child and is
+    bounded too."""
+    clip = make_clip(tmp_path / "a.wav", seconds=30.0, sample_rate_hz=48000)
     worker = VoiceWorker(WorkerConfig(tiny_model_dir), timeout_s=0.05)
     try:
         started = time.monotonic()

@@ -179,8 +179,9 @@ class VoiceWorker:
         deadline = time.monotonic() + self.timeout_s
         reused = self._child is not None
         child = self._running_child()
+        job = (clip_bytes, clip_name)
         try:
-            child.send.send((clip_bytes, clip_name))
+            self._send_within(child, job, deadline, clip_name)
         except OSError as err:
             if not reused or self._closed:
                 raise self._ended(clip_name, err) from err
@@ -188,22 +189,52 @@ class VoiceWorker:
             self._stop_child()
             child = self._running_child()
             try:
-                child.send.send((clip_bytes, clip_name))
+                self._send_within(child, job, deadline, clip_name)
             except OSError as again:
                 raise self._ended(clip_name, again) from again
         while not child.receive.poll(max(0.0, min(POLL_S, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
-                child.process.kill()
-                self._stop_child()
-                raise SynthesisFailed(
-                    f"preparing {clip_name} took more than {self.timeout_s:.0f} s in the voice "
-                    "encoder process, which was stopped; try a shorter clip or fewer threads"
-                )
+                raise self._too_slow(child, clip_name)
         try:
             reply: tuple[str, Any] = child.receive.recv()
         except Exception as err:  # EOF, broken pipe, an answer that cannot be unpickled
             raise self._ended(clip_name, err) from err
         return reply
+
+    def _send_within(self, child: _Child, message: object, deadline: float, clip_name: str) -> None:
+        """Send ``message`` (a clip may exceed the pipe's buffer: the child must read it) by
+        ``deadline``, else kill the child.
+
+        Raises:
+            OSError: the child's end is closed.
+            SynthesisFailed: the deadline passed (a child stuck before reading its jobs).
+        """
+        failed: list[OSError] = []
+
+        def send() -> None:
+            try:
+                child.send.send(message)
+            except OSError as err:
+                failed.append(err)
+
+        sender = threading.Thread(target=send, name="cosyvoice3-voice-send", daemon=True)
+        sender.start()
+        sender.join(max(0.0, deadline - time.monotonic()))
+        if sender.is_alive():
+            child.process.kill()  # its write then fails at once; only then close the pipe
+            sender.join(STOP_WAIT_S)
+            raise self._too_slow(child, clip_name)
+        if failed:
+            raise failed[0]
+
+    def _too_slow(self, child: _Child, clip_name: str) -> SynthesisFailed:
+        """Kill the child of a job past its deadline; the job's error."""
+        child.process.kill()
+        self._stop_child()
+        return SynthesisFailed(
+            f"preparing {clip_name} took more than {self.timeout_s:.0f} s in the voice "
+            "encoder process, which was stopped; try a shorter clip or fewer threads"
+        )
 
     def _ended(self, clip_name: str, err: Exception) -> SynthesisFailed:
         """The error of a job whose child went away (reaped here)."""
@@ -237,6 +268,10 @@ class VoiceWorker:
         process.stdout.close()
         child = self._child = _Child(process, send, receive)
         _LOGGER.debug("voice encoder process %d started", process.pid)
+        if self._closed:  # closed while starting: close() may not have seen this child
+            self._stop_child()
+            raise SynthesisFailed("the engine is closed: no voice can be prepared")
+        # the config fits in the pipe's buffer: this never waits for the child
         with contextlib.suppress(OSError):  # it died at once: the job's send reports it
             send.send(self.config)
         return child

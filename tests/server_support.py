@@ -186,6 +186,12 @@ class SpyEngine:
                       instruction: str | None = None, name: str = "voice") -> VoicePrompt:
         return self.inner.prepare_voice(clip_path, transcript, instruction, name)
 
+    def release_voice_encoders(self) -> None:
+        getattr(self.inner, "release_voice_encoders", lambda: None)()
+
+    def close(self) -> None:
+        getattr(self.inner, "close", lambda: None)()
+
     def warm_up(self, voice: VoicePrompt, options: SynthesisOptions | None = None) -> None:
         self.warm_up_options = options
 

@@ -21,7 +21,7 @@ from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.voice.prepare import VoiceFeatureExtractor
-from wyoming_cosyvoice3.engine.voice.worker import VoiceWorker, WorkerConfig
+from wyoming_cosyvoice3.engine.voice.worker import NICE_INCREMENT, VoiceWorker, WorkerConfig
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -47,6 +47,11 @@ def _refuse_encoders_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(CosyVoice3Model, "voice_encoders", refuse)
 
 
+def _nice(pid: int) -> int:
+    """The process's nice value (field 19 of /proc/PID/stat, ``man 5 proc``)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[16])
+
+
 def _no_address(message: str) -> str:
     return re.sub(r"0x[0-9a-f]+", "0x?", message)
 
@@ -69,6 +74,7 @@ def test_child_features_equal_those_computed_here(
     assert pid is not None and pid != os.getpid()
     again = worker.compute(clip.read_bytes(), str(clip))
     assert worker.pid == pid  # one child serves clips prepared one after another
+    assert _nice(pid) == _nice(os.getpid()) + NICE_INCREMENT  # the server's threads come first
     want = VoiceFeatureExtractor(tiny_model, None).prepare(clip).features
     assert want.speech_tokens.shape[0] > 0
     for field in FIELDS:

@@ -48,6 +48,9 @@ IDLE_S = 10.0
 one after another (the catalog at start) share one child and one encoder load."""
 STOP_WAIT_S = 5.0
 """How long a child asked to exit may take before it is killed."""
+NICE_INCREMENT = 5
+"""The child runs at this much lower CPU priority (``nice``): a synthesis or a ``describe``
+in the server's process gets the cores first when both want them (``man 2 nice``)."""
 POLL_S = 1.0
 """Slice of the wait for an answer (the total is bounded by :data:`JOB_TIMEOUT_S`)."""
 
@@ -361,6 +364,8 @@ def _answer(job: tuple[bytes, str], encoders: list[Any], config: WorkerConfig) -
 def main() -> int:
     """Child entry: answer jobs from stdin on stdout until ``None`` or the end of stdin."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this process ends
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: no os.nice (Windows)
+        os.nice(NICE_INCREMENT)
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s voice encoder process: %(message)s"
     )

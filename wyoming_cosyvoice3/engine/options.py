@@ -42,9 +42,9 @@ class EngineOptions:
             while a new voice is prepared (False, saves memory on small boards). With
             ``voice_process`` True keeps the voice encoder process running instead.
         voice_process: prepare new voices in a child process (:mod:`.voice.worker`): the
-            encoder sessions never load in this process, so nothing of a voice preparation
-            holds this interpreter's lock (GIL) for long, and their memory is returned when
-            the child exits. Costs the child's start (about 1 s) per batch of preparations.
+            encoder sessions never load in this process (no share of its interpreter lock,
+            heap or CPU priority), and their memory is returned when the child exits. Costs
+            the child's start (about 1 s) per batch of preparations.
             The server sets it; off, voices are prepared in the calling thread.
         flow_precision: DiT estimator loaded at start: ``fp32`` (the upstream file) or
             ``int8`` (quantised once from it, see :mod:`.derive.quantize`); a request asking for the

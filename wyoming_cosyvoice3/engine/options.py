@@ -225,9 +225,10 @@ PRESETS: dict[str, SynthesisOptions] = {
     # 1 s of the prompt (25 tokens) and 10 tokens of history, first chunk after 10 tokens,
     # vocoder with 16 frames of left context. The chunk-causal flow (``flow_chunk_causal``,
     # ``flow_final_chunk_causal``, 4 s of prompt, 2 s of history) is much closer to the exact
-    # path (mel SNR 23.4 dB against 12.4 dB) but measured 1.05-1.1x slower through the server
-    # on the 2-core reference machine, so it is not used here (BENCHMARKS.md, "Chunk-causal
-    # presets through the server").
+    # path (mel SNR 23.4 dB against 12.4 dB) and as fast through the server (paragraph RTF
+    # 3.12 against 3.26, within the run's noise), but its steady RSS is 2.01 GB against
+    # 1.17 GB (target 1.5), so it is not used here (BENCHMARKS.md, "Through the server
+    # against the baseline, interleaved").
     "balanced": SynthesisOptions(
         flow_precision="int8",
         euler_steps=4,

@@ -139,3 +139,20 @@ def test_final_chunk_causal_changes_only_the_final_chunk(
     tail = np.concatenate(lever[-2:])
     assert np.isfinite(tail).all()
     assert float(np.abs(tail - np.concatenate(exact[-2:])).max()) > 1e-4
+
+
+@pytest.mark.parametrize("speed", [1.5, 0.75])
+def test_chunk_causal_stream_scales_with_speed(
+    speed: float, flow_refs: Any, engine: CosyVoice3Engine, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Case C14 on the chunk-causal path (``quality``, streamed, final chunk causal too):
+    the audio length scales by 1/speed within one mel frame per chunk."""
+    gen = [int(t) for t in flow_refs["B_gen_tokens"]]
+    monkeypatch.setattr(engine.llm, "decode", lambda *_a, **_k: iter(gen))
+    voice = VoicePrompt(features=_voice(flow_refs, "B"), name="levers-speed")
+    base = PRESETS["quality"].replace(flow_final_chunk_causal=True)
+    normal = sum(len(c.samples) for c in engine.synthesize("Hello.", voice, base))
+    chunks = list(engine.synthesize("Hello.", voice, base.replace(speed=speed)))
+    scaled = sum(len(c.samples) for c in chunks)
+    assert chunks[-1].is_last and np.isfinite(np.concatenate([c.samples for c in chunks])).all()
+    assert abs(scaled - normal / speed) <= C.SAMPLES_PER_MEL_FRAME * len(chunks)

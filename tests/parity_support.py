@@ -238,3 +238,15 @@ def parity_engine(parity: Parity) -> Any:
         options = EngineOptions(llm_precision="fp32", cache_dir=Path(cache.name))
         _ENGINES[parity.root] = CosyVoice3Engine.load(parity.model_dir, options)
     return _ENGINES[parity.root]
+
+
+def flow_case_voice(flow_refs: Any, case: str) -> Any:
+    """The flow's :class:`VoiceFeatures` of ``case`` from ``refs/flow.npz`` (prompt tokens,
+    speaker embedding, prompt mel), as the chunk-causal parity tests use them."""
+    from wyoming_cosyvoice3.engine.types import VoiceFeatures
+
+    return VoiceFeatures(
+        speech_tokens=np.asarray(flow_refs[f"{case}_prompt_tokens"], dtype=np.int64),
+        speaker_embedding=np.asarray(flow_refs[f"{case}_embedding"], dtype=np.float32),
+        prompt_mel=np.asarray(flow_refs[f"{case}_prompt_mel"], dtype=np.float32),
+    )

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from parity_support import PARITY_DIR, flow_case_voice
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.chunkmask import CHUNK_FRAMES
@@ -32,9 +33,8 @@ from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, cacheable_prompt
 from wyoming_cosyvoice3.engine.flow_streaming import prompt_noise
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
-from wyoming_cosyvoice3.engine.types import VoiceFeatures
 
-PARITY = Path(__file__).resolve().parents[1].parent / "shared" / "parity"
+PARITY = PARITY_DIR
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"
 
 pytestmark = pytest.mark.skipif(
@@ -76,12 +76,7 @@ def chunked(engine: CosyVoice3Engine, streaming_files: tuple[Path, Path]) -> Chu
                        prompt_noise)
 
 
-def _voice(refs: Any, case: str) -> VoiceFeatures:
-    return VoiceFeatures(
-        speech_tokens=np.asarray(refs[f"{case}_prompt_tokens"], dtype=np.int64),
-        speaker_embedding=np.asarray(refs[f"{case}_embedding"], dtype=np.float32),
-        prompt_mel=np.asarray(refs[f"{case}_prompt_mel"], dtype=np.float32),
-    )
+_voice = flow_case_voice
 
 
 def test_parity_structure_read_from_the_upstream_export(manifest: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from parity_support import PARITY_DIR, flow_case_voice
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
@@ -28,7 +29,7 @@ from wyoming_cosyvoice3.engine.options import PRESETS, EngineOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.types import VoiceFeatures, VoicePrompt
 
-PARITY = Path(__file__).resolve().parents[1].parent / "shared" / "parity"
+PARITY = PARITY_DIR
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"
 
 pytestmark = pytest.mark.skipif(
@@ -54,12 +55,7 @@ def engine(cache_dir: Path) -> CosyVoice3Engine:
     return CosyVoice3Engine.load(PARITY / "model", EngineOptions(cache_dir=cache_dir))
 
 
-def _voice(refs: Any, case: str) -> VoiceFeatures:
-    return VoiceFeatures(
-        speech_tokens=np.asarray(refs[f"{case}_prompt_tokens"], dtype=np.int64),
-        speaker_embedding=np.asarray(refs[f"{case}_embedding"], dtype=np.float32),
-        prompt_mel=np.asarray(refs[f"{case}_prompt_mel"], dtype=np.float32),
-    )
+_voice = flow_case_voice
 
 
 def _stream(flow: ChunkedFlow, voice: VoiceFeatures, gen: np.ndarray, hops: list[int],

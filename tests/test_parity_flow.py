@@ -61,7 +61,11 @@ def _flow_settings(parity: Parity) -> dict[str, Any]:
 
 
 def _options(parity: Parity, **changes: Any) -> SynthesisOptions:
-    """The spec-exact ``quality`` preset with the fixture's seed, Euler steps and CFG rate."""
+    """The spec-exact ``quality`` preset with the fixture's seed, Euler steps and CFG rate.
+
+    ``vocoder_defer`` is off: deferring depends on wall-clock lead, so with it the chunk
+    bounds would depend on how fast the machine is (the audio does not)."""
+    changes.setdefault("vocoder_defer", False)
     return PRESETS["quality"].replace(seed=parity.request_seed, **_flow_settings(parity), **changes)
 
 

@@ -15,7 +15,9 @@ memory-bound runs such as LLM decoding). Fitting counts to input sizes: :mod:`.c
 
 from __future__ import annotations
 
+import contextlib
 import math
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,7 +211,10 @@ def _infer(model: Any, symbolic: bool) -> Any:
         return shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    # when it gives up, the tool saves its partial model as sym_shape_infer_temp.onnx in the
+    # working directory: run it in a scratch directory (process-wide; the bench is one thread)
+    with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):
+        return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
 
 
 def count_ops(stripped: Any, input_dims: Mapping[str, Sequence[int]]) -> OpCount:

@@ -89,7 +89,14 @@ def test_fused_graph_is_validated_and_matches_the_published_graph(
     assert fresh.max_abs_logp == report.max_abs_logp and fresh.nodes == report.nodes
 
 
-def test_fused_q4_is_lossy_and_records_its_deviation(qwen_dir: Path, tmp_path: Path) -> None:
+def test_fused_q4_is_lossy_and_records_its_deviation(
+    qwen_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def not_here(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("derived in the calling process")
+
+    # the derivation runs in the child process: this process's copy is never called
+    monkeypatch.setattr(llm_fused, "derive_fused_llm", not_here)
     path, report = ensure_fused_llm(qwen_dir / "llm_int8.onnx", tmp_path, "fused-q4")
     assert (
         1e-3
@@ -112,10 +119,10 @@ def test_a_misread_structure_fails_validation_and_is_not_retried(
 
     monkeypatch.setattr(llm_fused, "read_llm_weights", swapped)
     with pytest.raises(ModelLoadError, match="structure was misread"):
-        ensure_fused_llm(qwen_dir / "llm.onnx", tmp_path, "fused")
+        ensure_fused_llm(qwen_dir / "llm.onnx", tmp_path, "fused", in_process=True)
     monkeypatch.setattr(llm_fused, "read_llm_weights", real)
     with pytest.raises(ModelLoadError, match="earlier attempt"):
-        ensure_fused_llm(qwen_dir / "llm.onnx", tmp_path, "fused")
+        ensure_fused_llm(qwen_dir / "llm.onnx", tmp_path, "fused", in_process=True)
     assert not list(tmp_path.glob("*.onnx"))
 
 

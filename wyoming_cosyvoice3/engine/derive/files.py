@@ -144,6 +144,14 @@ def weight_free_copy(model: Any) -> Any:
 
 
 def run_child(args: list[str]) -> None:
+    """Run one derivation in a child process (``python -m`` :mod:`.child` ``args``), waiting
+    at most :data:`CHILD_TIMEOUT_S`; this process only waits (no GIL held, no weights in
+    memory).
+
+    Raises:
+        ModelLoadError: the child could not start, timed out or exited non-zero (the message
+            ends with its last line of output; the whole output is logged at debug level).
+    """
     package_root = Path(__file__).resolve().parents[2]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -155,13 +163,13 @@ def run_child(args: list[str]) -> None:
             cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ModelLoadError(f"cannot run the estimator converter: {exc}") from exc
+        raise ModelLoadError(f"cannot run the {args[0]} derivation process: {exc}") from exc
     if proc.returncode != 0:
         output = (proc.stderr or proc.stdout or "").strip()
-        logger.debug("estimator converter output:\n%s", output)
+        logger.debug("%s derivation process output:\n%s", args[0], output)
         lines = [line.strip() for line in output.splitlines() if line.strip()]
         raise ModelLoadError(
-            f"the {args[0]} estimator converter exited with {proc.returncode}: "
+            f"the {args[0]} derivation process exited with {proc.returncode}: "
             f"{lines[-1] if lines else 'no output'}"
         )
 

@@ -60,7 +60,7 @@ import onnx
 
 from ..errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
 from ..graphs import Graph, count_llm_layers, llm_spec, open_session
-from .files import derive_once, keyed_name
+from .files import derive_once, keyed_name, run_child
 from .llm_fused_graph import build_fused_llm
 from .llm_patterns import float_activation_reference
 from .llm_weights import read_llm_weights
@@ -253,11 +253,41 @@ def _save(model: onnx.ModelProto, target: Path) -> None:
     onnx.save(model, str(target), save_as_external_data=True, location=data, size_threshold=1024)
 
 
+def write_fused_files(
+    source: Path, variant: str, data: Path, report_json: Path, graph: Path,
+    embeds: np.ndarray | None = None,
+) -> FusedReport:
+    """Derive the ``variant`` graph of ``source`` (:func:`derive_fused_llm`) and write its three
+    files: the weights to ``data``, the report to ``report_json`` and to ``graph`` the graph,
+    whose external-data entries name the weights file by its final name
+    (:func:`~.files.keyed_name`), so all three can be renamed into place. Run in the derivation
+    child process (:mod:`.child`) or, with ``in_process``, by :func:`ensure_fused_llm`.
+
+    Raises:
+        as :func:`derive_fused_llm`.
+    """
+    written = graph.with_name(graph.name + ".data")  # the weights, as derive_fused_llm saves
+    try:
+        report = derive_fused_llm(source, graph, variant, embeds)
+        os.replace(written, data)
+        _point_at(graph, keyed_name(source, FUSED_TAGS[variant], ".onnx.data"))
+    finally:
+        written.unlink(missing_ok=True)
+    report_json.write_text(json.dumps(asdict(report), indent=1), encoding="utf-8")
+    return report
+
+
 def ensure_fused_llm(
-    source: Path, cache_dir: Path, variant: str, embeds: np.ndarray | None = None
+    source: Path, cache_dir: Path, variant: str, embeds: np.ndarray | None = None,
+    *, in_process: bool = False,
 ) -> tuple[Path, FusedReport]:
     """Path of the fused graph of ``source`` (deriving and validating it once,
     :func:`~.files.derive_once`) and its report.
+
+    The derivation runs in a child process (:func:`~.files.run_child`) unless ``in_process``
+    (tests, tools): reading, rebuilding and checking the weights is seconds of Python work
+    that would hold this process's GIL (a server would stop answering), and a child killed
+    for memory leaves this process serving the published graph.
 
     Returns:
         (``cache_dir / "<stem>.<tag>-<size>-<mtime_ns>.onnx"``, the report stored beside it
@@ -277,14 +307,21 @@ def ensure_fused_llm(
 
     def make(tmps: list[Path]) -> None:
         data, report_json, graph = tmps
-        written = graph.with_name(graph.name + ".data")  # the weights, as derive_fused_llm saves
-        try:
-            report = derive_fused_llm(source, graph, variant, embeds)
-            os.replace(written, data)
-            _point_at(graph, keyed_name(source, tag, ".onnx.data"))
-        finally:
-            written.unlink(missing_ok=True)
-        report_json.write_text(json.dumps(asdict(report), indent=1), encoding="utf-8")
+        if in_process:
+            write_fused_files(source, variant, data, report_json, graph, embeds)
+        else:
+            args = ["llm", variant, str(source), *(str(path) for path in tmps)]
+            embeds_file = graph.with_name(graph.name + ".embeds.npy")
+            try:
+                if embeds is not None:
+                    np.save(embeds_file, np.asarray(embeds, np.float32))
+                    args.append(str(embeds_file))
+                run_child(args)
+            finally:
+                embeds_file.unlink(missing_ok=True)
+        report = _read_report(report_json)
+        if report is None:
+            raise ModelLoadError(f"the {variant} LLM derivation wrote no readable report")
         logger.info(
             "%s LLM graph: %d nodes (published %d), teacher-forced log-prob max abs %.2g, "
             "greedy agreement %.3f",

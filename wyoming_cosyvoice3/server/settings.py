@@ -47,7 +47,7 @@ class Settings:
     voices_file: Path | None = None
     voice: str | None = None
     llm_precision: str = "int8"
-    llm_graph: str = "published"
+    llm_graph: str = "fused"
     threads: int = 0
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     speed: float = 1.0
@@ -222,9 +222,10 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("--voice", "voice", "default voice name (default: the first voice of the catalog)"),
     _Option("--llm-precision", "llm_precision", "LLM graph to load (default int8)",
             choices=tuple(LLM_FILES)),
-    _Option("--llm-graph", "llm_graph", "published: run the LLM file as shipped (default); "
-            "fused: a fused-operator graph derived once from it (same numbers, fewer "
-            "nodes); fused-q4: the same with 4-bit weights (lossy)",
+    _Option("--llm-graph", "llm_graph", "fused (default): a fused-operator graph derived "
+            "once from the LLM file (same int8 numbers, 274 instead of 2222 nodes per "
+            "token, ~15 %% faster decoding); "
+            "published: run the LLM file as shipped; fused-q4: fused with 4-bit weights (lossy)",
             choices=("published", "fused", "fused-q4")),
     _Option("--threads", "threads", "onnxruntime threads per graph; 0 = one per core (default)",
             convert=_non_negative_int),

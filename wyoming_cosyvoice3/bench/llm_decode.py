@@ -31,7 +31,8 @@ from ..engine import constants as C
 from ..engine.graphs import SPEECH_EMBEDDING, TEXT_EMBEDDING, Graph, count_llm_layers
 from ..engine.llm.decoder import LlmDecoder
 from ..engine.llm.sampling import sample_step
-from ..engine.model import CosyVoice3Model, ModelDims, _load_llm
+from ..engine.loaders import load_llm_graph
+from ..engine.model import CosyVoice3Model, ModelDims
 from ..engine.options import EngineOptions
 from ..engine.types import LlmPrompt
 
@@ -53,7 +54,7 @@ class _LlmParts:
         options = EngineOptions(llm_graph=graph, cache_dir=cache_dir, threads=threads)  # type: ignore[arg-type]
         self.speech_embedding = Graph(model_dir / SPEECH_EMBEDDING.file, SPEECH_EMBEDDING, threads)
         self.text_embedding = Graph(model_dir / TEXT_EMBEDDING.file, TEXT_EMBEDDING, threads)
-        self.llm = _load_llm(model_dir, options, threads, self.speech_embedding)
+        self.llm = load_llm_graph(model_dir, options, threads, self.speech_embedding)
         dims = self.llm.input_shape("past_key_values.0.key")
         self.dims = ModelDims(
             int(self.llm.input_shape("inputs_embeds")[2] or 0),

@@ -17,12 +17,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from tokenizers import Tokenizer
 
 from . import constants as C
 from .derive.embedding_table import TableEmbedding
-from .derive.estimator_split import SplitEstimator, main_graph_spec
+from .derive.estimator_split import SplitEstimator
 from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
 from .graphs import (
     CAMPPLUS,
@@ -34,9 +33,8 @@ from .graphs import (
     TEXT_EMBEDDING,
     Graph,
     GraphSpec,
-    load_llm,
-    open_session,
 )
+from .loaders import Estimator, load_estimator, load_hift, load_llm_graph, load_text_table
 from .memory import return_freed_memory
 from .options import LLM_FILES, EngineOptions, FlowPrecision
 
@@ -135,93 +133,6 @@ def _graph(item: Graph | TableEmbedding | SplitEstimator) -> Graph:
     return item
 
 
-Estimator = Graph | SplitEstimator
-"""The DiT estimator: one graph, or the split time/main pair (:mod:`.estimator_split`)."""
-
-
-def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> Estimator:
-    """Load the DiT estimator of ``precision`` ("fp32" or "int8").
-
-    With ``options.split_estimator`` (default: when ``cache_dir`` is set) the graph is split
-    once into its time-conditioning and per-frame parts (:mod:`.estimator_split`); int8 then
-    quantises the per-frame part. Otherwise fp32 is the upstream file itself and int8 its
-    cached quantised copy. Derived graphs keep the contract's spec file name (errors name the
-    contract file). When deriving fails (e.g. out of memory: the converter needs about 3x the
-    fp32 file, once) the next simpler form is used with a warning, down to the fp32 file.
-
-    Raises:
-        ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
-    """
-    from .derive.estimator_split import ensure_split_estimator
-    from .derive.files import derived_files_dir
-    from .derive.quantize import ensure_int8_estimator
-
-    source = model_dir / ESTIMATOR.file
-    threads, providers, spin = options.threads, options.providers, options.spin_wait
-    split = options.split_estimator
-    if options.cache_dir is not None if split is None else split:
-        try:
-            main, time_graph = ensure_split_estimator(
-                source, derived_files_dir(model_dir, options.cache_dir), precision
-            )
-            session = open_session(main, threads, providers, spin)
-            graph = Graph(main, main_graph_spec(session), session=session)
-            return SplitEstimator(graph, time_graph, threads, providers, spin)
-        except ModelLoadError as exc:
-            log.warning("Split DiT estimator not available (%s); using the whole graph", exc)
-    path = source
-    if precision == "int8":
-        try:
-            path = ensure_int8_estimator(source, derived_files_dir(model_dir, options.cache_dir))
-        except ModelLoadError as exc:  # e.g. out of memory while quantising: keep serving
-            log.warning("int8 DiT estimator not available (%s); using the fp32 estimator", exc)
-    return Graph(path, ESTIMATOR, threads, providers, spin_wait=spin)
-
-
-def _load_llm(
-    model_dir: Path, options: EngineOptions, threads: int, speech_embedding: Graph
-) -> Graph:
-    """The LLM graph of ``options.llm_precision``, or its fused form (``options.llm_graph``;
-    falls back to the published file with one warning, see :mod:`.derive.llm_fused`)."""
-    source = model_dir / LLM_FILES[options.llm_precision]
-    providers, spin = options.providers, options.spin_wait
-    if options.llm_graph != "published":
-        from .derive.files import derived_files_dir
-        from .derive.llm_fused import VALIDATION_SPLIT, load_fused_llm
-
-        # validation input: speech-embedding rows of seeded random speech tokens
-        ids = np.random.default_rng(0).integers(0, C.SPEECH_TOKEN_VOCAB, sum(VALIDATION_SPLIT))
-        embeds = speech_embedding.run({"input_ids": ids[None, :]}, ["inputs_embeds"])
-        try:
-            cache = derived_files_dir(model_dir, options.cache_dir)
-        except ModelLoadError as exc:
-            log.warning("%s LLM graph not used (%s); using %s", options.llm_graph, exc, source.name)
-            return load_llm(source, threads, providers, spin)
-        fused = load_fused_llm(
-            source, options.llm_graph, cache, threads, providers, spin,
-            np.asarray(embeds["inputs_embeds"], np.float32),
-        )
-        if fused is not None:
-            return fused
-    return load_llm(source, threads, providers, spin)
-
-
-def _text_embedding(model_dir: Path, options: EngineOptions) -> TableEmbedding | None:
-    """The memory-mapped text embedding, or None (option off, not a plain lookup, no cache)."""
-    wanted = options.mmap_embeddings
-    if not (options.cache_dir is not None if wanted is None else wanted):
-        return None
-    from .derive.embedding_table import load_table_embedding
-    from .derive.files import derived_files_dir
-
-    try:
-        cache = derived_files_dir(model_dir, options.cache_dir)
-        return load_table_embedding(model_dir / TEXT_EMBEDDING.file, TEXT_EMBEDDING, cache)
-    except (OSError, ModelLoadError, ValueError) as exc:
-        log.warning("text embedding table not memory-mapped (%s); using the graph", exc)
-        return None
-
-
 @functools.lru_cache(maxsize=4)
 def _read_tokenizer(path: str, size: int, mtime_ns: int) -> Tokenizer:
     """Parse tokenizer.json once per (path, size, mtime): parsing the 10 MB file takes ~1 s.
@@ -272,6 +183,7 @@ class CosyVoice3Model:
         tokenizer: Tokenizer,
         end_of_prompt_id: int,
         graphs: dict[str, Graph | TableEmbedding | SplitEstimator],
+        hift_phase_period: float | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.options = options
@@ -289,6 +201,9 @@ class CosyVoice3Model:
             raise TypeError("the estimator cannot be a table lookup")
         self.estimator: Estimator = estimator
         self.hift = _graph(graphs["hift"])
+        self.hift_phase_period = hift_phase_period
+        """Source-phase period of a phase-carrying ``hift`` (:mod:`.derive.hift_phase`), or
+        None for the published graph."""
         self.dims = read_dims(self.llm, self.flow_encoder, self.hift)
         self._voice_lock = threading.Lock()
         self._voice_encoders: tuple[Graph, Graph] | None = None
@@ -323,15 +238,16 @@ class CosyVoice3Model:
             return Graph(model_dir / spec.file, spec, threads, providers, spin_wait=spin)
 
         speech_embedding = graph(SPEECH_EMBEDDING)
+        hift, hift_phase_period = load_hift(model_dir, options)
         graphs: dict[str, Graph | TableEmbedding | SplitEstimator] = {
             "speech_embedding": speech_embedding,
-            "llm": _load_llm(model_dir, options, llm_threads, speech_embedding),
+            "llm": load_llm_graph(model_dir, options, llm_threads, speech_embedding),
             "flow_encoder": graph(FLOW_ENCODER),
             "estimator": load_estimator(model_dir, options, options.flow_precision),
-            "hift": graph(HIFT),
+            "hift": hift,
         }
-        graphs["text_embedding"] = _text_embedding(model_dir, options) or graph(TEXT_EMBEDDING)
-        model = cls(model_dir, options, tokenizer, eop, graphs)
+        graphs["text_embedding"] = load_text_table(model_dir, options) or graph(TEXT_EMBEDDING)
+        model = cls(model_dir, options, tokenizer, eop, graphs, hift_phase_period)
         if model.dims.speech_vocab_rows <= C.FILL_TOKEN:
             raise GraphSignatureMismatch(
                 f"{model.llm.spec.file}: logits have {model.dims.speech_vocab_rows} columns, "

@@ -270,9 +270,15 @@ class _LevelRunner:
     """A vocoder stand-in whose every sample shows which mel frame its call started at and
     which noise it read: ``mel[0, 0] + 1e-3 * noise[:, 0]`` for the whole call."""
 
+    carries_phase = False  # as hift.onnx: windowed calls restart the source phase
+
     def waveform(self, mel: np.ndarray, noise: np.ndarray) -> np.ndarray:
         n = 480 * mel.shape[1]
         return (mel[0, 0] + 1e-3 * noise[:n, 0]).astype(np.float32)
+
+    def run(self, mel: np.ndarray, noise: np.ndarray, carry: object = None) -> tuple[
+            np.ndarray, None]:
+        return self.waveform(mel, noise), None
 
 
 def test_vocoder_window_seams_are_cross_faded(engine: CosyVoice3Engine) -> None:

@@ -68,6 +68,12 @@ class EngineOptions:
             (AdaLN modulation: 0.55 GB of fp32 weights that depend on ``t`` only, run once per
             distinct ``t`` and released) and its per-frame graph, written to ``cache_dir``
             (see :mod:`.estimator_split`; same numbers). ``None`` = on when ``cache_dir`` is set.
+        phase_vocoder: derive once (into ``cache_dir``) the phase-carrying form of
+            hift.onnx (:mod:`.derive.hift_phase`): the same numbers without a carry, and a
+            windowed vocoder call (``SynthesisOptions.vocoder_window_frames``) continues the
+            harmonic source's phase instead of restarting it, so windowed audio matches the
+            one-call audio. ``None`` = on when ``cache_dir`` is set. Not derivable:
+            hift.onnx, with one warning.
         observer: callbacks the engine makes while it works (:mod:`.hooks`; the benchmark's
             recorder); ``None`` = nobody watches.
     """
@@ -86,6 +92,7 @@ class EngineOptions:
     split_estimator: bool | None = None
     observer: EngineObserver | None = field(default=None, compare=False)
     llm_graph: LlmGraph = "published"
+    phase_vocoder: bool | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value is out of range."""

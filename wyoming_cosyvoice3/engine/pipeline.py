@@ -67,7 +67,7 @@ class CosyVoice3Engine:
         self.llm = LlmDecoder(model)
         self.flow = FlowRunner(model)
         self.chunked = ChunkedFlows(self.flow, model, options)
-        self.hift = HiftRunner(model.hift)
+        self.hift = HiftRunner(model.hift, model.hift_phase_period)
         worker = worker_for(model.model_dir, options, model.dims.speaker_dim)
         self.voices = VoiceFeatureExtractor(model, options.voice_cache_dir, worker=worker)
 

@@ -5,7 +5,8 @@
 TIME_OUT`` (the chunk-causal streaming estimator, :mod:`.streaming_estimator`) or
 ``... table SOURCE TABLE_NPY DTYPE_FILE`` (the text embedding table, :mod:`.embedding_table`)
 or ``... llm fused|fused-q4 SOURCE DATA REPORT GRAPH [EMBEDS_NPY]`` (the fused-operator LLM
-decode graph, :mod:`.llm_fused`).
+decode graph, :mod:`.llm_fused`) or ``... hift SOURCE GRAPH REPORT`` (the phase-carrying
+vocoder, :mod:`.hift_phase`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from .embedding_table import extract_table
 from .estimator_split import SPLIT_TAGS, derive_split
+from .hift_phase import write_phase_hift
 from .llm_fused import FUSED_TAGS, write_fused_files
 from .quantize import quantize_estimator
 from .streaming_estimator import STREAM_TAGS, derive_streaming
@@ -43,10 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         data, report, graph = (Path(a) for a in args[3:6])
         write_fused_files(Path(args[2]), args[1], data, report, graph, embeds)
         return 0
+    if len(args) == 4 and args[0] == "hift":
+        write_phase_hift(Path(args[1]), Path(args[2]), Path(args[3]))
+        return 0
     print(
         "usage: python -m wyoming_cosyvoice3.engine.derive.child int8 SOURCE TARGET | "
         "split|stream fp32|int8 SOURCE MAIN_OUT TIME_OUT | table SOURCE TABLE_NPY DTYPE_FILE | "
-        "llm fused|fused-q4 SOURCE DATA REPORT GRAPH [EMBEDS_NPY]",
+        "llm fused|fused-q4 SOURCE DATA REPORT GRAPH [EMBEDS_NPY] | hift SOURCE GRAPH REPORT",
         file=sys.stderr,
     )
     return 2

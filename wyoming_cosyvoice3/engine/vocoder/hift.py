@@ -16,10 +16,18 @@ the vocoder's cost quadratic in the utterance length (as upstream: model.py
 ``window_frames`` > 0 (``SynthesisOptions.vocoder_window_frames``) bounds it: each call runs the
 graph on the last ``window_frames`` already-emitted frames plus the new ones (with the noise
 columns of those frames, so the noise still lines up). The causal convolutions see their real
-left context when the window covers their receptive field (about 10 frames); the harmonic
-source restarts its phase at the window start, so its harmonics are phase-shifted against the
-exact path. To avoid a jump at the seam, the first ``crossfade`` samples of each call are
-cross-faded with the previous call's own samples for the same span (computed, held back).
+left context when the window covers their receptive field (16 mel frames on the
+upstream-exported parity model). The harmonic source's phase is the one long-range state:
+
+* with the phase-carrying graph (:mod:`..derive.hift_phase`, ``HiftRunner.phase_period`` set)
+  the stream keeps the source phase of every emitted frame (modulo one period) and hands the
+  window's frames their phase, so the call continues the source as one call over the whole mel
+  would: the windowed audio equals the one-call audio up to float rounding once the window
+  covers the receptive field;
+* with the published graph the source restarts its phase at the window start, so its
+  harmonics are phase-shifted against the exact path; to avoid a jump at the seam, the first
+  ``crossfade`` samples of each call are cross-faded with the previous call's own samples for
+  the same span (computed, held back).
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ logger = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float32]
 _HIFT_INPUTS = ("speech_feat", "noise")
 _HIFT_OUTPUTS = ("magnitude", "phase")
+_CARRY_INPUT = "phase_carry"
+_PHASE_OUTPUT = "source_phase"
+"""The phase-carrying graph's extra input and output (:mod:`..derive.hift_phase`)."""
 CROSSFADE_MS = 20.0
 """Seam cross-fade of the windowed vocoder (only with ``window_frames`` > 0)."""
 
@@ -71,21 +82,33 @@ class HiftRunner:
 
     Args:
         hift: the loaded hift graph (inputs ``speech_feat``, ``noise``; outputs ``magnitude``,
-            ``phase``).
+            ``phase``; the phase-carrying form also ``phase_carry`` / ``source_phase``).
+        phase_period: with the phase-carrying form, the source phase's period in its units
+            (:attr:`..derive.hift_phase.PhaseCarryReport.period`); None for ``hift.onnx``.
 
     Raises:
         GraphSignatureMismatch: the graph lacks those names.
     """
 
-    def __init__(self, hift: Graph) -> None:
+    def __init__(self, hift: Graph, phase_period: float | None = None) -> None:
         names_in, names_out = set(hift.spec.inputs), set(hift.spec.outputs)
-        if not set(_HIFT_INPUTS) <= names_in or not set(_HIFT_OUTPUTS) <= names_out:
+        wanted_in, wanted_out = set(_HIFT_INPUTS), set(_HIFT_OUTPUTS)
+        if phase_period is not None:
+            wanted_in.add(_CARRY_INPUT)
+            wanted_out.add(_PHASE_OUTPUT)
+        if not wanted_in <= names_in or not wanted_out <= names_out:
             raise GraphSignatureMismatch(
-                f"vocoder {hift.spec.file}: expected inputs {list(_HIFT_INPUTS)} and outputs "
-                f"{list(_HIFT_OUTPUTS)}, found {sorted(names_in)} / {sorted(names_out)}; use "
+                f"vocoder {hift.spec.file}: expected inputs {sorted(wanted_in)} and outputs "
+                f"{sorted(wanted_out)}, found {sorted(names_in)} / {sorted(names_out)}; use "
                 "hift.onnx from Masterx/Fun-CosyVoice3-0.5B-2512-ONNX"
             )
         self.graph = hift
+        self.phase_period = phase_period
+
+    @property
+    def carries_phase(self) -> bool:
+        """Whether windowed calls can continue the harmonic source's phase."""
+        return self.phase_period is not None
 
     def waveform(self, mel: FloatArray, noise: FloatArray) -> FloatArray:
         """Samples for a whole mel (generator.py ``decode`` with ``finalize=True``).
@@ -97,17 +120,43 @@ class HiftRunner:
         Returns:
             float32 [480 M], 24 kHz, clamped to +-0.99 (``audio_limit``).
         """
+        return self.run(mel, noise)[0]
 
+    def run(
+        self, mel: FloatArray, noise: FloatArray, carry: npt.NDArray[np.float64] | None = None
+    ) -> tuple[FloatArray, npt.NDArray[np.float64] | None]:
+        """Samples for ``mel`` and, with the phase-carrying graph, the source phase per frame.
+
+        Args:
+            mel, noise: as :meth:`waveform`.
+            carry: float [W, H] source phase of the first W frames of ``mel`` (from earlier
+                calls); None = W 0 (the published graph's computation). Ignored by
+                ``hift.onnx``.
+
+        Returns:
+            (float32 [480 M] samples as :meth:`waveform`, float64 [M, H] source phase modulo
+            ``phase_period`` or None without the phase-carrying graph).
+        """
         feeds = {
             "speech_feat": np.ascontiguousarray(mel, dtype=np.float32)[None],
             "noise": np.ascontiguousarray(noise, dtype=np.float32)[None],
         }
-        out = self.graph.run(feeds, list(_HIFT_OUTPUTS))
+        names = list(_HIFT_OUTPUTS)
+        if self.phase_period is not None:
+            if carry is None:
+                carry = np.zeros((0, C.HARMONIC_CHANNELS))
+            feeds[_CARRY_INPUT] = np.ascontiguousarray(carry, dtype=np.float32)[None]
+            names.append(_PHASE_OUTPUT)
+        out = self.graph.run(feeds, names)
         # HiFTGenerator._istft: torch.clip(magnitude, max=1e2); idempotent if the graph clips
         magnitude = np.minimum(np.asarray(out["magnitude"], dtype=np.float32)[0], C.MAGNITUDE_CLIP)
         phase = np.asarray(out["phase"], dtype=np.float32)[0]
         samples = np.asarray(istft(magnitude, phase), dtype=np.float32).reshape(-1)
-        return np.clip(samples, -C.AUDIO_LIMIT, C.AUDIO_LIMIT)
+        source_phase = None
+        if self.phase_period is not None:
+            rows = np.asarray(out[_PHASE_OUTPUT], dtype=np.float64)[0]
+            source_phase = np.mod(rows, self.phase_period)
+        return np.clip(samples, -C.AUDIO_LIMIT, C.AUDIO_LIMIT), source_phase
 
 
 class VocoderStream:
@@ -142,6 +191,10 @@ class VocoderStream:
         self.crossfade_samples = round(crossfade_ms * C.OUTPUT_SAMPLE_RATE_HZ / 1000.0)
         self._mel = np.zeros((C.MEL_BINS, 0), dtype=np.float32)
         self._tail = np.zeros(0, dtype=np.float32)
+        self._phase = np.zeros((0, C.HARMONIC_CHANNELS), dtype=np.float64)
+        """Source phase of the last ``window_frames`` emitted frames, the first of them frame
+        ``_phase_first`` (phase-carrying graph, windowed calls only)."""
+        self._phase_first = 0
         self.emitted_samples = 0
         self.frames_run = 0
         """Mel frames the graph ran over, summed over calls (re-run frames count again)."""
@@ -212,14 +265,21 @@ class VocoderStream:
         start = time.perf_counter()
         spf = C.SAMPLES_PER_MEL_FRAME
         noise = self.noise.take(spf * n_frames)
-        first = 0
+        first, emitted_frames = 0, self.emitted_samples // spf
+        carrying = self.window_frames > 0 and self.runner.carries_phase
         if self.window_frames > 0:
-            first = max(0, self.emitted_samples // spf - self.window_frames)
-        samples = self.runner.waveform(self._mel[:, first:], noise[spf * first :])
+            first = max(0, emitted_frames - self.window_frames)
+        carry = self._phase[first - self._phase_first :] if carrying else None
+        samples, source_phase = self.runner.run(self._mel[:, first:], noise[spf * first :], carry)
+        if carrying and source_phase is not None:  # keep the phase of the frames now final
+            final_rows = source_phase[emitted_frames - first : end // spf - first]
+            kept = np.concatenate([self._phase, final_rows])[-self.window_frames :]
+            self._phase_first = end // spf - len(kept)
+            self._phase = kept
         self.frames_run += n_frames - first
         base = spf * first  # absolute index of samples[0]
         out = samples[self.emitted_samples - base : end - base].copy()
-        if self.window_frames > 0:
+        if self.window_frames > 0 and not carrying:
             out = self._crossfade(out)
             # this call's samples just after ``end``: the next call fades from them
             self._tail = samples[end - base : end - base + self.crossfade_samples].copy()

@@ -42,9 +42,15 @@ READ_TIMEOUT_S = 60.0
 
 
 def make_settings(model_dir: Path, data_dir: Path, **changes: Any) -> Settings:
-    """Settings of an in-process server on 127.0.0.1 with an ephemeral port."""
+    """Settings of an in-process server on 127.0.0.1 with an ephemeral port.
+
+    The LLM graph is ``published`` unless a test asks otherwise: the default ``fused`` needs a
+    Qwen2-structured LLM, which the tiny models' stand-in is not, so it would start one
+    failing derivation process per fresh data dir (test_server_default_preset.py runs the
+    real default; test_llm_fused.py the fused graph itself)."""
     values: dict[str, Any] = dict(uri="tcp://127.0.0.1:0", model_dir=model_dir,
-                                  data_dirs=(data_dir,), warm_up=False, seed=1)
+                                  data_dirs=(data_dir,), warm_up=False, seed=1,
+                                  llm_graph="published")
     values.update(changes)
     return Settings(**values)
 

@@ -2,9 +2,11 @@
 
 On the ``tiny`` model the int8 derivation falls back to the fp32 estimator (its stand-in DiT
 has no per-frame MatMul with a constant weight), so that path never ran in the server tests.
-The ``tiny-dit`` model has an upstream-structured DiT: at start the server derives the split
-estimator with an int8 per-frame graph into ``<data dir>/engine-cache`` (warm-up included, as
-in a default start), and requests run through it.
+The ``tiny-dit`` model has an upstream-structured DiT and vocoder: at start the server
+derives the split estimator with an int8 per-frame graph and the phase-carrying vocoder into
+``<data dir>/engine-cache`` (warm-up included, as in a default start), and requests run through
+them. Its LLM is the tiny stand-in, not a Qwen2 stack, so the default fused LLM graph falls
+back to the published one with its one warning (the fused graph itself: test_llm_fused.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ pytestmark = pytest.mark.timeout(300)
 async def test_default_preset_runs_the_int8_split_dit_end_to_end(
         tiny_dit_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     data_dir = tmp_path / "data"
-    settings = make_settings(tiny_dit_model_dir, data_dir, warm_up=True)
+    settings = make_settings(tiny_dit_model_dir, data_dir, warm_up=True,
+                             llm_graph=Settings.llm_graph)  # every default as shipped
     assert settings.preset == Settings.preset == "balanced"  # the default
     assert PRESETS["balanced"].flow_precision == "int8"
     with caplog.at_level(logging.INFO):
@@ -56,6 +59,9 @@ async def test_default_preset_runs_the_int8_split_dit_end_to_end(
                 await cl.write_event(SynthesizeStop().event())
                 streamed = await collect(cl, "synthesize-stopped")
             assert engine.model.estimator is estimator  # loaded at start, not on first use
+            # the preset's 16-frame vocoder window continues the harmonic phase
+            assert engine.model.hift_phase_period is not None
+            assert PRESETS["balanced"].vocoder_window_frames > 0
     for response in (one_shot, streamed):
         check_audio_format(response)
         assert not response.errors and len(response.samples) > 24000 // 4
@@ -63,5 +69,6 @@ async def test_default_preset_runs_the_int8_split_dit_end_to_end(
     assert used_by_one_shot >= PRESETS["balanced"].euler_steps
     assert len(calls) > used_by_one_shot
     problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert problems == []
+    assert len(problems) == 1 and problems[0].startswith("fused LLM graph not used")
+    assert "LlmStructureError" in problems[0]  # the stand-in LLM, and only that
     assert any("split estimator ready" in r.getMessage() for r in caplog.records)

@@ -13,6 +13,11 @@ mel, and prints a markdown table:
 * **deviation** from the one-call samples: max abs difference, SNR over the utterance and the
   lowest SNR within +-20 ms of a seam (a call boundary), in dB.
 
+Windowed rows run twice with ``--graphs published phase-carry`` (default): ``hift.onnx`` as
+published (the harmonic source restarts its phase at each window start; seams cross-faded)
+and its phase-carrying form (:mod:`~wyoming_cosyvoice3.engine.derive.hift_phase`, derived
+once into ``--cache-dir``; the window's frames get their source phase from earlier calls).
+
 The mel is smooth random log-mel (a stand-in; with random weights only lengths and numerics
 matter). Schedules: flow chunks as the engine produces them (first hop 2 x ``first_hop``
 frames, doubling up to 200 frames; upstream model.py ``token_hop_len``, ``stream_scale_factor``),
@@ -24,6 +29,7 @@ already sent lasts until the utterance is complete).
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..engine import constants as C
+from ..engine.derive.hift_phase import PHASE_HIFT, ensure_phase_hift
 from ..engine.graphs import HIFT, Graph
 from ..engine.noise import GrowingNoise
 from ..engine.vocoder.hift import HiftRunner, VocoderStream
@@ -141,10 +148,16 @@ def seam_snr_db(reference: FloatArray, test: FloatArray, seams: Sequence[int]) -
 
 def measure(
     model_dir: Path, frames: int, first_frames: int, windows: Sequence[int],
-    policies: Sequence[str], repeats: int,
+    policies: Sequence[str], repeats: int, cache_dir: Path | None = None,
 ) -> list[str]:
-    """Markdown rows (see the module docstring); medians of ``repeats`` CPU times."""
+    """Markdown rows (see the module docstring); medians of ``repeats`` CPU times. With
+    ``cache_dir`` the windowed rows also run the phase-carrying graph (derived there)."""
     runner = HiftRunner(Graph(model_dir / HIFT.file, HIFT, threads=1, spin_wait=False))
+    runners = {"": runner}
+    if cache_dir is not None:
+        path, report = ensure_phase_hift(model_dir / HIFT.file, cache_dir, in_process=True)
+        carried = Graph(path, PHASE_HIFT, threads=1, spin_wait=False)
+        runners[" (phase carried)"] = HiftRunner(carried, report.period)
     mel = smooth_mel(frames)
     chunks = flow_chunks(frames, first_frames)
     one = [run_stream(runner, mel, [frames], [True], 0, 1) for _ in range(repeats + 1)][1:]
@@ -153,15 +166,17 @@ def measure(
     rows = [
         f"| one call | - | 1 | {frames} | {one_cpu:.3f} | 1.00 | 0 | inf | - |",
     ]
-    for window in windows:
+    cases = [(w, label, r) for w in windows for label, r in runners.items() if w or not label]
+    for window, label, case_runner in cases:
         for policy in policies:
             calls = schedule_calls(chunks, policy)
-            runs = [run_stream(runner, mel, chunks, calls, window, 1) for _ in range(repeats)]
+            runs = [run_stream(case_runner, mel, chunks, calls, window, 1)
+                    for _ in range(repeats)]
             run = runs[0]
             cpu = float(np.median([r.cpu_s for r in runs]))
             diff = float(np.max(np.abs(run.samples - reference)))
             rows.append(
-                f"| window {window or 'all (exact)'} | {policy} | {run.calls} | "
+                f"| window {window or 'all (exact)'}{label} | {policy} | {run.calls} | "
                 f"{run.frames_run} | {cpu:.3f} | {cpu / one_cpu:.2f} | {diff:.2e} | "
                 f"{snr_db(reference, run.samples):.1f} | "
                 f"{seam_snr_db(reference, run.samples, run.seams):.1f} |"
@@ -188,11 +203,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--windows", type=int, nargs="+", default=[0, 16, 8])
     p.add_argument("--policies", nargs="+", default=["per-chunk", "every-2", "first+last"])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--graphs", nargs="+", choices=["published", "phase-carry"],
+                   default=["published", "phase-carry"],
+                   help="windowed rows: hift.onnx as published and/or its phase-carrying form")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="where the phase-carrying graph is derived (default: a temporary dir)")
     args = p.parse_args(argv)
-    for frames in args.frames:
-        lines = measure(args.model_dir, frames, args.first_frames, args.windows, args.policies,
-                        args.repeats)
-        print("\n".join(lines), end="\n\n", flush=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        cache = (args.cache_dir or Path(scratch)) if "phase-carry" in args.graphs else None
+        for frames in args.frames:
+            lines = measure(args.model_dir, frames, args.first_frames, args.windows,
+                            args.policies, args.repeats, cache)
+            print("\n".join(lines), end="\n\n", flush=True)
 
 
 if __name__ == "__main__":

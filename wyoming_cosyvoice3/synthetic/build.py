@@ -25,6 +25,7 @@ from .flow import build_estimator, build_flow_encoder
 from .full_config import FULL_SIZES, FullConfig
 from .full_flow import ESTIMATOR_FILE
 from .full_flow import build_estimator as build_upstream_estimator
+from .full_hift import build_hift as build_upstream_hift
 from .llm import build_llm, build_speech_embedding, build_text_embedding
 from .onnx_builder import save_model
 from .quant import quantize_int8, quantize_q4
@@ -46,14 +47,19 @@ SIMPLE_GRAPHS: dict[str, Builder] = {
 
 
 UPSTREAM_DIT_SIZES: dict[str, FullConfig] = {
-    "tiny-dit": replace(FullConfig(), dit_dim=128, dit_depth=2, dit_heads=2, dit_head_dim=64),
+    "tiny-dit": replace(
+        FullConfig(), dit_dim=128, dit_depth=2, dit_heads=2, dit_head_dim=64,
+        hift_base_channels=32, hift_f0_channels=32,
+    ),
 }
 """Sizes whose DiT estimator is the upstream architecture (cosyvoice/flow/DiT/dit.py, built by
 :func:`.full_flow.build_estimator`) at a small width: 2 blocks of width 128, 2 heads of 64.
 The tiny stand-in estimator has no per-frame MatMul with a constant weight, so the int8
 derivation falls back to fp32 on it; on this one the split and int8 derivations work, so the
 default preset's int8 DiT runs end to end (tests: ``tiny_dit_model_dir``). The file is
-about 3.3 MB; deriving its split int8 graphs takes about 10 s on 2 shared cores."""
+about 3.3 MB; deriving its split int8 graphs takes about 10 s on 2 shared cores. Its hift.onnx
+is upstream's CausalHiFTGenerator too (:func:`.full_hift.build_hift`, widths 32 and 16..4),
+so the phase-carrying vocoder derivation works on it."""
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
@@ -93,6 +99,8 @@ def build_synthetic_model(out_dir: Path, size: str = "tiny", seed: int = 0) -> P
     for name, builder in SIMPLE_GRAPHS.items():
         if name == ESTIMATOR_FILE and size in UPSTREAM_DIT_SIZES:
             save_model(build_upstream_estimator(UPSTREAM_DIT_SIZES[size], seed), out_dir / name)
+        elif name == "hift.onnx" and size in UPSTREAM_DIT_SIZES:
+            save_model(build_upstream_hift(UPSTREAM_DIT_SIZES[size], seed), out_dir / name)
         else:
             save_model(builder(cfg, _rng(seed, name)), out_dir / name)
 

@@ -155,6 +155,7 @@ def measure(
     runner = HiftRunner(Graph(model_dir / HIFT.file, HIFT, threads=1, spin_wait=False))
     runners = {"": runner}
     if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
         path, report = ensure_phase_hift(model_dir / HIFT.file, cache_dir, in_process=True)
         carried = Graph(path, PHASE_HIFT, threads=1, spin_wait=False)
         runners[" (phase carried)"] = HiftRunner(carried, report.period)

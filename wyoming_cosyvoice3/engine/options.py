@@ -154,12 +154,18 @@ class SynthesisOptions:
         overlap_decoding: decode LLM tokens in a per-request producer thread while the flow
             and vocoder work (same audio as sequential decoding for the same seed).
         vocoder_window_frames: when > 0, each vocoder call sees only this many already-emitted
-            mel frames of left context (linear instead of quadratic cost; seams cross-faded,
-            see :mod:`.vocoder`); 0 = all mel of the utterance (spec-exact).
+            mel frames of left context (linear instead of quadratic cost; see :mod:`.vocoder`);
+            0 = all mel of the utterance (spec-exact). With the phase-carrying vocoder
+            (``EngineOptions.phase_vocoder``) the window's frames get their harmonic phase from
+            earlier calls, so the audio equals the exact path's up to float rounding once the
+            window covers the generator's receptive field (16 frames on the upstream-exported
+            parity model); with hift.onnx as published the phase restarts at each window and
+            the seams are cross-faded.
         vocoder_defer: let the vocoder skip a non-final flow chunk while the audio already
             emitted lasts until its next call (fewer calls, fewer re-run frames; see
             :mod:`.vocoder.schedule`). Exact with ``vocoder_window_frames`` 0 (the samples do
-            not depend on how the mel is cut); with a window it moves the seams.
+            not depend on how the mel is cut); with a window it moves the seams (which only
+            matters without the phase-carrying vocoder).
         max_decode_tokens: hard cap on decoded speech tokens per piece, on top of 20x text.
         max_request_s: wall-clock limit of one request; exceeded raises SynthesisTimeout.
         output_dtype: ``float32`` samples in [-1, 1] or ``int16`` PCM.

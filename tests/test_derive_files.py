@@ -1,8 +1,8 @@
 """The one derivation sequence every cached derivation uses (engine/derive/files.py
 ``derive_once``): a valid result is reused, a failure is remembered by a ``.failed`` marker,
 the helper itself never warns (the caller's fallback is the one warning), the files are
-renamed into place so that a process killed half-way leaves no valid result, and files of
-replaced sources are removed.
+renamed into place so that a process killed half-way leaves no valid result (and the next
+derivation removes its temporary files), and files of replaced sources are removed.
 
 The derivation here writes small files whose content tells which call made them; the real
 derivations (int8, split, streaming DiT, fused LLM) are tested in their own files.
@@ -11,6 +11,7 @@ derivations (int8, split, streaming DiT, fused LLM) are tested in their own file
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -211,8 +212,14 @@ def test_a_process_killed_half_way_leaves_no_valid_result(
     time_graph, guard = (cache / f"{STEM}.{tag}-{key(source)}.onnx" for tag in ("time", "main"))
     assert not guard.exists() and not failure_marker(guard).exists()
     assert time_graph.exists() == (stage == "commit")
-    assert list(cache.glob(".*.tmp"))  # the killed process's temporary files stay hidden
+    left = list(cache.glob(".*.tmp"))  # the killed process's temporary files stay hidden
+    assert left
+    # a temporary file of a process that still runs (another server on this data dir) stays
+    alive = guard.with_name(f".{guard.name}.{os.getppid()}.1.tmp")
+    alive.write_bytes(b"in progress")
     make = Maker()
     paths = derive_once(source, cache, FILES, make, name="x")
     assert make.calls == 1 and paths == [time_graph, guard]
     assert [p.read_bytes() for p in paths] == [b"part 0 #1", b"part 1 #1"]
+    # the next derivation removed what the killed process left, and only that
+    assert not any(path.exists() for path in left) and alive.read_bytes() == b"in progress"

@@ -91,6 +91,29 @@ def remove_stale(directory: Path, pattern: str, keep: Path) -> None:
                 logger.debug("cannot remove %s: %s", old, exc)
 
 
+def remove_orphans(final: Path) -> None:
+    """Delete temporary files of ``final`` left by a process that no longer runs (killed while
+    deriving: ``.<name>.<pid>.<thread>.tmp`` and the ``...tmp.<suffix>`` files made beside
+    it). Files of running processes, this one included, are kept (best effort)."""
+    prefix = f".{final.name}."
+    for path in final.parent.glob(f"{prefix}*.tmp*"):
+        pid_text = path.name[len(prefix) :].split(".", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # still running (perhaps another server on the same data dir)
+        except ProcessLookupError:
+            pass
+        except OSError:  # e.g. PermissionError: a process of another user exists
+            continue
+        try:
+            path.unlink()
+            logger.info("removed %s, left by an interrupted derivation", path.name)
+        except OSError as exc:
+            logger.debug("cannot remove %s: %s", path, exc)
+
+
 def failure_marker(target: Path) -> Path:
     """``<target>.failed``: written with the reason when deriving ``target`` failed."""
     return target.with_name(target.name + ".failed")
@@ -199,7 +222,8 @@ def derive_once(
     writes every file under a temporary name (``.<file>.<pid>.<thread>.tmp``, same directory),
     each is renamed onto its final name in the order of ``files``, the last one (the *guard*,
     which also names the lock and the marker) last, so a crash half-way leaves no valid result
-    and the next call derives again. On success the files of other sources' keys (and the
+    and the next call derives again (first removing the temporary files the dead process
+    left, :func:`remove_orphans`). On success the files of other sources' keys (and the
     ``retired`` ones) are removed; on failure the temporary files are removed and the marker
     records the reason. Nothing here warns: the caller falls back with its one warning.
 
@@ -235,6 +259,8 @@ def derive_once(
     finals = [cache_dir / keyed_name(source, tag, suffix) for tag, suffix in files]
     guard = finals[-1]
     with lock_for(guard):
+        for final in finals:
+            remove_orphans(final)
         if valid(finals):
             return finals
         check_failed_before(guard)

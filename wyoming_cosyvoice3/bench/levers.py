@@ -73,6 +73,7 @@ LEVERS: dict[str, SynthesisOptions] = {
     "flow_precision=int8": QUALITY.replace(flow_precision="int8"),
     "overlap_decoding": QUALITY.replace(overlap_decoding=True),
     "vocoder_window_frames=32": QUALITY.replace(vocoder_window_frames=32),
+    "vocoder_window_frames=24": QUALITY.replace(vocoder_window_frames=24),
     "vocoder_window_frames=16": QUALITY.replace(vocoder_window_frames=16),
     "cfg_steps=1 (batch fixed at 2)": QUALITY.replace(cfg_steps=1),
     "flow_prompt_tokens=15": QUALITY.replace(flow_prompt_tokens=15),

@@ -236,8 +236,11 @@ PRESETS: dict[str, SynthesisOptions] = {
     ),
     # The default. int8 DiT (per-frame MatMuls only), 4 Euler steps, the flow sees the last
     # 1 s of the prompt (25 tokens) and 10 tokens of history, first chunk after 10 tokens,
-    # vocoder with 16 frames of left context. The chunk-causal flow (``flow_chunk_causal``,
-    # ``flow_final_chunk_causal``, 4 s of prompt, 2 s of history) is much closer to the exact
+    # vocoder with 24 frames of left context (with the phase-carrying vocoder: waveform SNR
+    # 49 dB from the one-call audio on the full-size synthetic model, whose receptive field
+    # needs 24 frames; 16 gave 43 dB; BENCHMARKS.md "The phase-carrying vocoder"). The
+    # chunk-causal flow (``flow_chunk_causal``, ``flow_final_chunk_causal``, 4 s of prompt,
+    # 2 s of history) is much closer to the exact
     # path (mel SNR 23.4 dB against 12.4 dB) and as fast through the server (paragraph RTF
     # 3.12 against 3.26, within the run's noise), but its steady RSS is 2.01 GB against
     # 1.17 GB (target 1.5), so it is not used here (BENCHMARKS.md, "Through the server
@@ -248,18 +251,20 @@ PRESETS: dict[str, SynthesisOptions] = {
         flow_prompt_tokens=25,
         flow_left_context_tokens=10,
         first_hop_tokens=10,
-        vocoder_window_frames=16,
+        vocoder_window_frames=24,
     ),
     # Lowest latency: 2 Euler steps (audible loss on real weights: the MNN port measured
     # mel SNR 14 dB for an undistilled 10 -> 2 steps), 15 prompt tokens, 5 tokens of
-    # history, first chunk after 8 tokens, 8 frames of vocoder context.
+    # history, first chunk after 8 tokens, 16 frames of vocoder context (8 frames fall
+    # inside the generator's receptive field: 22-31 dB instead of 43-59 dB with the phase
+    # carried).
     "fast": SynthesisOptions(
         flow_precision="int8",
         euler_steps=2,
         flow_prompt_tokens=15,
         flow_left_context_tokens=5,
         first_hop_tokens=8,
-        vocoder_window_frames=8,
+        vocoder_window_frames=16,
     ),
 }
 """Named option sets; tuned with the benchmark (BENCHMARKS.md)."""

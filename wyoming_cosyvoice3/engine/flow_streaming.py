@@ -148,3 +148,47 @@ def chunk_causal_mel(
         req.times,
         store_history=drop_frames > 0,  # a final chunk's keys/values are never attended
     )
+
+
+def full_attention_mel(
+    flow: FlowRunner,
+    flow_tokens: np.ndarray,
+    features: VoiceFeatures,
+    noise: np.ndarray,
+    drop: int,
+    start: int,
+    offset: int,
+    req: RequestState,
+) -> np.ndarray:
+    """A streamed chunk's new mel frames with the exported (full-attention) estimator.
+
+    Args:
+        flow: the model's flow runner.
+        flow_tokens: int64 [P + n]: the flow's prompt tokens, then the piece's tokens from
+            ``start`` up to the chunk's end (lookahead included).
+        features: the flow's voice features (``flow_prompt_tokens`` applied).
+        noise: float32 [80, frames] flow noise for prompt + tokens (column = frame).
+        drop: lookahead mel frames to drop at the end (6 for a non-final chunk, else 0).
+        start: first generated token the flow sees (``flow_left_context_tokens``).
+        offset: first token of this chunk (frames before it were emitted earlier).
+        req: the request (options, cancellation, stage times).
+
+    Returns:
+        float32 [80, 2 x (tokens of the chunk)] mel frames (spec section 7, model.py
+        ``token2wav``: flow on prompt + all tokens so far, the new frames kept).
+    """
+    opts = req.options
+    mel = flow.mel_for_tokens(
+        flow_tokens,
+        features,
+        noise,
+        steps=opts.euler_steps,
+        cfg_rate=opts.cfg_rate,
+        cfg_steps=opts.cfg_steps,
+        drop_lookahead_frames=drop,
+        should_stop=req.check,
+        times=req.times,
+        generated_offset_tokens=start,
+        precision=opts.flow_precision,
+    )
+    return np.asarray(mel[:, C.TOKEN_MEL_RATIO * (offset - start) :], dtype=np.float32)

@@ -25,17 +25,21 @@ import numpy.typing as npt
 from . import constants as C
 from . import graphs
 from .flow.solver import FlowRunner, SpeedResampler
-from .flow_streaming import ChunkedFlows, chunk_causal_mel, first_hop_tokens
+from .flow_streaming import (
+    ChunkedFlows,
+    chunk_causal_mel,
+    first_hop_tokens,
+    full_attention_mel,
+)
 from .llm.decoder import LlmDecoder
 from .llm.producer import TokenProducer
 from .memory import return_freed_memory
 from .model import CosyVoice3Model
 from .options import EngineOptions, SynthesisOptions
-from .request import PieceState, RequestState, flow_prompt_features
+from .request import PieceState, RequestState, flow_prompt_features, token_stream
 from .text.frontend import TextFrontend
 from .types import (
     AudioChunk,
-    LlmPrompt,
     ShouldStop,
     SynthesisResult,
     VoiceFeatures,
@@ -230,11 +234,11 @@ class CosyVoice3Engine:
         producer: TokenProducer[tuple[int, int | None]] | None = None
         if req.options.overlap_decoding:
             producer = TokenProducer(
-                lambda stop: self._token_stream(prompts, fixed_tokens, req, stop)
+                lambda stop: token_stream(self.llm, prompts, fixed_tokens, req, stop)
             ).start()
             stream: Iterator[tuple[int, int | None]] = iter(producer)
         else:
-            stream = self._token_stream(prompts, fixed_tokens, req, None)
+            stream = token_stream(self.llm, prompts, fixed_tokens, req, None)
         try:
             piece: PieceState | None = None
             for index, token in stream:
@@ -258,41 +262,6 @@ class CosyVoice3Engine:
         if req.chunks_out and not req.last_sent:
             # the last piece produced no audio: close the stream with an empty last chunk
             yield self._make_chunk(np.zeros(0, dtype=np.float32), req, len(pieces) - 1, True)
-
-    def _token_stream(
-        self,
-        prompts: list[LlmPrompt],
-        fixed_tokens: list[int | None],
-        req: RequestState,
-        stopped: ShouldStop | None,
-    ) -> Iterator[tuple[int, int | None]]:
-        """``(piece index, token)`` for every accepted LLM token of every piece, then
-        ``(piece index, None)`` at the end of each piece. Runs in the producer thread with
-        ``overlap_decoding``; records "llm" timeline spans (split where the consumer worked)."""
-
-        def should_stop() -> bool:
-            return (stopped is not None and stopped()) or req.check()
-
-        opts = req.options
-        for index, prompt in enumerate(prompts):
-            span = req.now()
-            tokens = self.llm.decode(
-                prompt,
-                req.rng,
-                should_stop=should_stop,
-                max_tokens=opts.max_decode_tokens,
-                deadline=req.deadline_monotonic,
-                times=req.times,
-                fixed_tokens=fixed_tokens[index],
-            )
-            for token in tokens:
-                handed = req.now()
-                yield index, token
-                if req.now() - handed > 1e-3:  # the consumer ran a chunk in between
-                    req.event("llm", span, handed)
-                    span = req.now()
-            req.event("llm", span)
-            yield index, None
 
     def _new_piece(self, index: int, req: RequestState, prompt_tokens: int) -> PieceState:
         return PieceState(
@@ -361,8 +330,8 @@ class CosyVoice3Engine:
         if chunked is not None:  # chunk mask; prompt and history keys/values cached
             new_mel = chunk_causal_mel(chunked, piece, features, flow_tokens, noise, drop, req)
         else:
-            new_mel = self._full_attention_mel(flow_tokens, features, noise, drop, start,
-                                               offset, req)
+            new_mel = full_attention_mel(self.flow, flow_tokens, features, noise, drop,
+                                         start, offset, req)
         req.event("flow", began)
         piece.offset_tokens = offset + advance
         piece.base_hop_tokens = min(opts.max_hop_tokens, piece.base_hop_tokens * 2)
@@ -384,33 +353,6 @@ class CosyVoice3Engine:
             len(samples),
         )
         return samples
-
-    def _full_attention_mel(
-        self,
-        flow_tokens: npt.NDArray[np.int64],
-        features: VoiceFeatures,
-        noise: npt.NDArray[np.float32],
-        drop: int,
-        start: int,
-        offset: int,
-        req: RequestState,
-    ) -> npt.NDArray[np.float32]:
-        """The chunk's new mel frames with the exported (full-attention) estimator."""
-        opts = req.options
-        mel = self.flow.mel_for_tokens(
-            flow_tokens,
-            features,
-            noise,
-            steps=opts.euler_steps,
-            cfg_rate=opts.cfg_rate,
-            cfg_steps=opts.cfg_steps,
-            drop_lookahead_frames=drop,
-            should_stop=req.check,
-            times=req.times,
-            generated_offset_tokens=start,
-            precision=opts.flow_precision,
-        )
-        return mel[:, C.TOKEN_MEL_RATIO * (offset - start) :]
 
     def _chunk(
         self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool

@@ -9,8 +9,9 @@ every stream's draws unchanged.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +24,10 @@ from .options import StageTimes, SynthesisOptions
 from .types import ShouldStop, SynthesisResult, VoiceFeatures
 from .vocoder.hift import VocoderStream
 from .vocoder.schedule import may_defer
+
+if TYPE_CHECKING:
+    from .llm.decoder import LlmDecoder
+    from .types import LlmPrompt
 
 FLOW_NOISE_BLOCK_FRAMES = 1000
 VOCODER_NOISE_BLOCK_SAMPLES = 480 * 500
@@ -154,3 +159,52 @@ def flow_prompt_features(features: VoiceFeatures, prompt_tokens: int) -> VoiceFe
         speaker_embedding=features.speaker_embedding,
         prompt_mel=np.asarray(features.prompt_mel, dtype=np.float32)[-frames:],
     )
+
+
+def token_stream(
+    llm: LlmDecoder,
+    prompts: list[LlmPrompt],
+    fixed_tokens: list[int | None],
+    req: RequestState,
+    stopped: ShouldStop | None,
+) -> Iterator[tuple[int, int | None]]:
+    """``(piece index, token)`` for every accepted LLM token of every piece of a request, then
+    ``(piece index, None)`` at the end of each piece.
+
+    Runs in the producer thread with ``overlap_decoding``. It records "llm" timeline spans,
+    split where the consumer ran a chunk in between.
+
+    Args:
+        llm: the model's decoder (``llm.decode`` is looked up at each piece).
+        prompts: one LLM prompt per text piece.
+        fixed_tokens: per piece, the benchmark's fixed token count or None.
+        req: the request (seeded generator, limits, cancellation, stage times).
+        stopped: the producer thread's stop flag, or None.
+
+    Raises:
+        as ``LlmDecoder.decode`` (cancellation, timeout, graph failure).
+    """
+
+    def should_stop() -> bool:
+        return (stopped is not None and stopped()) or req.check()
+
+    opts = req.options
+    for index, prompt in enumerate(prompts):
+        span = req.now()
+        tokens = llm.decode(
+            prompt,
+            req.rng,
+            should_stop=should_stop,
+            max_tokens=opts.max_decode_tokens,
+            deadline=req.deadline_monotonic,
+            times=req.times,
+            fixed_tokens=fixed_tokens[index],
+        )
+        for token in tokens:
+            handed = req.now()
+            yield index, token
+            if req.now() - handed > 1e-3:  # the consumer ran a chunk in between
+                req.event("llm", span, handed)
+                span = req.now()
+        req.event("llm", span)
+        yield index, None

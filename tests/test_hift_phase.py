@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -195,3 +196,47 @@ def test_engine_windowed_vocoder_matches_the_exact_stream(
     print(f"tiny-dit engine: SNR carried {_snr_db(exact, carried):.1f} dB, restarted "
           f"{_snr_db(exact, restarted):.1f} dB")
     assert _snr_db(exact, carried) > 40.0 > _snr_db(exact, restarted) + 10.0
+
+
+@pytest.fixture(scope="module")
+def carrying_engine(tiny_dit_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> object:
+    from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
+
+    cache = tmp_path_factory.mktemp("carry-engine")
+    engine = CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(cache_dir=cache))
+    assert engine.model.hift_phase_period is not None
+    return engine
+
+
+@pytest.mark.parametrize("preset", ["balanced", "fast"])
+@pytest.mark.parametrize("streaming", [True, False])
+def test_cases_c14_c15_with_the_phase_carried(
+    carrying_engine: Any, tiny_dit_model_dir: Path, preset: str, streaming: bool
+) -> None:
+    """Cases C14 and C15 on the presets' windowed vocoder with the phase carried: the audio
+    length scales by 1/speed within one mel frame per chunk; "Hello." and "Hello" both end
+    with the final vocoder samples (480 per mel frame, nothing cut) and start faded in."""
+    from wyoming_cosyvoice3.engine.options import PRESETS
+
+    voice = carrying_engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav",
+                                          "A test voice.")
+    base = PRESETS[preset].replace(streaming=streaming, vocoder_defer=False, seed=2,
+                                   fixed_tokens_per_char=2.0)
+    text = "The lights in the kitchen are off now, and the door is locked."
+    normal = list(carrying_engine.synthesize(text, voice, base))
+    normal_samples = sum(len(c.samples) for c in normal)
+    for speed in (1.5, 0.75):
+        chunks = list(carrying_engine.synthesize(text, voice, base.replace(speed=speed)))
+        audio = np.concatenate([c.samples for c in chunks])
+        assert chunks[-1].is_last and np.isfinite(audio).all()
+        assert abs(len(audio) - normal_samples / speed) <= C.SAMPLES_PER_MEL_FRAME * len(chunks)
+    for hello in ("Hello.", "Hello"):
+        chunks = list(carrying_engine.synthesize(hello, voice, base))
+        audio = np.concatenate([c.samples for c in chunks])
+        exact = np.concatenate([c.samples for c in carrying_engine.synthesize(
+            hello, voice, base.replace(vocoder_window_frames=0))])
+        assert chunks[-1].is_last and len(audio) == len(exact)
+        assert len(audio) % (C.SAMPLES_PER_MEL_FRAME * C.TOKEN_MEL_RATIO) == 0  # whole tokens
+        # the last mel frame's samples are there and are the exact vocoder's
+        np.testing.assert_allclose(audio[-480:], exact[-480:], atol=1e-3)
+        assert abs(float(audio[0])) < 1e-3 < float(np.abs(audio[-480:]).max())

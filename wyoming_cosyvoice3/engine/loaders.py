@@ -20,6 +20,11 @@ from .options import LLM_FILES, EngineOptions
 
 log = logging.getLogger(__name__)
 
+
+def _wanted(option: bool | None, options: EngineOptions) -> bool:
+    """A derived form's option: its value, or (None) on when ``options.cache_dir`` is set."""
+    return options.cache_dir is not None if option is None else option
+
 Estimator = Graph | SplitEstimator
 """The DiT estimator: one graph, or the split time/main pair (:mod:`.estimator_split`)."""
 
@@ -43,8 +48,7 @@ def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> E
 
     source = model_dir / ESTIMATOR.file
     threads, providers, spin = options.threads, options.providers, options.spin_wait
-    split = options.split_estimator
-    if options.cache_dir is not None if split is None else split:
+    if _wanted(options.split_estimator, options):
         try:
             main, time_graph = ensure_split_estimator(
                 source, derived_files_dir(model_dir, options.cache_dir), precision
@@ -93,8 +97,7 @@ def load_llm_graph(
 
 def load_text_table(model_dir: Path, options: EngineOptions) -> TableEmbedding | None:
     """The memory-mapped text embedding, or None (option off, not a plain lookup, no cache)."""
-    wanted = options.mmap_embeddings
-    if not (options.cache_dir is not None if wanted is None else wanted):
+    if not _wanted(options.mmap_embeddings, options):
         return None
     from .derive.embedding_table import load_table_embedding
     from .derive.files import derived_files_dir
@@ -121,8 +124,7 @@ def load_hift(model_dir: Path, options: EngineOptions) -> tuple[Graph, float | N
     """
     threads, providers, spin = options.threads, options.providers, options.spin_wait
     source = model_dir / HIFT.file
-    wanted = options.phase_vocoder
-    if options.cache_dir is not None if wanted is None else wanted:
+    if _wanted(options.phase_vocoder, options):
         from .derive.files import derived_files_dir
         from .derive.hift_phase import load_phase_hift
 

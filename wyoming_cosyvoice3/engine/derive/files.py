@@ -13,6 +13,7 @@ and how to tell a valid result.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -21,13 +22,14 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ..errors import ModelFilesMissing, ModelLoadError
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "wyoming-cosyvoice3"
 CHILD_TIMEOUT_S = 3600.0
@@ -195,6 +197,37 @@ def run_child(args: list[str]) -> None:
             f"the {args[0]} derivation process exited with {proc.returncode}: "
             f"{lines[-1] if lines else 'no output'}"
         )
+
+
+def validation_session(model: Any, optimize: bool = True) -> Any:
+    """A quiet one-thread onnxruntime CPU session for checking a derivation.
+
+    Args:
+        model: a file path or an onnx.ModelProto (serialised here).
+        optimize: False keeps the graph as written (e.g. ``DequantizeLinear`` of constant
+            weights stays unfolded, so int8 weights stay int8 in memory).
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # derived or rewritten graphs may leave unused initializers
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    source = str(model) if isinstance(model, Path) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def read_report(path: Path, report_type: Callable[..., T], what: str) -> T | None:
+    """The JSON report stored beside a derived file as ``report_type(**fields)``, or None
+    (missing, unreadable, or written by an older recipe with other fields; logged at info
+    level naming ``what``)."""
+    try:
+        return report_type(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as exc:
+        logger.info("the %s report %s cannot be used (%s)", what, path.name, exc)
+        return None
 
 
 def _all_present(paths: list[Path]) -> bool:

@@ -47,7 +47,7 @@ import numpy as np
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
 from ..graphs import HIFT, Graph, GraphSpec
-from .files import derive_once, run_child
+from .files import derive_once, read_report, run_child, validation_session
 from .graph_walk import GraphIndex
 
 logger = logging.getLogger(__name__)
@@ -200,16 +200,6 @@ def add_phase_carry(model: Any) -> tuple[Any, float]:
     return model, radians
 
 
-def _session(model: Any) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 1
-    source = str(model) if isinstance(model, Path) else model.SerializeToString()
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-
-
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     scale = float(np.abs(a).max()) or 1.0
     return float(np.abs(np.asarray(a, np.float64) - b).max()) / scale
@@ -226,7 +216,7 @@ def validate(source: Path, derived: Any, radians: float, seed: int = 0) -> Phase
     frames, spf = VALIDATION_FRAMES, C.SAMPLES_PER_MEL_FRAME
     mel = (rng.standard_normal((1, C.MEL_BINS, frames)) - 5.0).astype(np.float32)
     noise = rng.random((1, spf * frames, C.HARMONIC_CHANNELS), dtype=np.float32)
-    published, ours = _session(source), _session(derived)
+    published, ours = validation_session(source), validation_session(derived)
     reference = published.run(["magnitude", "phase"], {"speech_feat": mel, "noise": noise})
     del published
     names = ["magnitude", "phase", PHASE_OUTPUT]
@@ -311,11 +301,7 @@ def has_op_name(path: Path, op_type: bytes) -> bool:
 
 
 def _read_report(path: Path) -> PhaseCarryReport | None:
-    try:
-        return PhaseCarryReport(**json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError) as exc:
-        logger.info("the phase-carrying hift report %s cannot be used (%s)", path.name, exc)
-        return None
+    return read_report(path, PhaseCarryReport, "phase-carrying hift")
 
 
 def ensure_phase_hift(

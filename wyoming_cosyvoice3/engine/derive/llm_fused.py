@@ -60,7 +60,8 @@ import onnx
 
 from ..errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
 from ..graphs import Graph, count_llm_layers, llm_spec, open_session
-from .files import derive_once, keyed_name, run_child
+from .files import derive_once, keyed_name, read_report, run_child
+from .files import validation_session as _session
 from .llm_fused_graph import build_fused_llm
 from .llm_patterns import float_activation_reference
 from .llm_weights import read_llm_weights
@@ -114,19 +115,6 @@ class FusedReport:
     nodes: int
     source_nodes: int
     derive_s: float
-
-
-def _session(model: onnx.ModelProto | Path, optimize: bool = True) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # the reference graph leaves unused initializers behind
-    if not optimize:  # keep DequantizeLinear of constant weights unfolded (int8 in memory)
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    source = str(model) if isinstance(model, Path) else model.SerializeToString()
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
 def teacher_forced_logp(
@@ -349,11 +337,7 @@ def ensure_fused_llm(
 
 def _read_report(path: Path) -> FusedReport | None:
     """The report stored beside a fused graph, or None (missing, unreadable or older)."""
-    try:
-        return FusedReport(**json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError) as exc:
-        logger.info("the fused LLM report %s cannot be used (%s)", path.name, exc)
-        return None
+    return read_report(path, FusedReport, "fused LLM")
 
 
 def _point_at(graph: Path, data: str) -> None:

@@ -226,16 +226,19 @@ def parity_engine(parity: Parity) -> Any:
     """The engine loaded on ``parity.model_dir`` once per test process.
 
     fp32 LLM (the references are fp32 PyTorch; ``llm_int8.onnx`` has none) and a private
-    ``cache_dir``, so the exact engine-level levers the server uses (split DiT estimator,
-    memory-mapped text table where the graph allows it) are on and nothing is written into the
-    shared fixture directory.
+    ``cache_dir``, so the exact engine-level levers the server uses with ``quality`` (the
+    streaming DiT serving the full-attention passes too: ``flow_chunk_causal``; the
+    memory-mapped text table where the graph allows it) are on and nothing is written into
+    the shared fixture directory. (test_parity_flow_chunked.py's engine keeps the split
+    published estimator for full attention, so both paths meet upstream's references.)
     """
     if parity.root not in _ENGINES:
         from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
 
         cache = tempfile.TemporaryDirectory(prefix="parity-cache-")
         _ENGINE_DIRS.append(cache)
-        options = EngineOptions(llm_precision="fp32", cache_dir=Path(cache.name))
+        options = EngineOptions(llm_precision="fp32", cache_dir=Path(cache.name),
+                                flow_chunk_causal=True)
         _ENGINES[parity.root] = CosyVoice3Engine.load(parity.model_dir, options)
     return _ENGINES[parity.root]
 

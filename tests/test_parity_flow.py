@@ -108,6 +108,16 @@ def test_parity_noise_buffers_are_the_requests_own(parity: Parity) -> None:
 # --- one-shot: flow mel, vocoder, whole engine --------------------------------------------
 
 
+def test_parity_full_attention_runs_through_the_streaming_dit(engine: Any) -> None:
+    """The engine is loaded as the server loads ``quality`` (``flow_chunk_causal``): the
+    one-shot and full-attention tests below run the derived streaming DiT, and no published
+    estimator is open (test_parity_flow_chunked.py covers the split published one)."""
+    from wyoming_cosyvoice3.engine.derive.streaming_full import FullAttentionDiT
+
+    assert isinstance(engine.model.estimator, FullAttentionDiT)
+    assert list(engine.model._estimators) == ["fp32"]
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_parity_oneshot_flow_mel(parity: Parity, engine: Any, case: str) -> None:
     """flow encoder + Euler/CFG DiT on prompt ++ generated tokens (``mel_for_tokens``)."""

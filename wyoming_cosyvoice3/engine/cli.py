@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             voice_cache_dir=args.voice_cache_dir,
             cache_dir=args.cache_dir or DEFAULT_CACHE_DIR,
             flow_precision=options.flow_precision,
+            flow_chunk_causal=options.flow_chunk_causal,
         )
         engine_options.validate()
     except ValueError as exc:

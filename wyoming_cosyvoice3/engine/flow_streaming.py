@@ -2,7 +2,9 @@
 
 The pipeline asks :class:`ChunkedFlows` for a :class:`~.flow.chunked.ChunkedFlow` of the
 request's DiT precision. The streaming estimator is derived from the model directory once
-(``derive/streaming_estimator.py``) and opened on first use; when that fails (a graph without
+(``derive/streaming_estimator.py``) and opened by the model, at start with
+``EngineOptions.flow_chunk_causal`` (it then also serves the full-attention passes), else on
+first use; when that fails (a graph without
 upstream's DiT structure, such as the tiny test model; out of memory; a failed validation) one
 warning is logged and the pipeline keeps the full-attention path for that precision.
 """
@@ -17,10 +19,9 @@ import numpy as np
 
 from . import constants as C
 from .chunkmask import CHUNK_FRAMES
-from .errors import ModelFilesMissing, ModelLoadError
 from .flow.chunked import ChunkedFlow
-from .flow.solver import FlowRunner, cosine_t_schedule
-from .options import PRESETS, EngineOptions, SynthesisOptions
+from .flow.solver import FlowRunner
+from .options import EngineOptions, SynthesisOptions
 from .request import PieceState, RequestState
 from .types import SynthesisResult, VoiceFeatures
 
@@ -72,39 +73,17 @@ class ChunkedFlows:
         self._lock = threading.Lock()
 
     def get(self, precision: str) -> ChunkedFlow | None:
-        """The chunked flow for ``precision``, or None (full attention; warned once)."""
+        """The chunked flow for ``precision``, or None (full attention; the model warned
+        once, :meth:`~.model.CosyVoice3Model.streaming_estimator`)."""
         with self._lock:
-            if precision in self._flows:
-                return self._flows[precision]
-            flow: ChunkedFlow | None = None
-            try:
-                flow = self._load(precision)
-            except (ModelLoadError, ModelFilesMissing) as exc:
-                logger.warning(
-                    "chunk-causal streaming flow (%s) not available (%s); streamed chunks use "
-                    "full attention over the prompt and history",
-                    precision,
-                    exc,
-                )
-            self._flows[precision] = flow
-            return flow
+            if precision not in self._flows:
+                est = self.model.streaming_estimator(precision)
+                self._flows[precision] = None if est is None else self._flow(precision, est)
+            return self._flows[precision]
 
-    def _load(self, precision: str) -> ChunkedFlow:
-        from .derive.streaming_estimator import load_streaming_estimator
-
-        opts = self.options
-        if opts.cache_dir is None:  # a bare engine writes no derived files
-            raise ModelLoadError("no cache_dir for the derived streaming estimator (set "
-                                 "EngineOptions.cache_dir; server: --cache-dir)")
-        est = load_streaming_estimator(
-            self.model.model_dir, opts.cache_dir, precision, opts.threads, opts.providers,
-            opts.spin_wait,
-        )
-        # modulation of every preset's Euler schedule now (the time graph is then released)
-        steps = sorted({p.euler_steps for p in PRESETS.values()} | {C.DEFAULT_EULER_STEPS})
-        est.precompute([float(t) for n in steps for t in cosine_t_schedule(n)[:-1]])
+    def _flow(self, precision: str, est: Any) -> ChunkedFlow:
         tag = precision if est.path is None else f"{precision}-{est.path.stem.rsplit('-', 2)[-2]}"
-        return ChunkedFlow(self.runner, est, prompt_noise, opts.voice_cache_dir, tag)
+        return ChunkedFlow(self.runner, est, prompt_noise, self.options.voice_cache_dir, tag)
 
     def loaded(self) -> dict[str, bool]:
         """Precision -> whether its chunked flow is available (only precisions asked for)."""

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from . import constants as C
 from .derive.embedding_table import TableEmbedding
 from .derive.estimator_split import SplitEstimator, main_graph_spec
+from .derive.streaming_full import FullAttentionDiT
 from .errors import ModelLoadError
 from .graphs import ESTIMATOR, HIFT, TEXT_EMBEDDING, Graph, load_llm, open_session
-from .options import LLM_FILES, EngineOptions
+from .options import LLM_FILES, PRESETS, EngineOptions
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +27,9 @@ def _wanted(option: bool | None, options: EngineOptions) -> bool:
     """A derived form's option: its value, or (None) on when ``options.cache_dir`` is set."""
     return options.cache_dir is not None if option is None else option
 
-Estimator = Graph | SplitEstimator
-"""The DiT estimator: one graph, or the split time/main pair (:mod:`.estimator_split`)."""
+Estimator = Graph | SplitEstimator | FullAttentionDiT
+"""The DiT estimator: one graph, the split time/main pair (:mod:`.estimator_split`), or the
+streaming DiT run with full attention (:mod:`.derive.streaming_full`)."""
 
 
 def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> Estimator:
@@ -65,6 +68,29 @@ def load_estimator(model_dir: Path, options: EngineOptions, precision: str) -> E
         except ModelLoadError as exc:  # e.g. out of memory while quantising: keep serving
             log.warning("int8 DiT estimator not available (%s); using the fp32 estimator", exc)
     return Graph(path, ESTIMATOR, threads, providers, spin_wait=spin)
+
+
+def load_streaming(model_dir: Path, options: EngineOptions, precision: str) -> Any:
+    """The chunk-causal streaming DiT of ``precision`` (:mod:`.derive.streaming_estimator`),
+    derived once into ``options.cache_dir``, with the time conditioning of every preset's
+    Euler schedule computed (its 0.57 GB graph is then released).
+
+    Raises:
+        ModelLoadError: no ``cache_dir``, or the derivation or its validation failed (callers
+            keep the full-attention path with one warning).
+        ModelFilesMissing: the published estimator is absent.
+    """
+    from .derive.streaming_estimator import load_streaming_estimator
+    from .flow.solver import cosine_t_schedule
+
+    if options.cache_dir is None:  # a bare engine writes no derived files
+        raise ModelLoadError("no cache_dir for the derived streaming estimator (set "
+                             "EngineOptions.cache_dir; server: --cache-dir)")
+    est = load_streaming_estimator(model_dir, options.cache_dir, precision, options.threads,
+                                   options.providers, options.spin_wait)
+    steps = sorted({p.euler_steps for p in PRESETS.values()} | {C.DEFAULT_EULER_STEPS})
+    est.precompute([float(t) for n in steps for t in cosine_t_schedule(n)[:-1]])
+    return est
 
 
 def load_llm_graph(

@@ -16,12 +16,14 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
 from . import constants as C
 from .derive.embedding_table import TableEmbedding
 from .derive.estimator_split import SplitEstimator
+from .derive.streaming_full import FullAttentionDiT
 from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
 from .graphs import (
     CAMPPLUS,
@@ -34,7 +36,14 @@ from .graphs import (
     Graph,
     GraphSpec,
 )
-from .loaders import Estimator, load_estimator, load_hift, load_llm_graph, load_text_table
+from .loaders import (
+    Estimator,
+    load_estimator,
+    load_hift,
+    load_llm_graph,
+    load_streaming,
+    load_text_table,
+)
 from .memory import return_freed_memory
 from .options import LLM_FILES, EngineOptions, FlowPrecision
 
@@ -127,7 +136,7 @@ def read_dims(llm: Graph, flow_encoder: Graph, hift: Graph) -> ModelDims:
     )
 
 
-def _graph(item: Graph | TableEmbedding | SplitEstimator) -> Graph:
+def _graph(item: Graph | TableEmbedding | Estimator) -> Graph:
     if not isinstance(item, Graph):
         raise TypeError(f"expected an onnxruntime Graph, got {item!r}")
     return item
@@ -166,6 +175,18 @@ def load_tokenizer(path: Path) -> tuple[Tokenizer, int]:
     return tokenizer, int(eop)
 
 
+def _streaming_or_none(model_dir: Path, options: EngineOptions, precision: str) -> Any:
+    """:func:`.loaders.load_streaming`, or None after one warning."""
+    try:
+        return load_streaming(model_dir, options, precision)
+    except (ModelLoadError, ModelFilesMissing) as exc:
+        log.warning(
+            "chunk-causal streaming flow (%s) not available (%s); streamed chunks use full "
+            "attention over the prompt and history", precision, exc,
+        )
+        return None
+
+
 class CosyVoice3Model:
     """Tokenizer, graphs and dimensions of one model directory (shared, read-only).
 
@@ -182,15 +203,16 @@ class CosyVoice3Model:
         options: EngineOptions,
         tokenizer: Tokenizer,
         end_of_prompt_id: int,
-        graphs: dict[str, Graph | TableEmbedding | SplitEstimator],
+        graphs: dict[str, Graph | TableEmbedding | Estimator],
         hift_phase_period: float | None = None,
+        streaming: dict[str, Any] | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.options = options
         self.tokenizer = tokenizer
         self.end_of_prompt_id = end_of_prompt_id
         text_embedding = graphs["text_embedding"]
-        if isinstance(text_embedding, SplitEstimator):
+        if isinstance(text_embedding, SplitEstimator | FullAttentionDiT):
             raise TypeError("the text embedding cannot be an estimator")
         self.text_embedding: Graph | TableEmbedding = text_embedding
         self.speech_embedding = _graph(graphs["speech_embedding"])
@@ -209,6 +231,8 @@ class CosyVoice3Model:
         self._voice_encoders: tuple[Graph, Graph] | None = None
         self._estimators: dict[str, Estimator] = {options.flow_precision: self.estimator}
         self._estimator_lock = threading.Lock()
+        self._streaming: dict[str, Any] = dict(streaming or {})
+        """Precision -> the streaming DiT, or None once it could not be made (warned)."""
 
     @classmethod
     def load(cls, model_dir: Path, options: EngineOptions | None = None) -> CosyVoice3Model:
@@ -239,15 +263,24 @@ class CosyVoice3Model:
 
         speech_embedding = graph(SPEECH_EMBEDDING)
         hift, hift_phase_period = load_hift(model_dir, options)
-        graphs: dict[str, Graph | TableEmbedding | SplitEstimator] = {
+        streaming: dict[str, Any] = {}
+        estimator: Estimator
+        if options.flow_chunk_causal:  # one DiT graph serves chunks and full attention
+            precision = options.flow_precision
+            streaming[precision] = _streaming_or_none(model_dir, options, precision)
+        if streaming.get(options.flow_precision) is not None:
+            estimator = FullAttentionDiT(streaming[options.flow_precision])
+        else:
+            estimator = load_estimator(model_dir, options, options.flow_precision)
+        graphs: dict[str, Graph | TableEmbedding | Estimator] = {
             "speech_embedding": speech_embedding,
             "llm": load_llm_graph(model_dir, options, llm_threads, speech_embedding),
             "flow_encoder": graph(FLOW_ENCODER),
-            "estimator": load_estimator(model_dir, options, options.flow_precision),
+            "estimator": estimator,
             "hift": hift,
         }
         graphs["text_embedding"] = load_text_table(model_dir, options) or graph(TEXT_EMBEDDING)
-        model = cls(model_dir, options, tokenizer, eop, graphs, hift_phase_period)
+        model = cls(model_dir, options, tokenizer, eop, graphs, hift_phase_period, streaming)
         if model.dims.speech_vocab_rows <= C.FILL_TOKEN:
             raise GraphSignatureMismatch(
                 f"{model.llm.spec.file}: logits have {model.dims.speech_vocab_rows} columns, "
@@ -282,6 +315,18 @@ class CosyVoice3Model:
                     self.model_dir, self.options, precision
                 )
             return self._estimators[precision]
+
+    def streaming_estimator(self, precision: str) -> Any:
+        """The chunk-causal streaming DiT of ``precision``
+        (:class:`~.derive.streaming_estimator.StreamingEstimator`), derived and opened on
+        first use (thread-safe), or None when it cannot be made (one warning; the caller keeps
+        full attention)."""
+        with self._estimator_lock:
+            if precision not in self._streaming:
+                self._streaming[precision] = _streaming_or_none(
+                    self.model_dir, self.options, precision
+                )
+            return self._streaming[precision]
 
     def voice_encoders(self) -> tuple[Graph, Graph]:
         """(campplus, speech_tokenizer_v3), loaded on first use (thread-safe).

@@ -49,6 +49,14 @@ class EngineOptions:
         flow_precision: DiT estimator loaded at start: ``fp32`` (the upstream file) or
             ``int8`` (quantised once from it, see :mod:`.derive.quantize`); a request asking for the
             other precision loads it on first use. Set it to the preset's ``flow_precision``.
+        flow_chunk_causal: requests stream chunk-causally (the preset's
+            ``SynthesisOptions.flow_chunk_causal``, e.g. ``quality``): the streaming DiT of
+            ``flow_precision`` is derived (once, into ``cache_dir``) and opened at start, and
+            it also serves that precision's full-attention passes (final chunks, one-shot
+            requests; :mod:`.derive.streaming_full`: equal to the published estimator up to
+            float rounding, checked when derived), so the published estimator of that
+            precision is not loaded: one copy of the DiT weights instead of two (0.76 GB fp32
+            at full size). Not derivable: the published estimator, with one warning.
         cache_dir: where derived files go (int8 estimator, extracted embedding tables, the
             chunk-causal streaming DiT of ``SynthesisOptions.flow_chunk_causal``, which needs it);
             ``None`` = the model directory if writable, else ``~/.cache/wyoming-cosyvoice3``.
@@ -87,6 +95,7 @@ class EngineOptions:
     load_voice_encoders: bool = False
     voice_process: bool = False
     flow_precision: FlowPrecision = "fp32"
+    flow_chunk_causal: bool = False
     cache_dir: Path | None = None
     mmap_embeddings: bool | None = None
     split_estimator: bool | None = None

@@ -115,6 +115,8 @@ class ServerRuntime(SynthesisRunner):
                 cache_dir=self.settings.engine_cache_dir,
                 # load the DiT estimator the preset uses (int8 for balanced/fast) at start
                 flow_precision=self.synthesis_options().flow_precision,
+                # quality: one DiT graph (the streaming one) for chunks and full attention
+                flow_chunk_causal=self.synthesis_options().flow_chunk_causal,
                 observer=self._bench_observer(),
             )
             engine = self._built_engine = self._engine_factory(model_dir, options)

@@ -1,0 +1,104 @@
+"""One DiT graph for chunk-causal streaming and full attention (issue 11, memory).
+
+With ``EngineOptions.flow_chunk_causal`` the engine opens the derived streaming DiT at start
+and runs the full-attention passes (final chunks, one-shot requests) through it, so the
+published estimator of that precision is never loaded. tiny-dit has an upstream-structured
+DiT, so the streaming derivation works there; the tiny model's DiT does not have that
+structure, so the engine falls back with one warning. The parity tests
+(test_parity_flow_chunked.py) check the same path against upstream's outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
+from wyoming_cosyvoice3.engine.derive.estimator_split import SplitEstimator
+from wyoming_cosyvoice3.engine.derive.streaming_full import FullAttentionDiT
+from wyoming_cosyvoice3.engine.errors import SynthesisFailed
+from wyoming_cosyvoice3.engine.options import PRESETS
+
+TEXT = "The kitchen lights are on and the front door is locked."
+
+
+def _engine(model_dir: Path, cache: Path, one_graph: bool) -> CosyVoice3Engine:
+    return CosyVoice3Engine.load(model_dir, EngineOptions(
+        threads=1, llm_precision="fp32", cache_dir=cache, flow_chunk_causal=one_graph))
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_dit_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+            ) -> tuple[CosyVoice3Engine, CosyVoice3Engine]:
+    """(one DiT graph, published split estimator + streaming graph); shared derived files."""
+    cache = tmp_path_factory.mktemp("one-dit")
+    return _engine(tiny_dit_model_dir, cache, True), _engine(tiny_dit_model_dir, cache, False)
+
+
+def _audio(engine: CosyVoice3Engine, model_dir: Path, streaming: bool) -> list[np.ndarray]:
+    voice = engine.prepare_voice(model_dir / "voices" / "en-male.wav", "A test voice.")
+    options = PRESETS["quality"].replace(euler_steps=3, streaming=streaming, vocoder_defer=False,
+                                         fixed_tokens_per_char=2.0, seed=3)
+    return [c.samples for c in engine.synthesize(TEXT, voice, options)]
+
+
+def test_one_graph_is_loaded_instead_of_the_published_estimator(
+    engines: tuple[CosyVoice3Engine, CosyVoice3Engine]
+) -> None:
+    one, two = engines
+    assert isinstance(one.model.estimator, FullAttentionDiT)
+    assert one.model.estimator.streaming is one.model.streaming_estimator("fp32")
+    assert list(one.model._estimators) == ["fp32"]  # no split estimator was opened
+    assert isinstance(two.model.estimator, SplitEstimator)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_one_graph_gives_the_two_graph_audio(
+    engines: tuple[CosyVoice3Engine, CosyVoice3Engine], tiny_dit_model_dir: Path,
+    streaming: bool
+) -> None:
+    """One-shot (one full-attention pass) and streamed (chunk-causal chunks, then the final
+    full-attention chunk): same chunk bounds, audio equal up to float rounding."""
+    one, two = engines
+    got = _audio(one, tiny_dit_model_dir, streaming)
+    ref = _audio(two, tiny_dit_model_dir, streaming)
+    assert len(got) == len(ref) >= (3 if streaming else 1)
+    for a, b in zip(got, ref, strict=True):
+        assert a.shape == b.shape
+        assert np.abs(b).max() > 1e-3
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-4)
+
+
+def test_full_attention_view_rejects_what_it_cannot_compute(
+    engines: tuple[CosyVoice3Engine, CosyVoice3Engine]
+) -> None:
+    view = engines[0].model.estimator
+    assert isinstance(view, FullAttentionDiT)
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.standard_normal((2, 80, 20)).astype(np.float32) for k in ("x", "mu", "cond")}
+    feeds["spks"] = rng.standard_normal((2, 80)).astype(np.float32)
+    feeds["t"] = np.full(2, 0.5, np.float32)
+    feeds["mask"] = np.ones((2, 1, 20), np.float32)
+    out = view.run(feeds, ["estimator_out"])["estimator_out"]
+    assert out.shape == (2, 80, 20) and np.isfinite(out).all()
+    padded = dict(feeds, mask=np.concatenate([np.ones((2, 1, 15)), np.zeros((2, 1, 5))], 2))
+    with pytest.raises(SynthesisFailed, match="padding"):
+        view.run(padded, ["estimator_out"])
+    with pytest.raises(SynthesisFailed, match="one flow time"):
+        view.run(dict(feeds, t=np.array([0.5, 0.6], np.float32)), ["estimator_out"])
+
+
+def test_without_the_streaming_structure_the_published_estimator_is_used(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tiny model's DiT is not upstream-structured: one warning, the split estimator."""
+    with caplog.at_level(logging.WARNING):
+        engine = _engine(tiny_model_dir, tmp_path / "cache", True)
+        assert engine.chunked.get("fp32") is None
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.WARNING and "DiT" in r.getMessage()]
+    assert len(warnings) == 1 and "chunk-causal streaming flow (fp32)" in warnings[0]
+    assert not isinstance(engine.model.estimator, FullAttentionDiT)

@@ -225,6 +225,8 @@ class Graph:
         path: the graph file.
         spec: its :class:`GraphSpec`.
         session: the ``onnxruntime.InferenceSession``.
+        run_options: passed to every run (None: onnxruntime's defaults); see
+            ``shrink_arena``.
     """
 
     def __init__(
@@ -235,8 +237,13 @@ class Graph:
         providers: tuple[str, ...] = (CPU_PROVIDER,),
         session: ort.InferenceSession | None = None,
         spin_wait: bool = True,
+        shrink_arena: bool = False,
     ) -> None:
         """Load ``path`` (or adopt ``session``) and check it against ``spec``.
+
+        ``shrink_arena``: give the CPU arena's free memory back at the end of every run
+        (onnxruntime run option ``memory.enable_memory_arena_shrinkage``): a run keeps the
+        arena's speed, and a large run's intermediates do not stay resident afterwards.
 
         Raises:
             ModelFilesMissing, ModelLoadError: see :func:`open_session`.
@@ -246,6 +253,11 @@ class Graph:
         self.spec = spec
         self.session = session or open_session(self.path, threads, providers, spin_wait)
         self._input_names, self._output_names = self._check()
+        self.run_options: ort.RunOptions | None = None
+        if shrink_arena:  # the session keeps its arena within a run, returns it after each
+            self.run_options = ort.RunOptions()
+            self.run_options.add_run_config_entry(
+                "memory.enable_memory_arena_shrinkage", "cpu:0")
 
     def _mismatch(self, problem: str) -> GraphSignatureMismatch:
         return signature_mismatch(self.spec, self.path, self.session, problem)
@@ -321,7 +333,7 @@ class Graph:
         observer = _run_observer
         started = time.time() if observer is not None else 0.0
         try:
-            values = self.session.run(real_outputs, real_feeds)
+            values = self.session.run(real_outputs, real_feeds, self.run_options)
         except ORT_ERRORS as exc:
             shapes = {name: tuple(np.shape(value)) for name, value in feeds.items()}
             raise SynthesisFailed(f"{self.spec.file} failed on inputs {shapes}: {exc}") from exc

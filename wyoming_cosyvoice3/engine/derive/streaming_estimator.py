@@ -211,17 +211,18 @@ def load_streaming_estimator(
     )
     errors: tuple[type[BaseException], ...] = (*ORT_ERRORS, KeyError)
     try:
-        # no arena: the voice's prompt-cache pass (all cacheable prompt frames at once) would
-        # keep ~0.45 GB of intermediates (full-size int8, 200 frames) for good; measured
-        # 2 % slower per request without it (BENCHMARKS.md "Memory")
-        session = open_session(main, threads, providers, spin_wait, memory_arena=False)
+        # the arena, shrunk after every run: a kept arena would hold a large pass's
+        # intermediates for good (+0.68 GB after a 450-frame full-attention pass, full-size
+        # fp32), no arena made every run slower (450 frames 4.67 s vs 3.84 s, a 50-frame
+        # chunk 0.53 vs 0.44 s; BENCHMARKS.md "One DiT graph for quality")
+        session = open_session(main, threads, providers, spin_wait, memory_arena=True)
         spec = GraphSpec(
             ESTIMATOR.file,
             {i.name: "float32" for i in session.get_inputs()},
             {o.name: "float32" for o in session.get_outputs()},
         )
         return StreamingEstimator(
-            Graph(main, spec, session=session), None, time_graph,
+            Graph(main, spec, session=session, shrink_arena=True), None, time_graph,
             session_factory=lambda path: open_session(path, threads, providers, spin_wait),
         )
     except errors as exc:

@@ -102,3 +102,20 @@ def test_without_the_streaming_structure_the_published_estimator_is_used(
                 if r.levelno >= logging.WARNING and "DiT" in r.getMessage()]
     assert len(warnings) == 1 and "chunk-causal streaming flow (fp32)" in warnings[0]
     assert not isinstance(engine.model.estimator, FullAttentionDiT)
+
+
+def test_bench_dit_forms_compares_the_two_forms(tiny_dit_model_dir: Path, tmp_path: Path
+                                                ) -> None:
+    """``python -m wyoming_cosyvoice3.bench.dit_forms`` (BENCHMARKS.md) on tiny-dit."""
+    import json
+
+    from wyoming_cosyvoice3.bench.dit_forms import main
+
+    out = tmp_path / "forms.json"
+    assert main(["--model-dir", str(tiny_dit_model_dir), "--cache-dir", str(tmp_path / "c"),
+                 "--frames", "30", "--repeats", "2", "--threads", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["median_s"]) == {"split", "streaming"}
+    assert all(len(v) == 2 and min(v) > 0 for v in result["seconds"].values())
+    assert result["max_abs_velocity"] > 0.1
+    assert result["max_abs_diff"] <= 1e-4 * max(1.0, result["max_abs_velocity"])

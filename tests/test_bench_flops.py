@@ -164,3 +164,52 @@ def test_tiny_llm_costs_match_its_weights(tiny_model_dir: Path) -> None:
     assert family_of("flow.decoder.estimator.int8main-1-2.onnx") is FAMILIES["estimator"]
     assert family_of("flow.decoder.estimator.time-1-2.onnx") is None
     assert family_of("text_embedding_fp16.onnx") is None
+
+
+def test_streaming_dit_costs_match_the_published_estimator(
+    tiny_dit_model_dir: Path, tmp_path: Path
+) -> None:
+    """The derived streaming DiT: without a cache it does the published estimator's work
+    (plus its rotary tables, bias and convolution context: 0.1 % at full size, a few % at
+    these tiny dims); each cached frame adds attention work only."""
+    from wyoming_cosyvoice3.engine.derive.streaming_estimator import ensure_streaming_estimator
+
+    main, _time = ensure_streaming_estimator(
+        tiny_dit_model_dir / "flow.decoder.estimator.fp32.onnx", tmp_path, "fp32",
+        in_process=True)
+    assert family_of(main.name) is FAMILIES["stream_estimator"]
+    assert family_of(_time.name) is None
+    stream = fit_cost_model(flops.load_stripped(main), FAMILIES["stream_estimator"])
+    published = fit_cost_model(
+        flops.load_stripped(tiny_dit_model_dir / "flow.decoder.estimator.fp32.onnx"),
+        FAMILIES["estimator"])
+    empty = [0, 2, 2, 8]
+    for frames in (20, 90):
+        alone = stream.ops({"x": [2, 80, frames], "kv_prompt_0": empty, "kv_hist_0": empty})
+        reference = published.ops({"x": [2, 80, frames]}).fp32
+        assert reference <= alone.fp32 <= 1.05 * reference
+        cached = stream.ops({"x": [2, 80, frames], "kv_prompt_0": [30, 2, 2, 8],
+                             "kv_hist_0": [20, 2, 2, 8]})
+        per_cached = stream.fp32_coef[3] * 2 * frames * 50
+        assert per_cached > 0 and cached.fp32 == pytest.approx(alone.fp32 + per_cached)
+    # batch 1 (Euler steps without CFG) costs half: the streaming graph's batch is free
+    assert stream.batch_static == 0
+
+
+def test_derived_llm_is_counted_as_its_source(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A fused LLM graph's shapes cannot be inferred (contrib operators); its derivation
+    report names the source, whose matrix products it runs, and that is counted."""
+    from wyoming_cosyvoice3.bench.costmodel import derived_source
+
+    fused = tmp_path / "llm.fused1-1-2.onnx"
+    fused.write_bytes(b"not a graph onnx can read")
+    (tmp_path / "llm.fused1-1-2.onnx.json").write_text('{"source": "llm.onnx"}')
+    beside = [tiny_model_dir / "flow_encoder.onnx"]
+    assert derived_source(fused, beside) == tiny_model_dir / "llm.onnx"
+    assert derived_source(tiny_model_dir / "llm.onnx", beside) is None  # no report
+    models = load_cost_models({fused.name: fused, "flow_encoder.onnx": beside[0]},
+                              tmp_path / "cache.json")
+    direct = fit_cost_model(flops.load_stripped(tiny_model_dir / "llm.onnx"), FAMILIES["llm"])
+    assert models[fused.name] == direct
+    alone = load_cost_models({fused.name: fused}, tmp_path / "cache2.json")
+    assert isinstance(alone[fused.name], str)  # no model directory to find the source in

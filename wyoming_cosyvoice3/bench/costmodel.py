@@ -14,12 +14,13 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from .flops import FlopCountError, OpCount, StrippedGraph, count_ops, load_stripped
 
@@ -70,6 +71,29 @@ def _estimator_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int |
     return None
 
 
+def _stream_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int | None:
+    """The derived streaming DiT (engine/derive/streaming_graph.py): F new frames attending
+    to M cached ones (all given as prompt cache; the history input is empty)."""
+    if name in ("x", "mu", "cond"):
+        return v["B"] if axis == 0 else v["F"] if axis == 2 else None
+    if name in ("spks", "conv1_past", "conv2_past") and axis == 0:
+        return v["B"]
+    if name in ("rope_cos", "rope_sin") and axis == 0:
+        return v["F"]
+    if name == "attn_bias" and axis >= 2:
+        return v["F"] if axis == 2 else v["M"] + v["F"]
+    if name.startswith(("kv_prompt_", "kv_hist_")):
+        if axis == 0:
+            return v["M"] if name.startswith("kv_prompt_") else 0
+        return v["B"] if axis == 2 else None
+    return None
+
+
+def _stream_vars(s: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    cached = int(s.get("kv_prompt_0", [0])[0]) + int(s.get("kv_hist_0", [0])[0])
+    return {"B": s["x"][0], "F": s["x"][2], "M": cached}
+
+
 FAMILIES: dict[str, Family] = {
     "llm": Family(
         "llm",
@@ -85,6 +109,15 @@ FAMILIES: dict[str, Family] = {
         _estimator_dim,
         lambda v: (float(v["B"]), float(v["B"] * v["F"]), float(v["B"] * v["F"] ** 2)),
         ({"B": 2, "F": 32}, {"B": 2, "F": 64}, {"B": 2, "F": 96}, {"B": 2, "F": 128}),
+    ),
+    "stream_estimator": Family(
+        "stream_estimator",
+        _stream_vars,
+        _stream_dim,
+        lambda v: (float(v["B"]), float(v["B"] * v["F"]), float(v["B"] * v["F"] ** 2),
+                   float(v["B"] * v["F"] * v["M"])),
+        ({"B": 2, "F": 32, "M": 16}, {"B": 2, "F": 64, "M": 16}, {"B": 2, "F": 32, "M": 64},
+         {"B": 2, "F": 96, "M": 48}, {"B": 2, "F": 64, "M": 80}, {"B": 2, "F": 128, "M": 32}),
     ),
     "flow_encoder": Family(
         "flow_encoder",
@@ -126,8 +159,10 @@ def family_of(graph_file: str) -> Family | None:
     (run once per Euler time value; engine/derive/estimator_split.py)."""
     if graph_file.startswith("llm"):
         return FAMILIES["llm"]
-    if graph_file.startswith("flow.decoder.estimator.time"):
+    if graph_file.startswith(("flow.decoder.estimator.time", "flow.decoder.estimator.stream1time")):
         return None
+    if graph_file.startswith("flow.decoder.estimator.stream"):
+        return FAMILIES["stream_estimator"]
     if graph_file.startswith("flow.decoder.estimator"):
         return FAMILIES["estimator"]
     for key in ("flow_encoder", "hift", "campplus", "speech_tokenizer"):
@@ -225,6 +260,23 @@ def fit_cost_model(stripped: StrippedGraph, family: Family, rel_tol: float = 1e-
                      stripped.weight_bytes_fp32, stripped.weight_bytes_int8)
 
 
+def derived_source(path: Path, beside: Iterable[Path]) -> Path | None:
+    """The published graph a derived graph was made from, when the derivation's report
+    (``<file>.json``, engine/derive/llm_fused.py) names it and it lies beside one of the
+    ``beside`` graphs (the model directory). The fused LLM graph runs its source's matrix
+    products with fused onnxruntime operators whose shapes onnx cannot infer, so its
+    operations are counted on the source."""
+    try:
+        source = json.loads(Path(f"{path}.json").read_text(encoding="utf-8"))["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for other in beside:
+        candidate = Path(other).parent / str(source)
+        if candidate.is_file() and candidate != path:
+            return candidate
+    return None
+
+
 def _file_key(path: Path) -> str:
     stat = path.stat()
     return f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}"
@@ -265,9 +317,16 @@ def load_cost_models(
         _LOGGER.info("counting operations of %s", name)
         try:
             model = fit_cost_model(load_stripped(Path(path)), family)
-        except (FlopCountError, OSError, ValueError) as err:
-            result[name] = f"not counted: {err}"
-            continue
+        except (FlopCountError, OSError, ValueError, DecodeError) as err:
+            source = derived_source(Path(path), graph_paths.values())
+            try:
+                if source is None:
+                    raise err
+                _LOGGER.info("counting %s as its source %s", name, source.name)
+                model = fit_cost_model(load_stripped(source), family)
+            except (FlopCountError, OSError, ValueError, DecodeError) as err2:
+                result[name] = f"not counted: {err2}"
+                continue
         result[name] = model
         cache[key] = model.to_json()
     if cache_file is not None:

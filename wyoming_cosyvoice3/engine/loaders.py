@@ -81,7 +81,7 @@ def load_streaming(model_dir: Path, options: EngineOptions, precision: str) -> A
         ModelFilesMissing: the published estimator is absent.
     """
     from .derive.streaming_estimator import load_streaming_estimator
-    from .flow.solver import cosine_t_schedule
+    from .schedule import cosine_t_schedule
 
     if options.cache_dir is None:  # a bare engine writes no derived files
         raise ModelLoadError("no cache_dir for the derived streaming estimator (set "

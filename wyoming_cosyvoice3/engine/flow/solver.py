@@ -22,7 +22,6 @@ Sources (FunAudioLLM/CosyVoice, commit ace7c47):
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed
 from ..noise import GrowingNoise
 from ..options import StageTimes
+from ..schedule import cosine_t_schedule
 from ..types import ShouldStop, VoiceFeatures
 from .melops import SpeedResampler, resample_mel_linear
 
@@ -57,21 +57,6 @@ _ESTIMATOR_INPUTS = ("x", "mask", "mu", "t", "spks", "cond")
 """Estimator input names (cosyvoice/bin/export_onnx.py ``input_names``)."""
 _ENCODER_INPUTS = ("token", "embedding")
 _ENCODER_OUTPUTS = ("mu", "spks")
-
-
-def cosine_t_schedule(n_steps: int) -> FloatArray:
-    """Time points of the Euler solver: ``t_k = 1 - cos(k / n * pi / 2)``, k = 0..n.
-
-    Args:
-        n_steps: number of Euler steps n (>= 1).
-
-    Returns:
-        float32 [n + 1], from 0 to 1 (flow_matching.py ``t_scheduler == "cosine"``).
-    """
-    if n_steps < 1:
-        raise ValueError(f"n_steps must be >= 1, got {n_steps}")
-    k = np.arange(n_steps + 1, dtype=np.float64)
-    return (1.0 - np.cos(k / n_steps * (math.pi / 2.0))).astype(np.float32)
 
 
 def cfg_combine(v_cond: FloatArray, v_uncond: FloatArray, rate: float) -> FloatArray:

@@ -243,22 +243,24 @@ PRESETS: dict[str, SynthesisOptions] = {
     "quality": SynthesisOptions(
         first_hop_tokens=25, first_hop_on_chunk_grid=True, flow_chunk_causal=True
     ),
-    # The default. int8 DiT (per-frame MatMuls only), 4 Euler steps, the flow sees the last
-    # 1 s of the prompt (25 tokens) and 10 tokens of history, first chunk after 10 tokens,
-    # vocoder with 24 frames of left context (with the phase-carrying vocoder: waveform SNR
-    # 49 dB from the one-call audio on the full-size synthetic model, whose receptive field
-    # needs 24 frames; 16 gave 43 dB; BENCHMARKS.md "The phase-carrying vocoder"). The
-    # chunk-causal flow (``flow_chunk_causal``, ``flow_final_chunk_causal``, 4 s of prompt,
-    # 2 s of history) is much closer to the exact
-    # path (mel SNR 23.4 dB against 12.4 dB) and as fast through the server (paragraph RTF
-    # 3.12 against 3.26, within the run's noise), but its steady RSS is 2.01 GB against
-    # 1.17 GB (target 1.5), so it is not used here (BENCHMARKS.md, "Through the server
-    # against the baseline, interleaved").
+    # The default. int8 DiT (per-frame MatMuls only), 4 Euler steps, chunk-causal flow
+    # (``flow_chunk_causal``: each chunk runs only its new frames against the cached
+    # keys/values of the last 4 s of the prompt and 2 s of history; the final chunk too,
+    # ``flow_final_chunk_causal``), first chunk after 10 tokens, vocoder with 24 frames of left
+    # context (phase carried: waveform SNR 49 dB from the one-call audio). Against the
+    # bounded-context full-attention flow it replaced (the last 25 prompt tokens and 10 tokens
+    # of history run again in every chunk): mel SNR from the exact path 23.4 dB instead of
+    # 12.4 dB, the streamed paragraph in 0.90x the time (RTF 2.85 against 3.19), steady RSS
+    # 1.45 GB against 1.10 GB (target 1.5; BENCHMARKS.md "`balanced` made chunk-causal").
+    # Without the derived streaming DiT (one warning) the same context runs with full
+    # attention: several times the DiT work.
     "balanced": SynthesisOptions(
         flow_precision="int8",
         euler_steps=4,
-        flow_prompt_tokens=25,
-        flow_left_context_tokens=10,
+        flow_chunk_causal=True,
+        flow_final_chunk_causal=True,
+        flow_prompt_tokens=100,
+        flow_left_context_tokens=50,
         first_hop_tokens=10,
         vocoder_window_frames=24,
     ),

@@ -277,6 +277,22 @@ def derived_source(path: Path, beside: Iterable[Path]) -> Path | None:
     return None
 
 
+_COUNT_ERRORS = (FlopCountError, OSError, ValueError, DecodeError)
+
+
+def _fit_file(path: Path, family: Family, beside: Iterable[Path]) -> CostModel:
+    """Fit ``path``; a derived graph that cannot be counted is counted as its source
+    (:func:`derived_source`). Raises one of ``_COUNT_ERRORS``."""
+    try:
+        return fit_cost_model(load_stripped(path), family)
+    except _COUNT_ERRORS:
+        source = derived_source(path, beside)
+        if source is None:
+            raise
+        _LOGGER.info("counting %s as its source %s", path.name, source.name)
+        return fit_cost_model(load_stripped(source), family)
+
+
 def _file_key(path: Path) -> str:
     stat = path.stat()
     return f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}"
@@ -316,17 +332,10 @@ def load_cost_models(
             continue
         _LOGGER.info("counting operations of %s", name)
         try:
-            model = fit_cost_model(load_stripped(Path(path)), family)
-        except (FlopCountError, OSError, ValueError, DecodeError) as err:
-            source = derived_source(Path(path), graph_paths.values())
-            try:
-                if source is None:
-                    raise err
-                _LOGGER.info("counting %s as its source %s", name, source.name)
-                model = fit_cost_model(load_stripped(source), family)
-            except (FlopCountError, OSError, ValueError, DecodeError) as err2:
-                result[name] = f"not counted: {err2}"
-                continue
+            model = _fit_file(Path(path), family, graph_paths.values())
+        except _COUNT_ERRORS as err:
+            result[name] = f"not counted: {err}"
+            continue
         result[name] = model
         cache[key] = model.to_json()
     if cache_file is not None:

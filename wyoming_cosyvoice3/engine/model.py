@@ -263,15 +263,13 @@ class CosyVoice3Model:
 
         speech_embedding = graph(SPEECH_EMBEDDING)
         hift, hift_phase_period = load_hift(model_dir, options)
+        precision = options.flow_precision
         streaming: dict[str, Any] = {}
-        estimator: Estimator
-        if options.flow_chunk_causal:  # one DiT graph serves chunks and full attention
-            precision = options.flow_precision
+        if options.flow_chunk_causal:
             streaming[precision] = _streaming_or_none(model_dir, options, precision)
-        if streaming.get(options.flow_precision) is not None:
-            estimator = FullAttentionDiT(streaming[options.flow_precision])
-        else:
-            estimator = load_estimator(model_dir, options, options.flow_precision)
+        stream = streaming.get(precision)  # one DiT graph serves chunks and full attention
+        estimator: Estimator = (FullAttentionDiT(stream) if stream is not None
+                                else load_estimator(model_dir, options, precision))
         graphs: dict[str, Graph | TableEmbedding | Estimator] = {
             "speech_embedding": speech_embedding,
             "llm": load_llm_graph(model_dir, options, llm_threads, speech_embedding),

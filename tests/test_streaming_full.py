@@ -119,3 +119,42 @@ def test_bench_dit_forms_compares_the_two_forms(tiny_dit_model_dir: Path, tmp_pa
     assert all(len(v) == 2 and min(v) > 0 for v in result["seconds"].values())
     assert result["max_abs_velocity"] > 0.1
     assert result["max_abs_diff"] <= 1e-4 * max(1.0, result["max_abs_velocity"])
+
+
+def test_case_c5_balanced_keeps_its_caches_bounded(tiny_dit_model_dir: Path,
+                                                   tmp_path: Path) -> None:
+    """Case C5 on today's `balanced` (chunk-causal, int8): a long one-shot text streams in
+    chunks while every chunk's stored history stays within the preset's 50 tokens (100 mel
+    frames) and the prompt cache within its last 100 prompt tokens."""
+    from wyoming_cosyvoice3.engine import constants as C
+    from wyoming_cosyvoice3.engine.flow.chunked import cacheable_prompt_frames
+
+    balanced = PRESETS["balanced"]
+    engine = CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
+        threads=1, cache_dir=tmp_path / "cache", flow_precision="int8", flow_chunk_causal=True))
+    voice = engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav", "A test voice.")
+    flow = engine.chunked.get("int8")
+    assert flow is not None
+    stored: list[int] = []
+    seen: list[int] = []
+    chunk_mel = flow.chunk_mel
+
+    def recording(*args: object, **kwargs: object) -> np.ndarray:
+        mel = chunk_mel(*args, **kwargs)  # type: ignore[arg-type]
+        history = args[3]
+        stored.append(max(s.frames for s in history.steps))  # type: ignore[attr-defined]
+        seen.append(history.frames)  # type: ignore[attr-defined]
+        return mel
+
+    flow.chunk_mel = recording  # type: ignore[method-assign]
+    text = ("The kitchen lights are on and the front door is locked and the heating is set "
+            "to twenty one degrees for the rest of the evening in every room of the house")
+    options = balanced.replace(fixed_tokens_per_char=2.0, vocoder_defer=False)
+    chunks = list(engine.synthesize(text, voice, options))
+    bound = C.TOKEN_MEL_RATIO * balanced.flow_left_context_tokens
+    assert len(chunks) >= 5 and chunks[-1].is_last
+    assert max(seen) > 2 * bound  # the piece is long enough for the bound to act
+    assert 0 < max(stored) <= bound
+    prompt = next(iter(flow._prompts.values()))
+    assert prompt.frames == cacheable_prompt_frames(
+        min(len(voice.features.speech_tokens), balanced.flow_prompt_tokens))

@@ -183,13 +183,13 @@ def test_streaming_dit_costs_match_the_published_estimator(
     published = fit_cost_model(
         flops.load_stripped(tiny_dit_model_dir / "flow.decoder.estimator.fp32.onnx"),
         FAMILIES["estimator"])
-    empty = [0, 2, 2, 8]
+    empty = [2, 2, 0, 64]
     for frames in (20, 90):
-        alone = stream.ops({"x": [2, 80, frames], "kv_prompt_0": empty, "kv_hist_0": empty})
+        alone = stream.ops({"x": [2, 80, frames], "prompt_key_0": empty, "hist_key_0": empty})
         reference = published.ops({"x": [2, 80, frames]}).fp32
         assert reference <= alone.fp32 <= 1.05 * reference
-        cached = stream.ops({"x": [2, 80, frames], "kv_prompt_0": [30, 2, 2, 8],
-                             "kv_hist_0": [20, 2, 2, 8]})
+        cached = stream.ops({"x": [2, 80, frames], "prompt_key_0": [2, 2, 30, 64],
+                             "hist_key_0": [2, 2, 20, 64]})
         per_cached = stream.fp32_coef[3] * 2 * frames * 50
         assert per_cached > 0 and cached.fp32 == pytest.approx(alone.fp32 + per_cached)
     # batch 1 (Euler steps without CFG) costs half: the streaming graph's batch is free

@@ -167,7 +167,7 @@ def test_files_of_replaced_sources_and_retired_recipes_are_removed(
     source: Path, cache: Path
 ) -> None:
     old = [f"{STEM}.time-1-2.onnx", f"{STEM}.main-1-2.onnx", f"{STEM}.int8-1-2.onnx"]
-    others = [f"{STEM}.int8main-1-2.onnx", f"{STEM}.stream1main-1-2.onnx", "llm.main-1-2.onnx"]
+    others = [f"{STEM}.int8main-1-2.onnx", f"{STEM}.stream2main-1-2.onnx", "llm.main-1-2.onnx"]
     for name in old + others:
         (cache / name).write_bytes(b"x")
     paths = derive_once(source, cache, FILES, Maker(), name="x", retired=["int8-*.onnx"])

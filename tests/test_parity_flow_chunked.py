@@ -117,7 +117,7 @@ def test_parity_derived_graph_equals_source_and_cache_is_exact(
                    chunk_bias(0, split, 0, CHUNK_FRAMES))
     tail = est.run({k: v[..., split:] if v.ndim == 3 else v for k, v in probe.items()}, t,
                    split, chunk_bias(split, frames - split, split, CHUNK_FRAMES),
-                   (head.conv1_next, head.conv2_next), None, list(head.kv_new))
+                   (head.conv1_next, head.conv2_next), None, head.new)
     assert np.abs(tail.velocity - masked[..., split:]).max() < 1e-4
     # batch 1 (steps without CFG) gives row 0 of batch 2
     one = est.run({k: v[:1] for k, v in probe.items()}, t, 0, chunk_bias(0, frames, 0, 0))
@@ -209,14 +209,15 @@ def test_parity_prompt_cache_on_disk_gives_the_same_chunk(
         return ChunkedFlow(engine.flow, est, prompt_noise, disk_dir=tmp_path, disk_tag="fp32")
 
     written = first_chunk(make())
-    files = list(tmp_path.glob("flowkv-*.npz"))
+    files = list(tmp_path.glob("flowkv2-*.npz"))
     assert len(files) == 1
     reader = make()
     reread = first_chunk(reader)
     np.testing.assert_array_equal(reread, written)
     cache = reader.prompt_cache(voice, 4, 0.7, 2)
     assert cache.frames == cacheable_prompt_frames(len(voice.speech_tokens))
-    assert [s.kv.shape[3] for s in cache.steps] == [2, 2, 1, 1]  # CFG rows per step
+    assert [s.kv[0][0].shape[0] for s in cache.steps if s.kv] == [2, 2, 1, 1]  # CFG rows
+    assert {s.kv[0][0].shape[2] for s in cache.steps if s.kv} == {cache.frames}
     files[0].write_bytes(b"not an npz")
     np.testing.assert_array_equal(first_chunk(make()), written)
 

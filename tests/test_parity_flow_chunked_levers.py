@@ -23,6 +23,8 @@ from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
     _session,
     ensure_streaming_estimator,
 )
+from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias
+from wyoming_cosyvoice3.engine.flow import chunked
 from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, StepKv, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow_streaming import prompt_noise
 from wyoming_cosyvoice3.engine.options import PRESETS, EngineOptions
@@ -81,8 +83,8 @@ def test_bounded_left_context_stores_only_what_is_attended(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Dropping history frames outside the left context gives the same mel as keeping them
-    (they are never attended again), and the stored history stays within the bound."""
-    main = next(cache_dir.glob("*stream1main*.onnx"))
+    and masking them out of the attention, and the stored history stays within the bound."""
+    main = next(cache_dir.glob("*stream2main*.onnx"))
     time_graph = next(cache_dir.glob("*stream1time*.onnx"))
     flow = ChunkedFlow(engine.flow, StreamingEstimator(_session(main), None, time_graph),
                        prompt_noise)
@@ -95,12 +97,25 @@ def test_bounded_left_context_stores_only_what_is_attended(
     prompt_frames = C.TOKEN_MEL_RATIO * len(voice.speech_tokens)
     assert seen == prompt_frames - cacheable_prompt_frames(len(voice.speech_tokens)) + (
         C.TOKEN_MEL_RATIO * sum(hops))
-    monkeypatch.setattr(StepKv, "keep_last", lambda self, keep_frames: None)
+    # reference: every frame stored, the ones before the last ``left`` masked (-inf bias)
+    append = StepKv.append
+    monkeypatch.setattr(StepKv, "append",
+                        lambda self, new, conv, keep_frames=None: append(self, new, conv))
+    prompt_cached = cacheable_prompt_frames(len(voice.speech_tokens))
+
+    def masked_bias(start: int, count: int, cached: int) -> np.ndarray:
+        bias = chunk_attention_bias(start, count, cached)
+        history = cached - prompt_cached
+        bias[..., prompt_cached : prompt_cached + max(0, history - left)] = -np.inf
+        return bias
+
+    monkeypatch.setattr(chunked, "chunk_attention_bias", masked_bias)
     kept, stored_all, seen_all = _stream(flow, voice, gen, hops, left)
     assert stored_all[-1] == seen_all > left  # the reference kept every frame
     for a, b in zip(bounded, kept, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     # the bound is a real lever: attending the whole history changes later chunks
+    monkeypatch.setattr(chunked, "chunk_attention_bias", chunk_attention_bias)
     whole, _, _ = _stream(flow, voice, gen, hops, None)
     assert float(np.abs(whole[-1] - bounded[-1]).max()) > 1e-3
 

@@ -73,7 +73,7 @@ def _estimator_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int |
 
 def _stream_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int | None:
     """The derived streaming DiT (engine/derive/streaming_graph.py): F new frames attending
-    to M cached ones (all given as prompt cache; the history input is empty)."""
+    to M cached ones (all given as prompt cache; the history inputs have 0 frames)."""
     if name in ("x", "mu", "cond"):
         return v["B"] if axis == 0 else v["F"] if axis == 2 else None
     if name in ("spks", "conv1_past", "conv2_past") and axis == 0:
@@ -82,15 +82,20 @@ def _stream_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int | No
         return v["F"]
     if name == "attn_bias" and axis >= 2:
         return v["F"] if axis == 2 else v["M"] + v["F"]
-    if name.startswith(("kv_prompt_", "kv_hist_")):
-        if axis == 0:
-            return v["M"] if name.startswith("kv_prompt_") else 0
-        return v["B"] if axis == 2 else None
+    if name.startswith(("prompt_key_", "prompt_value_", "hist_key_", "hist_value_")):
+        if axis == 2:
+            return v["M"] if name.startswith("prompt_") else 0
+        return v["B"] if axis == 0 else None
     return None
 
 
 def _stream_vars(s: Mapping[str, Sequence[int]]) -> dict[str, int]:
-    cached = int(s.get("kv_prompt_0", [0])[0]) + int(s.get("kv_hist_0", [0])[0])
+    """B, F, M of a recorded run (M: the cached frames; runs recorded before the fused
+    attention graph name them ``kv_prompt_0``/``kv_hist_0`` [M, 2, B, inner])."""
+    if "prompt_key_0" in s:
+        cached = int(s["prompt_key_0"][2]) + int(s.get("hist_key_0", [0, 0, 0])[2])
+    else:
+        cached = int(s.get("kv_prompt_0", [0])[0]) + int(s.get("kv_hist_0", [0])[0])
     return {"B": s["x"][0], "F": s["x"][2], "M": cached}
 
 

@@ -4,7 +4,9 @@ A graph's multiply-accumulate work is read from its nodes after ONNX shape infer
 concrete input sizes: ``MatMul``/``Gemm``/``FusedMatMul`` cost 2 x M x K x N, ``Conv`` 2 x output
 elements x (C_in / group) x kernel size, ``ConvTranspose`` 2 x input elements x (C_out / group)
 x kernel size; ``MatMulInteger`` (the ``quantize_dynamic`` pattern) counts as int8 operations,
-``MatMulNBits`` (4-bit weights) as int8 with ``accuracy_level`` 4 and fp32 otherwise.
+``MatMulNBits`` (4-bit weights) as int8 with ``accuracy_level`` 4 and fp32 otherwise;
+the contrib ``MultiHeadAttention`` as its two products, 2 x 2 x (query elements) x (key
+frames), fp32.
 Element-wise work (norms, activations, softmax) is not counted: it is small next to the
 matrix products and not what the MatMul throughput measures.
 
@@ -31,6 +33,7 @@ INT8_OPS = frozenset(
      "ConvInteger", "QLinearConv"}
 )
 NBITS_OP = "MatMulNBits"
+ATTENTION_OP = "MultiHeadAttention"
 _KEEP_ELEMENTS = 64
 """Initializers up to this size keep their values (shape tensors for Reshape and friends)."""
 
@@ -177,6 +180,8 @@ def node_ops(node: Any, shapes: Mapping[str, list[int | None]]) -> OpCount:
         FlopCountError: a counted node's shapes are unknown.
     """
     op = node.op_type
+    if op == ATTENTION_OP:
+        return _attention_ops(node, shapes)
     if op not in FP32_OPS and op not in INT8_OPS and op != NBITS_OP:
         return OpCount()
     a = shapes.get(node.input[0])
@@ -202,6 +207,19 @@ def node_ops(node: Any, shapes: Mapping[str, list[int | None]]) -> OpCount:
         ops = 2.0 * out_elems * (a[-1] or 0)
     int8 = op in INT8_OPS or (op == NBITS_OP and int(_attr(node, "accuracy_level", 0)) == 4)
     return OpCount(int8=ops) if int8 else OpCount(fp32=ops)
+
+
+def _attention_ops(node: Any, shapes: Mapping[str, list[int | None]]) -> OpCount:
+    """q k^T and p v of a ``MultiHeadAttention`` node: query [B, S, hidden], key [B, T,
+    hidden] or head-major [B, H, T, head_dim] (past keys/values are not used by the
+    project's graphs)."""
+    query = shapes.get(node.input[0])
+    key = shapes.get(node.input[1]) if len(node.input) > 1 else None
+    if not (_known(query) and _known(key)) or query is None or key is None:
+        raise FlopCountError(f"{node.op_type} node {node.name!r}: shapes unknown "
+                             f"(query {query}, key {key})")
+    frames = key[2] if len(key) == 4 else key[1]
+    return OpCount(fp32=4.0 * math.prod(d or 0 for d in query) * (frames or 0))
 
 
 def _infer(model: Any, symbolic: bool) -> Any:

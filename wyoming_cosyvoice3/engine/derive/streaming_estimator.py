@@ -45,8 +45,9 @@ from .files import derive_once, run_child
 
 logger = logging.getLogger(__name__)
 
-STREAM_TAGS = {"fp32": "stream1main", "int8": "stream1int8main"}
-"""File tags of the main graph per precision; the time graph is ``stream1time``."""
+STREAM_TAGS = {"fp32": "stream2main", "int8": "stream2int8main"}
+"""File tags of the main graph per precision (2: fused attention over head-major cached keys
+and values; 1 was the plain-operator form); the time graph is ``stream1time``."""
 TIME_TAG = "stream1time"
 FP32_TOL = 1e-4
 """Relative max-abs tolerance of the fp32 derived graph against the source (float rounding:
@@ -136,7 +137,7 @@ def validate(source: Path, main: Path, time_graph: Path, frames: int = 90) -> st
         rest, 0.37, CHUNK_FRAMES,
         chunk_bias(CHUNK_FRAMES, frames - CHUNK_FRAMES, CHUNK_FRAMES, CHUNK_FRAMES),
         conv_past=(head.conv1_next, head.conv2_next),
-        kv_prompt=[kv for kv in head.kv_new],
+        prompt=head.new,
     )
     joined = np.concatenate([head.velocity, tail.velocity], axis=2)
     err_cache = float(np.abs(joined - masked.velocity).max())
@@ -230,14 +231,22 @@ def load_streaming_estimator(
 
 
 # -- runner -----------------------------------------------------------------------------------
-class StreamOutputs:
-    """One call's outputs: velocity [B, 80, n], conv pasts [B, D, K-1], kv_new [L, n, 2, B,
-    inner]."""
+KeyValue = tuple[np.ndarray, np.ndarray]
+"""One block's (keys, values), float32 [B, H, frames, head_dim] each (head-major)."""
 
-    __slots__ = ("conv1_next", "conv2_next", "kv_new", "velocity")
+
+class StreamOutputs:
+    """One call's outputs: ``velocity`` [B, 80, n], convolution pasts [B, D, K-1], and per
+    block ``new`` (keys, values) [B, H, n, head_dim] of the call's frames (empty when the
+    call was made with ``keep=False``)."""
+
+    __slots__ = ("conv1_next", "conv2_next", "new", "velocity")
 
     def __init__(self, values: Sequence[np.ndarray]) -> None:
-        self.velocity, self.conv1_next, self.conv2_next, self.kv_new = values
+        self.velocity, self.conv1_next, self.conv2_next = values[:3]
+        rest = values[3:]
+        self.new: list[KeyValue] = [(rest[2 * i], rest[2 * i + 1])
+                                    for i in range(len(rest) // 2)]
 
 
 class StreamingEstimator:
@@ -250,8 +259,6 @@ class StreamingEstimator:
             unseen ``t`` reopens it from ``time_path``).
         time_path: the time graph file (None: keep ``time_session``).
     """
-
-    OUTPUTS = ("velocity", "conv1_next", "conv2_next", "kv_new")
 
     def __init__(self, main: Any, time_session: Any = None, time_path: Path | None = None,
                  session_factory: Any = None) -> None:
@@ -267,10 +274,14 @@ class StreamingEstimator:
         self.depth = int(meta["depth"])
         self.dim = int(meta["dim"])
         self.inner = int(meta["inner"])
+        self.head_dim = int(meta["head_dim"])
+        self.heads = int(meta["heads"])
         self.conv_frames = int(meta["conv_context_frames"])
         self.layout = meta["rope_layout"]
         self.inv_freq = np.array([float(f) for f in meta["rope_inv_freq"].split(",")], np.float32)
         self.freq_div = float(meta["rope_freq_div"])
+        self.outputs = ["velocity", "conv1_next", "conv2_next"] + [
+            f"new_{kind}_{i}" for i in range(self.depth) for kind in ("key", "value")]
         self._rope_tables = rope_tables
         self._mods: dict[float, dict[str, np.ndarray]] = {}
         self._lock = threading.Lock()
@@ -314,8 +325,9 @@ class StreamingEstimator:
                 self._time = None
                 return_freed_memory()
 
-    def empty_kv(self, batch: int) -> np.ndarray:
-        return np.zeros((0, 2, batch, self.inner), dtype=np.float32)
+    def empty_past(self, batch: int) -> np.ndarray:
+        """float32 [batch, H, 0, head_dim]: no cached frames."""
+        return np.zeros((batch, self.heads, 0, self.head_dim), dtype=np.float32)
 
     def run(
         self,
@@ -324,8 +336,9 @@ class StreamingEstimator:
         start_frame: int,
         attn_bias: np.ndarray,
         conv_past: tuple[np.ndarray, np.ndarray] | None = None,
-        kv_prompt: Sequence[np.ndarray] | None = None,
-        kv_hist: Sequence[np.ndarray] | None = None,
+        prompt: Sequence[KeyValue] | None = None,
+        hist: Sequence[KeyValue] | None = None,
+        keep: bool = True,
     ) -> StreamOutputs:
         """One estimator call on new frames.
 
@@ -333,9 +346,12 @@ class StreamingEstimator:
             frames: ``x``, ``mu``, ``cond`` float32 [B, 80, n] and ``spks`` [B, 80].
             t: flow time of the Euler step.
             start_frame: absolute index of the first new frame (rotary position).
-            attn_bias: [1, 1, n, m + n] (:func:`chunk_bias`); m = cached frames.
+            attn_bias: [1, 1, n, m + n] (:func:`chunk_bias`); m = mp + mh cached frames.
             conv_past: (conv1, conv2) [B, D, K-1] or None (zeros: the utterance start).
-            kv_prompt, kv_hist: per block [mp, 2, B, inner] / [mh, 2, B, inner] or None.
+            prompt, hist: per block (keys, values) [B, H, mp or mh, head_dim] of the cached
+                prompt and history frames, or None (0 frames).
+            keep: return the new frames' keys/values (False: velocity and convolution
+                context only).
         """
         batch, _, n = frames["x"].shape
         cos, sin = self._rope_tables(self.inv_freq, self.freq_div, self.layout, start_frame, n)
@@ -347,11 +363,13 @@ class StreamingEstimator:
             zeros = np.zeros((batch, self.dim, self.conv_frames), dtype=np.float32)
             conv_past = (zeros, zeros)
         feeds["conv1_past"], feeds["conv2_past"] = conv_past
-        empty = self.empty_kv(batch)
-        for i in range(self.depth):
-            feeds[f"kv_prompt_{i}"] = empty if kv_prompt is None else kv_prompt[i]
-            feeds[f"kv_hist_{i}"] = empty if kv_hist is None else kv_hist[i]
+        empty = self.empty_past(batch)
+        for part, cached in (("prompt", prompt), ("hist", hist)):
+            for i in range(self.depth):
+                key, value = (empty, empty) if cached is None else cached[i]
+                feeds[f"{part}_key_{i}"], feeds[f"{part}_value_{i}"] = key, value
+        names = self.outputs if keep else self.outputs[:3]
         if hasattr(self.main, "spec"):  # a checked Graph: returns a dict
-            out = self.main.run(feeds, list(self.OUTPUTS))
-            return StreamOutputs([out[name] for name in self.OUTPUTS])
-        return StreamOutputs(self.main.run(list(self.OUTPUTS), feeds))
+            out = self.main.run(feeds, names)
+            return StreamOutputs([out[name] for name in names])
+        return StreamOutputs(self.main.run(names, feeds))

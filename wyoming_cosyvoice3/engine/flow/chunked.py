@@ -49,49 +49,52 @@ from .solver import FlowRunner, cfg_combine, cosine_t_schedule
 logger = logging.getLogger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
+KeyValue = tuple[np.ndarray, np.ndarray]
+"""One DiT block's cached (keys, values), float32 [B, H, frames, head_dim] each."""
 PROMPTS_IN_MEMORY = 2
 """Prompt caches (voice x schedule) kept in memory; 0.7-2.5 GB each for ``quality`` with a
 5-15 s prompt, so only the most recently used stay resident (the rest are read from disk)."""
+DISK_PREFIX = "flowkv2"
+"""Prompt cache file prefix (2: head-major keys/values per block; files of the frame-major
+layout 1, ``flowkv-*``, are removed when a voice's cache is written again)."""
+
+
 @dataclass
 class StepKv:
-    """Cached keys/values of one Euler step: ``kv`` [depth, capacity, 2, B, inner] (filled up
-    to ``frames``), the convolution context after the last cached frame, and ``dropped``: the
-    frames before the stored ones that a bounded left context let go (:meth:`keep_last`)."""
+    """Cached keys/values of one Euler step: ``kv`` per DiT block (keys, values) float32
+    [B, H, frames, head_dim] (head-major, as the streaming graph takes and returns them; None
+    before the first frame), the convolution context after the last cached frame, and
+    ``dropped``: the frames before the stored ones that a bounded left context let go."""
 
-    kv: np.ndarray
+    kv: list[KeyValue] | None = None
     frames: int = 0
     conv: tuple[np.ndarray, np.ndarray] | None = None
     dropped: int = 0
 
-    def views(self, keep_frames: int | None = None) -> list[np.ndarray]:
-        """Per block a contiguous [m, 2, B, inner] view of the last ``keep_frames`` frames."""
-        lo = 0 if keep_frames is None else max(0, self.frames - keep_frames)
-        return [self.kv[i, lo : self.frames] for i in range(self.kv.shape[0])]
-
-    def append(self, kv_new: np.ndarray, conv: tuple[np.ndarray, np.ndarray]) -> None:
-        n = kv_new.shape[1]
-        if self.frames + n > self.kv.shape[1]:
-            cap = max(2 * self.kv.shape[1], self.frames + n, CHUNK_FRAMES)
-            grown = np.empty((self.kv.shape[0], cap, *self.kv.shape[2:]), dtype=np.float32)
-            grown[:, : self.frames] = self.kv[:, : self.frames]
-            self.kv = grown
-        self.kv[:, self.frames : self.frames + n] = kv_new
-        self.frames += n
+    def append(self, new: list[KeyValue], conv: tuple[np.ndarray, np.ndarray],
+               keep_frames: int | None = None) -> None:
+        """Add a call's new keys/values (one copy of the kept frames per block); with
+        ``keep_frames``, store only the last ``keep_frames`` frames (older ones are never
+        attended again under a bounded left context; their count moves to ``dropped``)."""
+        n = new[0][0].shape[2] if new else 0
+        total = self.frames + n
+        keep = total if keep_frames is None else min(total, max(0, keep_frames))
+        old_from = self.frames - max(0, keep - n)  # first stored frame that is kept
+        new_from = max(0, n - keep)
+        if self.kv is None or old_from >= self.frames:
+            self.kv = [(np.ascontiguousarray(k[:, :, new_from:]),
+                        np.ascontiguousarray(v[:, :, new_from:])) for k, v in new]
+        else:
+            self.kv = [(np.concatenate([ok[:, :, old_from:], k], axis=2),
+                        np.concatenate([ov[:, :, old_from:], v], axis=2))
+                       for (ok, ov), (k, v) in zip(self.kv, new, strict=True)]
+        self.frames = keep
+        self.dropped += total - keep
         self.conv = conv
-
-    def keep_last(self, keep_frames: int) -> None:
-        """Store only the last ``keep_frames`` frames (the older ones are never attended
-        again under a bounded left context); their count moves to ``dropped``."""
-        extra = self.frames - max(0, keep_frames)
-        if extra <= 0:
-            return
-        self.kv[:, : self.frames - extra] = self.kv[:, extra : self.frames].copy()
-        self.frames -= extra
-        self.dropped += extra
 
     @property
     def nbytes(self) -> int:
-        return int(self.frames * np.prod(self.kv.shape[2:]) * self.kv.shape[0] * 4)
+        return sum(int(k.nbytes + v.nbytes) for k, v in self.kv) if self.kv else 0
 
 
 @dataclass
@@ -108,11 +111,6 @@ class KvCache:
     @property
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.steps)
-
-    def trimmed(self) -> KvCache:
-        """A copy holding exactly the filled frames (for storage)."""
-        return KvCache([StepKv(np.ascontiguousarray(s.kv[:, : s.frames]), s.frames, s.conv,
-                               s.dropped) for s in self.steps])
 
 
 def schedule_key(steps: int, cfg_rate: float, cfg_steps: int | None) -> tuple[int, ...]:
@@ -167,7 +165,7 @@ class ChunkedFlow:
         if self.disk_dir is None:
             return None
         sched = "".join(str(g) for g in schedule)
-        return self.disk_dir / f"flowkv-{digest}-{sched}-{cfg_rate:g}-{self.disk_tag}.npz"
+        return self.disk_dir / f"{DISK_PREFIX}-{digest}-{sched}-{cfg_rate:g}-{self.disk_tag}.npz"
 
     # -- caches -----------------------------------------------------------------------------
     def prompt_cache(self, voice: VoiceFeatures, steps: int, cfg_rate: float,
@@ -182,7 +180,7 @@ class ChunkedFlow:
             return hit
         path = self._disk_path(*key)
         if path is not None and path.is_file():
-            loaded = load_kv_cache(path)
+            loaded = load_kv_cache(path, steps)
             if loaded is not None:
                 self._remember(key, loaded)
                 return loaded
@@ -194,10 +192,11 @@ class ChunkedFlow:
             cond = np.asarray(voice.prompt_mel, dtype=np.float32)[:frames].T
             self._solve(self.prompt_noise(frames), mu[:, :frames], np.ascontiguousarray(cond), spks,
                         0, steps, cfg_rate, cfg_steps, None, cache, should_stop)
-            cache = cache.trimmed()
         logger.info("flow prompt cache: %d frames, %d Euler steps, %.1f MB", frames, steps,
                     cache.nbytes / 1e6)
         if path is not None:
+            for stale in path.parent.glob(f"flowkv-{key[0]}-*.npz"):  # layout 1
+                stale.unlink(missing_ok=True)
             save_kv_cache(path, cache)
         self._remember(key, cache)
         return cache
@@ -213,11 +212,7 @@ class ChunkedFlow:
 
     def new_history(self, steps: int, cfg_rate: float, cfg_steps: int | None) -> KvCache:
         """An empty history cache for one piece (batch per step from the CFG schedule)."""
-        est = self.estimator
-        return KvCache([
-            StepKv(np.zeros((est.depth, 0, 2, 1 + guided, est.inner), dtype=np.float32))
-            for guided in schedule_key(steps, cfg_rate, cfg_steps)
-        ])
+        return KvCache([StepKv() for _ in schedule_key(steps, cfg_rate, cfg_steps)])
 
     # -- solver -----------------------------------------------------------------------------
     def _solve(
@@ -256,22 +251,18 @@ class ChunkedFlow:
                 frames = {"x": x[None], "mu": mu[None], "cond": cond[None], "spks": spks[None]}
             hist = history.steps[k]
             pre = prompt.steps[k] if prompt is not None and prompt.steps else None
-            kv_prompt = pre.views() if pre is not None and pre.frames else None
-            kv_hist = hist.views(left_context_frames) if hist.frames else None
+            kv_prompt = pre.kv if pre is not None and pre.frames else None
+            kv_hist = hist.kv if hist.frames else None
             cached = (pre.frames if kv_prompt is not None and pre is not None else 0) + (
-                kv_hist[0].shape[0] if kv_hist is not None else 0)
+                hist.frames if kv_hist is not None else 0)
             conv = hist.conv if hist.frames else (pre.conv if pre is not None else None)
             out = self.estimator.run(frames, float(t_span[k]), start,
                                      chunk_attention_bias(start, n, cached), conv,
-                                     kv_prompt, kv_hist)
+                                     kv_prompt, kv_hist, keep=store)
             v = out.velocity
             vel = cfg_combine(v[0], v[1], cfg_rate) if guided else v[0]
             if store:
-                if left_context_frames is not None:  # older frames are never attended again
-                    hist.keep_last(max(0, left_context_frames - n))
-                hist.append(out.kv_new, (out.conv1_next, out.conv2_next))
-                if left_context_frames is not None:
-                    hist.keep_last(left_context_frames)
+                hist.append(out.new, (out.conv1_next, out.conv2_next), left_context_frames)
             x += (t_span[k + 1] - t_span[k]) * vel
         return x
 
@@ -333,10 +324,14 @@ class ChunkedFlow:
 
 
 def save_kv_cache(path: Path, cache: KvCache) -> None:
-    """Write ``cache`` to ``path`` (.npz, atomically); a failure is logged, not raised."""
+    """Write ``cache`` to ``path`` (.npz, atomically); a failure is logged, not raised.
+
+    Per step ``k``: ``kv{k}`` float32 [depth, 2, B, H, frames, head_dim] and the convolution
+    context ``conv1_{k}``, ``conv2_{k}``."""
     arrays: dict[str, np.ndarray] = {"frames": np.asarray(cache.frames)}
     for k, step in enumerate(cache.steps):
-        arrays[f"kv{k}"] = step.kv[:, : step.frames]
+        if step.kv:
+            arrays[f"kv{k}"] = np.stack([np.stack(kv) for kv in step.kv])
         if step.conv is not None:
             arrays[f"conv1_{k}"], arrays[f"conv2_{k}"] = step.conv
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -350,18 +345,23 @@ def save_kv_cache(path: Path, cache: KvCache) -> None:
         logger.warning("cannot write the flow prompt cache %s: %s", path, exc)
 
 
-def load_kv_cache(path: Path) -> KvCache | None:
-    """Read a cache written by :func:`save_kv_cache`; None (logged) when damaged."""
+def load_kv_cache(path: Path, steps: int) -> KvCache | None:
+    """Read a cache of ``steps`` Euler steps written by :func:`save_kv_cache`; None (logged)
+    when damaged."""
     try:
         with np.load(path) as data:
             frames = int(data["frames"])
-            steps = []
-            k = 0
-            while f"kv{k}" in data:
+            loaded = []
+            for k in range(steps):
                 conv = (data[f"conv1_{k}"], data[f"conv2_{k}"]) if f"conv1_{k}" in data else None
-                steps.append(StepKv(np.ascontiguousarray(data[f"kv{k}"]), frames, conv))
-                k += 1
+                kv = None
+                if frames:
+                    stacked = np.ascontiguousarray(data[f"kv{k}"], dtype=np.float32)
+                    if stacked.ndim != 6 or stacked.shape[1] != 2 or stacked.shape[4] != frames:
+                        raise ValueError(f"kv{k} has shape {stacked.shape}")
+                    kv = [(stacked[i, 0], stacked[i, 1]) for i in range(stacked.shape[0])]
+                loaded.append(StepKv(kv, frames, conv))
     except (OSError, ValueError, KeyError) as exc:
         logger.warning("damaged flow prompt cache %s (%s); recomputing it", path, exc)
         return None
-    return KvCache(steps)
+    return KvCache(loaded)

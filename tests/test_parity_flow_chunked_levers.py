@@ -18,12 +18,12 @@ import pytest
 from parity_support import PARITY_DIR, flow_case_voice
 
 from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias
 from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
     StreamingEstimator,
     _session,
     ensure_streaming_estimator,
 )
-from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias
 from wyoming_cosyvoice3.engine.flow import chunked
 from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, StepKv, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow_streaming import prompt_noise

@@ -158,3 +158,28 @@ def test_case_c5_balanced_keeps_its_caches_bounded(tiny_dit_model_dir: Path,
     prompt = next(iter(flow._prompts.values()))
     assert prompt.frames == cacheable_prompt_frames(
         min(len(voice.features.speech_tokens), balanced.flow_prompt_tokens))
+
+
+def test_int8_streaming_graph_uses_fused_kernels_and_quantises_every_block_layer(
+    tiny_dit_model_dir: Path, tmp_path: Path
+) -> None:
+    """The derived graph attends with the contrib ``MultiHeadAttention`` and ``FastGelu``
+    (one each per block) and its int8 variant still quantises all six linear layers of every
+    block: onnx's shape inference gives contrib outputs no shape, so the graph declares them
+    (without that the output projection and the second feed-forward layer stay fp32)."""
+    import onnx
+
+    from wyoming_cosyvoice3.engine.derive.dit_structure import read_dit
+    from wyoming_cosyvoice3.engine.derive.quantize import per_frame_matmuls
+    from wyoming_cosyvoice3.engine.derive.streaming_estimator import ensure_streaming_estimator
+
+    source = tiny_dit_model_dir / "flow.decoder.estimator.fp32.onnx"
+    depth = read_dit(onnx.load(str(source))).depth
+    main, _time = ensure_streaming_estimator(source, tmp_path, "int8", in_process=True)
+    ops = [n.op_type for n in onnx.load(str(main)).graph.node]
+    assert ops.count("MultiHeadAttention") == depth and ops.count("FastGelu") == depth
+    assert "Softmax" not in ops and "Tanh" not in ops
+    fp32, _ = ensure_streaming_estimator(source, tmp_path, "fp32", in_process=True)
+    selected = per_frame_matmuls(onnx.load(str(fp32)))
+    assert len(selected) >= 6 * depth
+    assert ops.count("MatMulInteger") == len(selected)

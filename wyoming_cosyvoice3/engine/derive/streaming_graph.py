@@ -43,7 +43,8 @@ on the 2-core test machine). With m = 0, zero convolution pasts,
 positions 0..n-1 and an all-zero bias, the main graph computes what the original estimator
 computes (validated when derived). Attention as ``F.scaled_dot_product_attention``
 (softmax(q k^T / sqrt(head_dim) + bias) v); LayerNorm without affine, eps from the source;
-FeedForward GELU with the tanh approximation (modules.py ``FeedForward(approximate="tanh")``);
+FeedForward GELU with the tanh approximation (modules.py ``FeedForward(approximate="tanh")``,
+contrib ``FastGelu``);
 Mish after each convolution.
 The rotary "rotate half" is a constant signed permutation matrix (exact: one non-zero per
 column), so both rotary layouts (x-transformers' pairs and halves) are one code path.
@@ -254,6 +255,9 @@ def build_main(w: DitWeights, layout: str) -> Any:
         hid = b.op("Add", [hid, b.op("Mul", [gate_msa, attn])])
         xn = b.modulated_norm(hid, w.eps[2 * i + 1], scale_mlp, shift_mlp)
         ff = _gelu_tanh(b, b.linear(xn, blk.ff1, f"b{i}.ff1"))
+        # contrib outputs get no shape from onnx's inference: declared, so the int8 recipe
+        # (which quantises MatMuls of rank-3 activations) still finds the next layer
+        b.value_info.append(h.make_tensor_value_info(ff, f32, ["B", "n", blk.ff1.weight.shape[1]]))
         hid = b.op("Add", [hid, b.op("Mul", [gate_mlp, b.linear(ff, blk.ff2, f"b{i}.ff2")])])
 
     fscale, fshift = (b.chunk("mod_final", j, dim) for j in range(FINAL_MOD_CHUNKS))
@@ -289,11 +293,11 @@ def build_main(w: DitWeights, layout: str) -> Any:
 
 
 def _gelu_tanh(b: _Builder, x: str) -> str:
-    """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (torch GELU approximate="tanh")."""
-    cube = b.op("Mul", [b.op("Mul", [x, x]), x])
-    inner = b.op("Add", [x, b.op("Mul", [cube, b.const(np.float32(0.044715))])])
-    th = b.op("Tanh", [b.op("Mul", [inner, b.const(np.float32(math.sqrt(2.0 / math.pi)))])])
-    return b.op("Mul", [b.op("Mul", [x, b.const(np.float32(0.5))]), b.op("Add", [th, b.one])])
+    """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (torch GELU approximate="tanh"), as
+    onnxruntime's contrib ``FastGelu`` (the same formula in one kernel: 0.14 against 0.36 ms
+    for the seven-operator form on [2, 50, 2048], max difference from a float64 reference
+    7.7e-7 for both)."""
+    return b.op("FastGelu", [x], domain=MS_DOMAIN)
 
 
 def build_time(model: Any, w: DitWeights) -> Any:

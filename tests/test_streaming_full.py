@@ -104,6 +104,41 @@ def test_without_the_streaming_structure_the_published_estimator_is_used(
     assert not isinstance(engine.model.estimator, FullAttentionDiT)
 
 
+def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the streaming DiT, ``balanced`` runs full attention with its fallback bounds
+    (25 prompt tokens, 10 of history) instead of the 100 / 50 it caches when chunk-causal."""
+    from wyoming_cosyvoice3.engine import pipeline
+
+    engine = _engine(tiny_model_dir, tmp_path / "cache", True)
+    assert engine.chunked.get("int8") is None
+    prompts: list[int] = []
+    starts: list[tuple[int, int]] = []
+    real_features, real_mel = pipeline.flow_prompt_features, pipeline.full_attention_mel
+
+    def features(voice: object, tokens: int) -> object:
+        prompts.append(tokens)
+        return real_features(voice, tokens)  # type: ignore[arg-type]
+
+    def mel(*args: object) -> object:
+        starts.append((int(args[5]), int(args[6])))  # type: ignore[call-overload]
+        return real_mel(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pipeline, "flow_prompt_features", features)
+    monkeypatch.setattr(pipeline, "full_attention_mel", mel)
+    voice = engine.prepare_voice(tiny_model_dir / "voices" / "en-male.wav", "A test voice.")
+    options = PRESETS["balanced"].replace(fixed_tokens_per_char=4.0, vocoder_defer=False)
+    chunks = list(engine.synthesize(TEXT, voice, options))
+    assert chunks and chunks[-1].is_last
+    assert prompts == [25]
+    assert len(starts) >= 3 and starts[0] == (0, 0)
+    assert all(start == max(0, offset - 10) for start, offset in starts)
+    assert any(start > 0 for start, _ in starts)  # history really was cut
+    assert PRESETS["balanced"].fallback().flow_chunk_causal is False
+    assert PRESETS["quality"].fallback() == PRESETS["quality"].replace(flow_chunk_causal=False)
+
+
 def test_bench_dit_forms_compares_the_two_forms(tiny_dit_model_dir: Path, tmp_path: Path
                                                 ) -> None:
     """``python -m wyoming_cosyvoice3.bench.dit_forms`` (BENCHMARKS.md) on tiny-dit."""

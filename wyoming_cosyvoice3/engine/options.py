@@ -154,12 +154,20 @@ class SynthesisOptions:
             this many generated tokens before the new chunk (bounded cost); 0 keeps the whole
             history (spec-exact).
         cfg_steps: run CFG in the first ``cfg_steps`` Euler steps only; ``None`` = all steps.
-            Saves time only with an estimator that accepts batch 1; the upstream export has
-            batch 2 fixed (export_onnx.py ``dynamic_axes`` name only ``seq_len``).
+            The other steps run at batch 1 (half the DiT work) on the derived graphs (the
+            streaming DiT, which also serves full attention under ``flow_chunk_causal``); the
+            published estimator has batch 2 fixed (export_onnx.py ``dynamic_axes`` name only
+            ``seq_len``), so there it saves nothing.
         flow_precision: DiT estimator weights: ``fp32`` (spec-exact) or ``int8`` (dynamic
             per-channel MatMul quantisation, see :mod:`.derive.quantize`).
         flow_prompt_tokens: when > 0, the flow sees only the last this-many prompt tokens and
             their 2x mel frames (the LLM still gets the whole prompt); 0 = whole prompt.
+        fallback_prompt_tokens, fallback_left_context_tokens: when not None, they replace
+            ``flow_prompt_tokens`` and ``flow_left_context_tokens`` for a ``flow_chunk_causal``
+            request while the streaming DiT is not available (it could not be derived from the
+            model: one warning at start). Full attention runs the prompt and the history
+            again in every chunk, so context that is cheap when cached is several times the
+            work there; a lossy preset names smaller bounds for that case (:meth:`fallback`).
         overlap_decoding: decode LLM tokens in a per-request producer thread while the flow
             and vocoder work (same audio as sequential decoding for the same seed).
         vocoder_window_frames: when > 0, each vocoder call sees only this many already-emitted
@@ -198,6 +206,8 @@ class SynthesisOptions:
     cfg_steps: int | None = None
     flow_precision: FlowPrecision = "fp32"
     flow_prompt_tokens: int = 0
+    fallback_prompt_tokens: int | None = None
+    fallback_left_context_tokens: int | None = None
     overlap_decoding: bool = False
     vocoder_window_frames: int = 0
     vocoder_defer: bool = True
@@ -220,6 +230,9 @@ class SynthesisOptions:
             raise ValueError("flow_left_context_tokens must be >= 0")
         if self.flow_prompt_tokens < 0 or self.vocoder_window_frames < 0:
             raise ValueError("flow_prompt_tokens and vocoder_window_frames must be >= 0")
+        if min(self.fallback_prompt_tokens or 0, self.fallback_left_context_tokens or 0) < 0:
+            raise ValueError("fallback_prompt_tokens and fallback_left_context_tokens "
+                             "must be >= 0")
         if self.flow_precision not in ("fp32", "int8"):
             raise ValueError(f"flow_precision must be fp32 or int8, got {self.flow_precision!r}")
         if self.max_decode_tokens < 1 or self.max_request_s <= 0:
@@ -228,6 +241,18 @@ class SynthesisOptions:
             raise ValueError("fixed_tokens_per_char must be None or > 0")
         if self.output_dtype not in ("float32", "int16"):
             raise ValueError(f"output_dtype must be float32 or int16, got {self.output_dtype!r}")
+
+    def fallback(self) -> SynthesisOptions:
+        """These options for the full-attention flow, used when ``flow_chunk_causal`` is
+        asked for but the streaming DiT is not available: not chunk-causal, and the
+        ``fallback_*`` bounds (when set) instead of the flow's prompt and history bounds."""
+        prompt, left = self.fallback_prompt_tokens, self.fallback_left_context_tokens
+        return self.replace(
+            flow_chunk_causal=False,
+            flow_final_chunk_causal=False,
+            flow_prompt_tokens=self.flow_prompt_tokens if prompt is None else prompt,
+            flow_left_context_tokens=self.flow_left_context_tokens if left is None else left,
+        )
 
     def replace(self, **changes: object) -> SynthesisOptions:
         """Return a copy with ``changes`` applied."""
@@ -252,8 +277,9 @@ PRESETS: dict[str, SynthesisOptions] = {
     # of history run again in every chunk): mel SNR from the exact path 23.4 dB instead of
     # 12.4 dB, the streamed paragraph in 0.90x the time (RTF 2.85 against 3.19), steady RSS
     # 1.45 GB against 1.10 GB (target 1.5; BENCHMARKS.md "`balanced` made chunk-causal").
-    # Without the derived streaming DiT (one warning) the same context runs with full
-    # attention: several times the DiT work.
+    # Without the derived streaming DiT (one warning) the flow runs with full attention and
+    # the bounds of the preset this one replaced (25 prompt tokens, 10 of history) instead
+    # of 100 and 50, which would be several times the DiT work there.
     "balanced": SynthesisOptions(
         flow_precision="int8",
         euler_steps=4,
@@ -261,6 +287,8 @@ PRESETS: dict[str, SynthesisOptions] = {
         flow_final_chunk_causal=True,
         flow_prompt_tokens=100,
         flow_left_context_tokens=50,
+        fallback_prompt_tokens=25,
+        fallback_left_context_tokens=10,
         first_hop_tokens=10,
         vocoder_window_frames=24,
     ),

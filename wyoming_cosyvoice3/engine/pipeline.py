@@ -189,6 +189,8 @@ class CosyVoice3Engine:
         should_stop: ShouldStop | None,
         result: SynthesisResult,
     ) -> Iterator[AudioChunk]:
+        if options.flow_chunk_causal and self.chunked.get(options.flow_precision) is None:
+            options = options.fallback()  # no streaming DiT (the model warned once)
         req = RequestState.create(options, should_stop, result)
         try:
             yield from self._run(text, voice, req)

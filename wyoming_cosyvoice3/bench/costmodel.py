@@ -73,7 +73,9 @@ def _estimator_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int |
 
 def _stream_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int | None:
     """The derived streaming DiT (engine/derive/streaming_graph.py): F new frames attending
-    to M cached ones (all given as prompt cache; the history inputs have 0 frames)."""
+    to M cached ones (all given as prompt cache; the history inputs have 0 frames). Graphs
+    derived before the fused attention (``stream1``, still run by older trees a benchmark
+    compares against) take ``kv_prompt_<i>``/``kv_hist_<i>`` [M, 2, B, inner]."""
     if name in ("x", "mu", "cond"):
         return v["B"] if axis == 0 else v["F"] if axis == 2 else None
     if name in ("spks", "conv1_past", "conv2_past") and axis == 0:
@@ -86,6 +88,10 @@ def _stream_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int | No
         if axis == 2:
             return v["M"] if name.startswith("prompt_") else 0
         return v["B"] if axis == 0 else None
+    if name.startswith(("kv_prompt_", "kv_hist_")):  # graphs before the fused attention
+        if axis == 0:
+            return v["M"] if name.startswith("kv_prompt_") else 0
+        return v["B"] if axis == 2 else None
     return None
 
 

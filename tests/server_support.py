@@ -181,6 +181,8 @@ class SpyEngine:
         self.hold_last = hold_last
         self.texts: list[str] = []
         self.voices: list[str] = []
+        self.hints: list[str | None] = []
+        """``SynthesisOptions.language_hint`` of each call."""
         self.outcomes: list[str] = []
         self.stop_flags: list[bool] = []
         """``should_stop()`` when each request ended (True: the server asked it to stop)."""
@@ -208,6 +210,7 @@ class SpyEngine:
         with self.lock:
             self.texts.append(text)
             self.voices.append(voice.name)
+            self.hints.append(None if options is None else options.language_hint)
         self.started.release()
         outcome = "unfinished"
         try:

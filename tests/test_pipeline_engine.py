@@ -302,3 +302,20 @@ def test_vocoder_defer_is_exact_and_runs_fewer_frames(engine, voice, monkeypatch
     assert deferred_hift < plain_hift and deferred_frames < plain_frames
     assert deferred.shape == plain.shape
     assert np.max(np.abs(deferred - plain)) <= 1e-5
+
+
+def test_language_hint_reads_a_sentence_without_cue(engine, voice, monkeypatch) -> None:
+    """``SynthesisOptions.language_hint`` reaches the text normaliser: "Kitchen, 21 °C." has
+    no English cue, so its number stays digits without a hint and is read with "en"."""
+    prompts: list[str] = []
+    build = engine.frontend.build_prompt
+
+    def recording(piece: str, voice_prompt: VoicePrompt) -> Any:
+        prompts.append(piece)
+        return build(piece, voice_prompt)
+
+    monkeypatch.setattr(engine.frontend, "build_prompt", recording)
+    options = SynthesisOptions(streaming=False, fixed_tokens_per_char=1.0)
+    list(engine.synthesize("Kitchen, 21 °C.", voice, options))
+    list(engine.synthesize("Kitchen, 21 °C.", voice, options.replace(language_hint="en")))
+    assert prompts == ["Kitchen, 21 °C.", "Kitchen, twenty-one degrees Celsius."]

@@ -156,6 +156,12 @@ async def test_markdown_reply_streamed_over_tcp(shared: Shared) -> None:
         "Sure!", "Here are the lights:", "Kitchen: on.", "Living room: off.", "Room, Temp.",
         "Hall, 19 °C.", "See the docs.",
     ])
+    # a request carries the language of the stream so far, so a sentence without an
+    # English cue of its own ("Hall, 19 °C.") reads its numbers as the one-shot answer does
+    hints = dict(zip(shared.spy.texts[calls_before:], shared.spy.hints[calls_before:],
+                     strict=True))
+    assert [hint for text, hint in hints.items() if "Hall, 19" in text] == ["en"]
+    assert hints.get("Sure!", "en") is None  # alone, it gives no cue (when not merged)
 
 
 async def test_large_markdown_chunk_is_converted_off_the_loop(shared: Shared) -> None:

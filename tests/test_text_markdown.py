@@ -26,7 +26,9 @@ from wyoming_cosyvoice3.engine.text.markdown import (
     line_kind_is_decided,
     markdown_to_speech,
 )
+from wyoming_cosyvoice3.server.requests import parse_request
 from wyoming_cosyvoice3.server.streaming_text import SentenceBuffer
+from wyoming_cosyvoice3.server.streams import StreamRequest
 
 
 class Case(NamedTuple):
@@ -294,25 +296,18 @@ def test_streamed_deltas_give_the_one_shot_text(case: Case, seed: int | None) ->
     assert "".join(stream(case.markdown, seed)) == case.speech
 
 
-_PER_SENTENCE_LANGUAGE = pytest.mark.xfail(
-    strict=True,
-    reason="a streamed sentence is normalised alone: 'Kitchen, 21 °C.' has no English cue, so "
-    "its digits stay digits while the one-shot text (with 'Here are the...') reads them; "
-    "fixed once the voice's language reaches split_pieces as the hint",
-)
-_STREAM_CASES = [
-    pytest.param(case, id=case.name,
-                 marks=[_PER_SENTENCE_LANGUAGE] if case.name == "table_with_intro" else [])
-    for case in CASES
-]
-
-
-@pytest.mark.parametrize("case", _STREAM_CASES)
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_streamed_sentences_reach_the_model_as_one_shot(
     case: Case, frontend: TextFrontend
 ) -> None:
+    """Each streamed sentence is normalised with the language hint the server's stream
+    gives it (the language of the sentences so far): "Kitchen, 21 °C." after "Here are the
+    temperatures:" reads its number as the one-shot text does."""
+    stream = StreamRequest(request=parse_request({}, 10_000, 0.0, with_text=False),
+                           buffer=SentenceBuffer(), max_chars=10_000)
     sentences = streamed_sentences(case.markdown, seed=7)
-    pieces = [piece for sentence in sentences for piece in frontend.split_pieces(sentence)]
+    pieces = [piece for sentence in sentences
+              for piece in frontend.split_pieces(sentence, stream.language_hint(sentence))]
     assert same_words(pieces) == same_words(case.pieces)
 
 

@@ -186,6 +186,11 @@ class SynthesisOptions:
         max_decode_tokens: hard cap on decoded speech tokens per piece, on top of 20x text.
         max_request_s: wall-clock limit of one request; exceeded raises SynthesisTimeout.
         output_dtype: ``float32`` samples in [-1, 1] or ``int16`` PCM.
+        language_hint: the language the text is most likely in (e.g. the voice's "en"):
+            the text normaliser uses it only when the text itself gives no cue, so that a
+            streamed sentence such as "Kitchen, 21 °C." reads its numbers as the whole
+            answer would (:func:`.text.normalize.normalize_text`); None: digits without a
+            cue stay digits.
         fixed_tokens_per_char: benchmarks only: decode exactly ``max(1, round(rate x
             characters))`` speech tokens per text piece, ignoring the stop token (random
             weights never stop sensibly); ``None`` (default) decodes normally. The server
@@ -214,6 +219,7 @@ class SynthesisOptions:
     max_decode_tokens: int = 3000
     max_request_s: float = 300.0
     output_dtype: Literal["float32", "int16"] = "float32"
+    language_hint: str | None = None
     fixed_tokens_per_char: float | None = None
 
     def validate(self) -> None:

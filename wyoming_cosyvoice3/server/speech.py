@@ -79,6 +79,7 @@ async def voice_or_error(runtime: ServerRuntime, sink: EventSink,
 async def speak(
     runtime: ServerRuntime, sink: EventSink, text: str, slot: VoiceSlot, stats: RequestStats,
     t0: float, extra_stop: threading.Event | None = None, gate: PrerollGate | None = None,
+    language_hint: str | None = None,
 ) -> None:
     """Synthesise ``text`` and send its audio-chunk events (audio-start already sent).
 
@@ -91,6 +92,10 @@ async def speak(
     ``extra_stop`` set (e.g. a stream abandoned without ``synthesize-stop``) stops the
     synthesis and returns normally, so the caller can still end its response.
 
+    ``language_hint`` becomes ``SynthesisOptions.language_hint`` (the text normaliser's
+    language when a text has no cue of its own; a stream passes its earlier sentences'
+    language).
+
     Raises:
         ClientGone: the client disconnected (the engine was stopped).
         CosyVoiceError: the engine failed (not for unspeakable text, which sends nothing);
@@ -100,6 +105,8 @@ async def speak(
     seed = runtime.settings.seed
     limit_s = runtime.settings.limits.max_request_s
     options = runtime.synthesis_options(seed if seed is not None else secrets.randbelow(2**31))
+    if language_hint is not None:
+        options = options.replace(language_hint=language_hint)
     deadline: list[float] = []
 
     def stop() -> bool:
@@ -199,7 +206,8 @@ async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRe
             # markdown -> speech text; in a thread: 10,000 characters of hostile markup take
             # up to about a second, and describe must stay answered
             text = (await asyncio.to_thread(markdown_to_speech, request.text)).strip()
-            await speak(runtime, sink, text, slot, stats, request.received, gate=gate)
+            await speak(runtime, sink, text, slot, stats, request.received, gate=gate,
+                        language_hint=request.voice.language)
         finally:
             await finish_gate(gate, sink)  # the audio made so far, also before an error
         note_first_chunk(stats, gate, request.received)

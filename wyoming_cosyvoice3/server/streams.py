@@ -27,6 +27,7 @@ from wyoming.tts import SynthesizeStopped
 
 from ..engine.errors import CosyVoiceError, TextError, TextTooLong
 from ..engine.text.markdown import MarkdownSpeech
+from ..engine.text.script import english_cues
 from .output import ClientGone, RequestStats
 from .preroll import PrerollGate, expected_speech_s
 from .requests import SpeakRequest, check_chunk_text
@@ -104,6 +105,21 @@ class StreamRequest:
     carry: StreamText | StreamError | None = None
     """An item taken from ``items`` while merging that did not fit; it comes next."""
     has_carry: bool = False
+    english_cues: tuple[int, int] = (0, 0)
+    """English / other-language function words of the sentences spoken so far
+    (:func:`~..engine.text.script.english_cues`)."""
+
+    def language_hint(self, text: str) -> str | None:
+        """The language hint for the next engine request, whose text is ``text``: "en" when
+        the stream so far (``text`` included) reads as English, else the requested voice
+        language (Home Assistant sends none). The engine's normaliser uses it only for a
+        sentence that has no cue of its own, so "Kitchen, 21 °C." after "Here are the
+        temperatures:" reads its number as the one-shot answer would."""
+        english, other = english_cues(text)
+        self.english_cues = (self.english_cues[0] + english, self.english_cues[1] + other)
+        if self.english_cues[0] > self.english_cues[1]:
+            return "en"
+        return self.request.voice.language
 
     async def next_item(self) -> StreamText | StreamError | None:
         """The next item: the carried one, else the next of ``items`` (waits for it)."""
@@ -272,7 +288,7 @@ async def _speak_items(
             continue
         try:
             await speak(runtime, sink, item.text, slot, stats, item.queued_at, stream.cancelled,
-                        gate=gate)
+                        gate=gate, language_hint=stream.language_hint(item.text))
             if stream.items.empty() and not stream.has_carry:  # waiting for text: holding
                 # audio back gains nothing
                 await gate.release()

@@ -135,6 +135,21 @@ _OTHER_WORDS = _word_set(
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?")
 
 
+def english_cues(text: str) -> tuple[int, int]:
+    """(English function words, words of other European languages) in ``text``: the
+    score :func:`is_english` decides on; every word with a letter outside ASCII (ä ö ü ß é
+    ñ ç ...) counts for "other". Scores of consecutive texts add up (a stream's sentences)."""
+    english = 0
+    other = 0
+    for match in _WORD.finditer(text):
+        word = unicodedata.normalize("NFC", match.group(0)).lower().replace("’", "'")
+        if word in _ENGLISH_WORDS:
+            english += 1
+        if word in _OTHER_WORDS or not word.isascii():
+            other += 1
+    return english, other
+
+
 def is_english(text: str, language: str | None = None) -> bool:
     """Guess whether Latin-script text is English, from a stop-word score.
 
@@ -147,14 +162,7 @@ def is_english(text: str, language: str | None = None) -> bool:
         text: text to classify (any script; only its words are looked at).
         language: optional BCP-47-like hint used only to break a tie of zero scores.
     """
-    english = 0
-    other = 0
-    for match in _WORD.finditer(text):
-        word = unicodedata.normalize("NFC", match.group(0)).lower().replace("’", "'")
-        if word in _ENGLISH_WORDS:
-            english += 1
-        if word in _OTHER_WORDS or not word.isascii():
-            other += 1
+    english, other = english_cues(text)
     if english == 0 and other == 0:
         return bool(language) and str(language).lower().startswith("en")
     return english > other

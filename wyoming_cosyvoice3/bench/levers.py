@@ -95,6 +95,9 @@ ABLATIONS: dict[str, SynthesisOptions] = {
     "balanced, first hop 25": BALANCED.replace(first_hop_tokens=25),
     "balanced, exact vocoder": BALANCED.replace(vocoder_window_frames=0),
     "balanced + overlap_decoding": BALANCED.replace(overlap_decoding=True),
+    # the streaming DiT has a free batch: Euler steps without CFG run at batch 1
+    "balanced, CFG in the first 2 of 4 Euler steps": BALANCED.replace(cfg_steps=2),
+    "balanced, CFG in the first Euler step only": BALANCED.replace(cfg_steps=1),
 }
 """Timing: the default preset with one lever reverted (or added) at a time."""
 SETS = {"levers": LEVERS, "ablations": ABLATIONS}

@@ -218,3 +218,40 @@ def test_int8_streaming_graph_uses_fused_kernels_and_quantises_every_block_layer
     selected = per_frame_matmuls(onnx.load(str(fp32)))
     assert len(selected) >= 6 * depth
     assert ops.count("MatMulInteger") == len(selected)
+
+
+def test_quality_frees_the_history_before_its_full_attention_final_chunk(
+    engines: tuple[CosyVoice3Engine, CosyVoice3Engine], tiny_dit_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``quality``'s final chunk runs full attention, which never reads the chunk-causal
+    history: the piece's history cache is released before that pass (its largest), not
+    after it, so the two are never resident together."""
+    import gc
+    import weakref
+
+    from wyoming_cosyvoice3.engine import pipeline
+
+    engine = engines[0]
+    flow = engine.chunked.get("fp32")
+    assert flow is not None
+    histories: list[weakref.ref[object]] = []
+    alive_at_final: list[bool] = []
+    chunk_mel, full_mel = flow.chunk_mel, pipeline.full_attention_mel
+
+    def recording(*args: object, **kwargs: object) -> np.ndarray:
+        histories.append(weakref.ref(args[3]))
+        return chunk_mel(*args, **kwargs)  # type: ignore[arg-type]
+
+    def final(*args: object) -> object:
+        gc.collect()
+        alive_at_final.append(any(ref() is not None for ref in histories))
+        return full_mel(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(flow, "chunk_mel", recording)
+    monkeypatch.setattr(pipeline, "full_attention_mel", final)
+    voice = engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav", "A test voice.")
+    options = PRESETS["quality"].replace(euler_steps=2, vocoder_defer=False,
+                                         fixed_tokens_per_char=3.0)
+    assert list(engine.synthesize(TEXT, voice, options))[-1].is_last
+    assert histories and alive_at_final == [False]

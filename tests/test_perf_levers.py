@@ -133,7 +133,10 @@ def test_prefix_cache_state_is_not_changed_by_requests(engine: CosyVoice3Engine)
 def test_overlapped_decoding_gives_identical_audio(
     engine: CosyVoice3Engine, voice: VoicePrompt, speed: float
 ) -> None:
-    opts = {"seed": 3, "speed": speed, "first_hop_tokens": 5, "max_decode_tokens": 60}
+    # vocoder deferral follows the wall clock, which overlapping changes; where it cuts the
+    # mel moves the samples by float rounding (2.9e-7 seen in CI), so it is off here
+    opts = {"seed": 3, "speed": speed, "first_hop_tokens": 5, "max_decode_tokens": 60,
+            "vocoder_defer": False}
     sequential = audio(engine, voice, **opts)
     overlapped = audio(engine, voice, overlap_decoding=True, **opts)
     assert len(sequential) > 0

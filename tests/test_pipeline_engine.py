@@ -136,9 +136,12 @@ def test_c14_speed_scales_length(engine, voice, monkeypatch, streaming, speed) -
 
 
 def test_seed_reproduces_audio(engine, voice) -> None:
-    a = audio(run(engine, "Good morning, the coffee is ready.", voice, seed=3))
-    b = audio(run(engine, "Good morning, the coffee is ready.", voice, seed=3))
-    c = audio(run(engine, "Good morning, the coffee is ready.", voice, seed=4))
+    # vocoder deferral follows the wall clock and moves the samples by float rounding
+    # (where it cuts the mel): off, so that the seed alone decides
+    text = "Good morning, the coffee is ready."
+    a = audio(run(engine, text, voice, seed=3, vocoder_defer=False))
+    b = audio(run(engine, text, voice, seed=3, vocoder_defer=False))
+    c = audio(run(engine, text, voice, seed=4, vocoder_defer=False))
     assert len(a) > 0 and np.array_equal(a, b)
     assert len(a) != len(c) or not np.array_equal(a, c)
 
@@ -218,7 +221,7 @@ def test_warm_up(engine, voice, monkeypatch) -> None:
     """Warm-up runs every graph once on a short text (at most 50 LLM tokens), leaves the
     voice's prefix KV in the cache, and does not change what a request then produces."""
     engine.llm.prefix_cache.clear()
-    before = audio(run(engine, MEDIUM_TEXT, voice, seed=4))
+    before = audio(run(engine, MEDIUM_TEXT, voice, seed=4, vocoder_defer=False))
     engine.llm.prefix_cache.clear()
     rec = Recorder(engine, monkeypatch)
     engine.warm_up(voice)
@@ -226,7 +229,7 @@ def test_warm_up(engine, voice, monkeypatch) -> None:
     assert len(rec.pieces) == 1 and 2 <= len(rec.pieces[0]) <= 50
     assert len(engine.llm.prefix_cache) == 1
     monkeypatch.undo()
-    after = audio(run(engine, MEDIUM_TEXT, voice, seed=4))
+    after = audio(run(engine, MEDIUM_TEXT, voice, seed=4, vocoder_defer=False))
     assert len(engine.llm.prefix_cache) == 1  # the request found the warmed prefix
     np.testing.assert_array_equal(after, before)
 

@@ -144,3 +144,18 @@ async def test_conversion_bug_ends_the_stream_with_a_coded_error(
     assert items[0] == "First."
     assert isinstance(items[1], StreamError) and items[1].code == "internal-error"
     assert items[2:] == [None]
+
+
+def test_stream_language_hint_follows_the_stream() -> None:
+    """Case C3 in a stream: a German stream never hints English, so a later sentence without
+    a cue of its own keeps its digits; an English stream hints "en" (case C6's sentences)."""
+    from wyoming_cosyvoice3.engine.text.normalize import normalize_text
+
+    german = _stream_request()
+    assert german.language_hint("Die Temperatur beträgt 10 Grad.") is None
+    assert german.language_hint("Flur, 19.") is None
+    assert normalize_text("Flur, 19.", None) == "Flur, 19."
+    english = _stream_request()
+    assert english.language_hint("The living room lights are now on.") == "en"
+    assert english.language_hint("Kitchen, 21.5.") == "en"
+    assert "twenty-one point five" in normalize_text("Kitchen, 21.5.", "en")

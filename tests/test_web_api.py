@@ -337,8 +337,24 @@ async def test_preview_stops_when_the_listener_leaves(shared: Shared) -> None:
         shared.release.set()
 
 
+async def test_preview_speaks_markdown_as_a_wyoming_request_does(
+        shared: Shared, session: aiohttp.ClientSession) -> None:
+    """Chat agents answer in markdown: the page's preview removes the markup as the Wyoming
+    path does, so the engine gets the same text and the audio is the same."""
+    markdown = "**Warm** greetings from _the_ [page](http://example.invalid/x)."
+    async with session.get(page_url(shared.server, "api/voices/en-male/preview"),
+                           params={"text": markdown}) as response:
+        assert response.status == 200
+        previewed = pcm_of_wav_stream(await response.read())
+    assert shared.spy.texts[-1] == "Warm greetings from the page."
+    over_wyoming = await wyoming_audio(shared.server, markdown, "en-male")
+    assert shared.spy.texts[-1] == "Warm greetings from the page."
+    np.testing.assert_array_equal(previewed, over_wyoming)
+
+
 @pytest.mark.parametrize(("path", "params", "status", "says"), [
     ("api/voices/en-male/preview", {"text": "   "}, 400, "type a sentence"),
+    ("api/voices/en-male/preview", {"text": "*** ---"}, 400, "only markup"),
     ("api/voices/en-male/preview", {"text": "x" * 501}, 400, "at most 500"),
     ("api/voices/nobody/preview", {"text": "Hi."}, 404, "no voice named"),
     ("api/voices/bad%20name/preview", {"text": "Hi."}, 404, "no voice named"),

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from ...engine.constants import OUTPUT_SAMPLE_RATE_HZ
 from ...engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled
+from ...engine.text.markdown import markdown_to_speech
 from ...engine.types import AudioChunk
 from ..output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
 from ..runtime import ServerBusy, ServerRuntime
@@ -64,7 +65,8 @@ def preview_text(raw: str | None, max_text_chars: int) -> str:
 
 async def stream_preview(request: web.Request, runtime: ServerRuntime, name: str,
                          text: str) -> web.StreamResponse:
-    """Synthesise ``text`` with voice ``name`` and stream it as WAV.
+    """Synthesise ``text`` (markdown, as Home Assistant's agents write it: turned into speech
+    text first, like a Wyoming request) with voice ``name`` and stream it as WAV.
 
     Raises:
         NotFound: no such voice; Conflict: the voice is disabled (the reason is given);
@@ -80,12 +82,18 @@ async def stream_preview(request: web.Request, runtime: ServerRuntime, name: str
         raise Unavailable(str(err)) from err
     if slot.prompt is None:
         raise Conflict(f"voice {name!r} is disabled: {slot.problem or 'not prepared'}")
+    # the same markdown -> speech pass as a Wyoming request (in a thread: long hostile markup
+    # takes a while, and describe must stay answered)
+    chars = len(text)
+    text = (await asyncio.to_thread(markdown_to_speech, text)).strip()
+    if not text:
+        raise BadRequest("nothing speakable in the text (only markup); type words")
     settings = runtime.settings
     seed = settings.seed if settings.seed is not None else secrets.randbelow(2**31)
     options = runtime.synthesis_options(seed)
     response = web.StreamResponse(headers={"Content-Type": "audio/wav",
                                            "Cache-Control": "no-store"})
-    stats = RequestStats(kind="preview", voice=name, chars=len(text), sentences=1)
+    stats = RequestStats(kind="preview", voice=name, chars=chars, sentences=1)
     started = time.monotonic()
     gone = False
 

@@ -46,6 +46,7 @@ from .loaders import (
 )
 from .memory import return_freed_memory
 from .options import LLM_FILES, EngineOptions, FlowPrecision
+from .text.tokenizer_load import read_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +145,14 @@ def _graph(item: Graph | TableEmbedding | Estimator) -> Graph:
 
 @functools.lru_cache(maxsize=4)
 def _read_tokenizer(path: str, size: int, mtime_ns: int) -> Tokenizer:
-    """Parse tokenizer.json once per (path, size, mtime): parsing the 10 MB file takes ~1 s.
+    """Parse tokenizer.json once per (path, size, mtime): parsing the 10 MB file takes ~1 s,
+    in steps that each release the GIL (:func:`.text.tokenizer_load.read_tokenizer`).
 
     Sharing is safe: the engine only calls ``encode``/``token_to_id`` and never changes the
     tokenizer's padding or truncation settings.
     """
     del size, mtime_ns  # cache key only
-    return Tokenizer.from_file(path)
+    return read_tokenizer(Path(path))
 
 
 def load_tokenizer(path: Path) -> tuple[Tokenizer, int]:

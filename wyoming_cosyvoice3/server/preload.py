@@ -3,17 +3,19 @@
 Python threads share one interpreter lock (GIL). Two steps of loading hold it for their whole
 duration: the initialisation of C extension modules on first import (``onnx`` with
 ``ml_dtypes``, ``onnxruntime``, ``soundfile``...) and the parse of tokenizer.json by the Rust
-``tokenizers`` library (about 1 s of CPU on an x86 core for the 11 MB file; no GIL release in
-``Tokenizer.from_file``). Done in the loader thread while the server listened, they held up
+``tokenizers`` library when done in one call (about 1 s of CPU on an x86 core for the 11 MB
+file; no GIL release in ``Tokenizer.from_file``). Done in the loader thread while the server listened, they held up
 ``describe`` answers for 1.7 s each on the tiny model (issue 14), and for up to 7 s on a loaded
 2-core machine; Home Assistant waits 1 s. Done here, before listening, they only lengthen the
 start.
 
 What stays in the loader thread releases the GIL while it works (onnxruntime session creation
 and runs, numpy, file I/O) or runs in child processes (derived graphs; new voices in the
-engine's voice encoder process, ``EngineOptions.voice_process``). One stall remains on the
-very first start that downloads the model: tokenizer.json does not exist before the
-download, so it is parsed after it, while the server listens.
+engine's voice encoder process, ``EngineOptions.voice_process``). On the very first start,
+which downloads the model, tokenizer.json does not exist before the download, so it is read
+after it, while the server listens: the engine reads it in steps that each give the GIL back
+(:mod:`..engine.text.tokenizer_load`; the longest step 0.27-0.34 s against 0.6-1.0 s for the
+one-call parse on the 2-core x86 test machine).
 """
 
 from __future__ import annotations

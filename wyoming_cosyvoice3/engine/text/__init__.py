@@ -5,6 +5,8 @@
 * :func:`markdown_to_speech` / :class:`MarkdownSpeech` (markdown.py, markdown_inline.py):
   markdown as conversation agents write it turned into plain sentences, whole or streamed;
   applied by the server before the text reaches the engine.
+* :func:`read_tokenizer` (tokenizer_load.py): tokenizer.json read in steps that each release
+  the GIL (the model loader's parse).
 
 Imports the top engine modules (constants, errors, types) and no other stage.
 """
@@ -14,6 +16,7 @@ from .markdown import MarkdownSpeech, markdown_to_speech
 from .normalize import normalize_text
 from .script import dominant_script, is_english
 from .split import is_speakable
+from .tokenizer_load import read_tokenizer
 
 __all__ = [
     "MarkdownSpeech",
@@ -23,4 +26,5 @@ __all__ = [
     "is_speakable",
     "markdown_to_speech",
     "normalize_text",
+    "read_tokenizer",
 ]

@@ -156,15 +156,18 @@ def test_bench_dit_forms_compares_the_two_forms(tiny_dit_model_dir: Path, tmp_pa
     assert result["max_abs_diff"] <= 1e-4 * max(1.0, result["max_abs_velocity"])
 
 
-def test_case_c5_balanced_keeps_its_caches_bounded(tiny_dit_model_dir: Path,
-                                                   tmp_path: Path) -> None:
-    """Case C5 on today's `balanced` (chunk-causal, int8): a long one-shot text streams in
-    chunks while every chunk's stored history stays within the preset's 50 tokens (100 mel
-    frames) and the prompt cache within its last 100 prompt tokens."""
+@pytest.mark.parametrize("preset", ["balanced", "fast"])
+def test_case_c5_chunk_causal_presets_keep_their_caches_bounded(
+        tiny_dit_model_dir: Path, tmp_path: Path, preset: str) -> None:
+    """Case C5 on today's `balanced` and `fast` (chunk-causal, int8): a long one-shot text
+    streams in chunks through the streaming DiT while every chunk's stored history stays
+    within the preset's bound (50 / 5 tokens: 100 / 10 mel frames) and the prompt cache
+    within its last 100 / 15 prompt tokens."""
     from wyoming_cosyvoice3.engine import constants as C
     from wyoming_cosyvoice3.engine.flow.chunked import cacheable_prompt_frames
 
-    balanced = PRESETS["balanced"]
+    opts = PRESETS[preset]
+    assert opts.flow_chunk_causal and opts.flow_final_chunk_causal
     engine = CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
         threads=1, cache_dir=tmp_path / "cache", flow_precision="int8", flow_chunk_causal=True))
     voice = engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav", "A test voice.")
@@ -184,15 +187,15 @@ def test_case_c5_balanced_keeps_its_caches_bounded(tiny_dit_model_dir: Path,
     flow.chunk_mel = recording  # type: ignore[method-assign]
     text = ("The kitchen lights are on and the front door is locked and the heating is set "
             "to twenty one degrees for the rest of the evening in every room of the house")
-    options = balanced.replace(fixed_tokens_per_char=2.0, vocoder_defer=False)
+    options = opts.replace(fixed_tokens_per_char=2.0, vocoder_defer=False)
     chunks = list(engine.synthesize(text, voice, options))
-    bound = C.TOKEN_MEL_RATIO * balanced.flow_left_context_tokens
+    bound = C.TOKEN_MEL_RATIO * opts.flow_left_context_tokens
     assert len(chunks) >= 5 and chunks[-1].is_last
     assert max(seen) > 2 * bound  # the piece is long enough for the bound to act
     assert 0 < max(stored) <= bound
     prompt = next(iter(flow._prompts.values()))
     assert prompt.frames == cacheable_prompt_frames(
-        min(len(voice.features.speech_tokens), balanced.flow_prompt_tokens))
+        min(len(voice.features.speech_tokens), opts.flow_prompt_tokens))
 
 
 def test_int8_streaming_graph_uses_fused_kernels_and_quantises_every_block_layer(

@@ -80,6 +80,8 @@ LEVERS: dict[str, SynthesisOptions] = {
     "vocoder_window_frames=8": QUALITY.replace(vocoder_window_frames=8),
     "preset balanced": PRESETS["balanced"],
     "preset fast": PRESETS["fast"],
+    "fast, full attention in every chunk (before it was made chunk-causal)": PRESETS[
+        "fast"].replace(flow_chunk_causal=False, flow_final_chunk_causal=False),
 }
 """Each lever alone on top of the spec-exact preset (deviation is measured against it)."""
 

@@ -299,13 +299,18 @@ PRESETS: dict[str, SynthesisOptions] = {
         vocoder_window_frames=24,
     ),
     # Lowest latency: 2 Euler steps (audible loss on real weights: the MNN port measured
-    # mel SNR 14 dB for an undistilled 10 -> 2 steps), 15 prompt tokens, 5 tokens of
-    # history, first chunk after 8 tokens, 16 frames of vocoder context (8 frames fall
-    # inside the generator's receptive field: 22-31 dB instead of 43-59 dB with the phase
-    # carried).
+    # mel SNR 14 dB for an undistilled 10 -> 2 steps), chunk-causal flow like `balanced` over
+    # the last 15 prompt tokens and 5 tokens of history (cached, never run again: 0.72x the
+    # flow time per chunk of the full-attention form it replaced, which ran those 20 tokens
+    # again in every chunk; steady RSS 1.15 GB, target 1.2; 50 prompt tokens and 25 of history
+    # measured 1.20 GB and no faster, BENCHMARKS.md "`fast` made chunk-causal"), first chunk
+    # after 8 tokens, 16 frames of vocoder context (8 frames fall inside the generator's
+    # receptive field: 22-31 dB instead of 43-59 dB with the phase carried).
     "fast": SynthesisOptions(
         flow_precision="int8",
         euler_steps=2,
+        flow_chunk_causal=True,
+        flow_final_chunk_causal=True,
         flow_prompt_tokens=15,
         flow_left_context_tokens=5,
         first_hop_tokens=8,

@@ -5,10 +5,11 @@ For each ``--graphs`` value (``EngineOptions.llm_graph``) the engine's own loade
 zero-shot request (SOS, 40 prompt-text and 20 text ids, TASK, ``--prompt-tokens`` speech
 tokens) is prefilled in the decoder's two calls, then ``--tokens`` steps are decoded with RAS
 sampling from the request's generator; the graphs take turns token by token, so load changes
-on a shared machine hit all of them alike. Reported per graph: median / p10 / p90 ms per
-decode step (``LlmDecoder.step``: embedding + graph run), prefill ms, graph nodes, and
-(``--rss``) the steady RSS of a fresh process that loaded the model with that graph and
-decoded 20 tokens.
+on a shared machine hit all of them alike (their idle worker threads then sleep instead of
+spinning, ``EngineOptions.spin_wait``; a single graph spins as in the server). Reported per
+graph: median / p10 / p90 ms per decode step (``LlmDecoder.step``: embedding + graph run),
+prefill ms, graph nodes, and (``--rss``) the steady RSS of a fresh process that loaded the
+model with that graph and decoded 20 tokens.
 
 Run: ``python -m wyoming_cosyvoice3.bench.llm_decode --model-dir /work/models-full
 --cache-dir /tmp/llm-cache --tokens 120 --rss``.
@@ -50,10 +51,14 @@ def _prompt(prompt_tokens: int) -> LlmPrompt:
 class _LlmParts:
     """The parts of a loaded model :class:`LlmDecoder` uses (no flow, vocoder or DiT)."""
 
-    def __init__(self, model_dir: Path, graph: str, cache_dir: Path, threads: int) -> None:
-        options = EngineOptions(llm_graph=graph, cache_dir=cache_dir, threads=threads)  # type: ignore[arg-type]
-        self.speech_embedding = Graph(model_dir / SPEECH_EMBEDDING.file, SPEECH_EMBEDDING, threads)
-        self.text_embedding = Graph(model_dir / TEXT_EMBEDDING.file, TEXT_EMBEDDING, threads)
+    def __init__(self, model_dir: Path, graph: str, cache_dir: Path, threads: int,
+                 spin_wait: bool = True) -> None:
+        options = EngineOptions(llm_graph=graph, cache_dir=cache_dir, threads=threads,  # type: ignore[arg-type]
+                                spin_wait=spin_wait)
+        self.speech_embedding = Graph(model_dir / SPEECH_EMBEDDING.file, SPEECH_EMBEDDING, threads,
+                                      spin_wait=spin_wait)
+        self.text_embedding = Graph(model_dir / TEXT_EMBEDDING.file, TEXT_EMBEDDING, threads,
+                                    spin_wait=spin_wait)
         self.llm = load_llm_graph(model_dir, options, threads, self.speech_embedding)
         dims = self.llm.input_shape("past_key_values.0.key")
         self.dims = ModelDims(
@@ -67,8 +72,9 @@ class _LlmParts:
         )
 
 
-def _load(model_dir: Path, graph: str, cache_dir: Path, threads: int) -> CosyVoice3Model:
-    return _LlmParts(model_dir, graph, cache_dir, threads)  # type: ignore[return-value]
+def _load(model_dir: Path, graph: str, cache_dir: Path, threads: int,
+          spin_wait: bool = True) -> CosyVoice3Model:
+    return _LlmParts(model_dir, graph, cache_dir, threads, spin_wait)  # type: ignore[return-value]
 
 
 def _rss_mb() -> float:
@@ -81,9 +87,13 @@ def _rss_mb() -> float:
 def measure(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Interleaved decode timing of every graph (module docstring)."""
     prompt = _prompt(args.prompt_tokens)
+    # several sessions taking turns: an idle session's spinning worker threads would take the
+    # cores from the one running (measured 43.6 against 33.7 ms per token for the same fused
+    # graph alone), so they sleep instead; one graph alone spins, as in the server
+    spin = len(args.graphs) == 1
     decoders = {
         g: LlmDecoder(
-            _load(args.model_dir, g, args.cache_dir, args.threads), prefix_cache_entries=0
+            _load(args.model_dir, g, args.cache_dir, args.threads, spin), prefix_cache_entries=0
         )
         for g in args.graphs
     }

@@ -302,7 +302,7 @@ PRESETS: dict[str, SynthesisOptions] = {
     # mel SNR 14 dB for an undistilled 10 -> 2 steps), chunk-causal flow like `balanced` over
     # the last 15 prompt tokens and 5 tokens of history (cached, never run again: 0.72x the
     # flow time per chunk of the full-attention form it replaced, which ran those 20 tokens
-    # again in every chunk; steady RSS 1.15 GB, target 1.2; 50 prompt tokens and 25 of history
+    # again in every chunk; steady RSS 1.15-1.19 GB, target 1.2; 50 prompt tokens and 25 of history
     # measured 1.20 GB and no faster, BENCHMARKS.md "`fast` made chunk-causal"), first chunk
     # after 8 tokens, 16 frames of vocoder context (8 frames fall inside the generator's
     # receptive field: 22-31 dB instead of 43-59 dB with the phase carried).

@@ -39,6 +39,14 @@ _LOGGER = logging.getLogger(__name__)
 INTERNAL_ERROR = "internal-error"
 
 
+async def speech_text(raw: str) -> str:
+    """``raw`` (markdown, as conversation agents write it) as the text the engine speaks
+    (:func:`~..engine.text.markdown.markdown_to_speech`, stripped). Runs in a thread:
+    10,000 characters of hostile markup take up to about a second, and ``describe`` must
+    stay answered."""
+    return (await asyncio.to_thread(markdown_to_speech, raw)).strip()
+
+
 def audio_start() -> AudioStart:
     """The one audio format of every response: 24000 Hz, 16 bit, mono."""
     return AudioStart(rate=OUTPUT_SAMPLE_RATE_HZ, width=SAMPLE_WIDTH_BYTES, channels=CHANNELS)
@@ -203,9 +211,7 @@ async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRe
     gate = preroll_gate(runtime, sink, lambda: expected_s)
     try:
         try:
-            # markdown -> speech text; in a thread: 10,000 characters of hostile markup take
-            # up to about a second, and describe must stay answered
-            text = (await asyncio.to_thread(markdown_to_speech, request.text)).strip()
+            text = await speech_text(request.text)
             await speak(runtime, sink, text, slot, stats, request.received, gate=gate,
                         language_hint=request.voice.language)
         finally:

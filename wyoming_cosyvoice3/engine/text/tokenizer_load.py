@@ -11,7 +11,7 @@ which other threads run: Python's ``json`` parse of the file, the tokenizer's pi
 (normaliser, pre-tokenizer, post-processor, decoder) from the file's own entries with an
 empty model, the BPE model from the vocabulary and merges, then the added tokens in id order.
 The longest step took 0.27-0.34 s on the same machine. The result serialises to the same
-JSON as ``from_file``'s (``tests/test_text_frontend.py``); when an added token would get
+JSON as ``from_file``'s (``tests/test_text_tokenizer_load.py``); when an added token would get
 another id than the file gives it, or the file has another model type, it falls back to
 ``from_file``.
 """

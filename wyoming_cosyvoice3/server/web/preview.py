@@ -24,10 +24,10 @@ from aiohttp import web
 
 from ...engine.constants import OUTPUT_SAMPLE_RATE_HZ
 from ...engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled
-from ...engine.text.markdown import markdown_to_speech
 from ...engine.types import AudioChunk
 from ..output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
 from ..runtime import ServerBusy, ServerRuntime
+from ..speech import speech_text
 from .errors import BadRequest, Conflict, NotFound, PageError, Unavailable
 
 _LOGGER = logging.getLogger(__name__)
@@ -82,10 +82,8 @@ async def stream_preview(request: web.Request, runtime: ServerRuntime, name: str
         raise Unavailable(str(err)) from err
     if slot.prompt is None:
         raise Conflict(f"voice {name!r} is disabled: {slot.problem or 'not prepared'}")
-    # the same markdown -> speech pass as a Wyoming request (in a thread: long hostile markup
-    # takes a while, and describe must stay answered)
     chars = len(text)
-    text = (await asyncio.to_thread(markdown_to_speech, text)).strip()
+    text = await speech_text(text)  # the same markdown pass as a Wyoming request
     if not text:
         raise BadRequest("nothing speakable in the text (only markup); type words")
     settings = runtime.settings

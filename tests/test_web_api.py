@@ -355,6 +355,11 @@ async def test_preview_speaks_markdown_as_a_wyoming_request_does(
 @pytest.mark.parametrize(("path", "params", "status", "says"), [
     ("api/voices/en-male/preview", {"text": "   "}, 400, "type a sentence"),
     ("api/voices/en-male/preview", {"text": "*** ---"}, 400, "only markup"),
+    # case C1: nothing to say is a clear answer, not a failure
+    ("api/voices/en-male/preview", {"text": "。"}, 400, "nothing speakable"),
+    ("api/voices/en-male/preview", {"text": "..."}, 400, "nothing speakable"),
+    ("api/voices/en-male/preview", {"text": "?!"}, 400, "nothing speakable"),
+    ("api/voices/en-male/preview", {"text": "👍"}, 400, "nothing speakable"),
     ("api/voices/en-male/preview", {"text": "x" * 501}, 400, "at most 500"),
     ("api/voices/nobody/preview", {"text": "Hi."}, 404, "no voice named"),
     ("api/voices/bad%20name/preview", {"text": "Hi."}, 404, "no voice named"),

@@ -85,7 +85,7 @@ async def stream_preview(request: web.Request, runtime: ServerRuntime, name: str
     chars = len(text)
     text = await speech_text(text)  # the same markdown pass as a Wyoming request
     if not text:
-        raise BadRequest("nothing speakable in the text (only markup); type words")
+        raise BadRequest("nothing speakable in the text (only markup or punctuation); type words")
     settings = runtime.settings
     seed = settings.seed if settings.seed is not None else secrets.randbelow(2**31)
     options = runtime.synthesis_options(seed)

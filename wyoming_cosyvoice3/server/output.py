@@ -9,7 +9,7 @@ import numpy as np
 
 from ..engine.constants import OUTPUT_SAMPLE_RATE_HZ
 
-_LOGGER = logging.getLogger("wyoming_cosyvoice3.server.handler")
+_LOGGER = logging.getLogger(__name__)
 
 SAMPLE_WIDTH_BYTES = 2
 """16-bit PCM: every audio event carries rate 24000, width 2, channels 1."""

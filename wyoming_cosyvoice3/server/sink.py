@@ -20,7 +20,7 @@ from wyoming.event import Event
 from .output import ClientGone
 from .protocol import first_line
 
-_LOGGER = logging.getLogger("wyoming_cosyvoice3.server.handler")
+_LOGGER = logging.getLogger(__name__)
 
 MAX_ERROR_TEXT_CHARS = 2000
 """Error texts are cut to this length."""

@@ -24,7 +24,7 @@ from ..engine.types import AudioChunk, ShouldStop, SynthesisResult, VoicePrompt
 from .engine_port import Engine
 from .settings import Settings
 
-_LOGGER = logging.getLogger("wyoming_cosyvoice3.server.runtime")
+_LOGGER = logging.getLogger(__name__)
 
 
 class ServerBusy(CosyVoiceError):

@@ -15,7 +15,7 @@ from ..engine.types import VoicePrompt
 from .catalog import VoiceEntry, check_clip_size, resolve_clip
 from .engine_port import Engine
 
-_LOGGER = logging.getLogger("wyoming_cosyvoice3.server.runtime")
+_LOGGER = logging.getLogger(__name__)
 
 
 @dataclass

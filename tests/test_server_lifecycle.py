@@ -11,16 +11,19 @@ from pathlib import Path
 
 import pytest
 from server_support import (
+    FaultyEngine,
     SpyEngine,
     check_audio_format,
     client,
     collect,
     describe,
+    fake_model_dir,
     faulty_factory,
     make_settings,
     one_shot_error,
     running_server,
     spy_factory,
+    wait_until,
 )
 from wyoming.tts import (
     Synthesize,
@@ -213,3 +216,52 @@ async def test_warm_up_uses_the_preset(tiny_model_dir: Path, tmp_path: Path) -> 
         assert options is not None
         assert options.euler_steps == PRESETS["fast"].euler_steps == 2
         assert options.flow_precision == PRESETS["fast"].flow_precision
+
+
+class GatedWarmUp(FaultyEngine):
+    """Voices prepare at once; the warm-up waits for :attr:`gate`, then raises a bug when
+    :attr:`crash` is set (a failed start after the voices were prepared)."""
+
+    def __init__(self, model_dir: Path, options: EngineOptions) -> None:
+        super().__init__(model_dir, options)
+        self.warming = threading.Event()
+        self.crash = False
+
+    def warm_up(self, voice: object, options: object = None) -> None:
+        self.warming.set()
+        self.gate.wait(60)
+        if self.crash:
+            raise RuntimeError("injected warm-up crash")
+
+
+async def test_voices_are_not_installed_while_warming_up_or_after_a_failed_start(
+        tmp_path: Path, make_clip: MakeClip) -> None:
+    """The voices are prepared before the warm-up, but describe advertises none installed
+    until the model is READY: not during the warm-up, not after the start failed in it."""
+    holder: list[GatedWarmUp] = []
+
+    def factory(model_dir: Path, options: EngineOptions) -> Engine:
+        holder.append(GatedWarmUp(model_dir, options))
+        return holder[0]
+
+    settings = make_settings(fake_model_dir(tmp_path, make_clip), tmp_path, warm_up=True)
+    async with running_server(settings, factory, wait_ready=False) as server:
+        try:
+            assert await asyncio.to_thread(wait_until, lambda: bool(holder), 30.0)
+            assert await asyncio.to_thread(holder[0].warming.wait, 30)
+            assert all(slot.installed for slot in server.runtime.voices.values())
+            program = (await describe(server, timeout_s=1.0)).tts[0]
+            assert "warming up" in (program.description or "")
+            assert [(v.name, v.installed) for v in program.voices] == [
+                ("zh-female", False), ("en-male", False)]
+            holder[0].crash = True
+        finally:
+            for engine in holder:
+                engine.gate.set()
+        assert await asyncio.to_thread(server.runtime.ready_event.wait, 30)
+        assert server.runtime.state is ModelState.FAILED
+        assert all(slot.installed for slot in server.runtime.voices.values())
+        program = (await describe(server)).tts[0]
+        assert "unavailable" in (program.description or "")
+        assert "injected warm-up crash" in (program.description or "")
+        assert [v.installed for v in program.voices] == [False, False]

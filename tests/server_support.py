@@ -189,9 +189,14 @@ class SpyEngine:
         self.started = threading.Semaphore(0)
         self.lock = threading.Lock()
         self.warm_up_options: SynthesisOptions | None = None
+        self.refuse: dict[str, Exception] = {}
+        """Voice names whose ``prepare_voice`` raises the given error (after the clip passed
+        every upload check: the engine refusing it)."""
 
     def prepare_voice(self, clip_path: Path, transcript: str | None = None,
                       instruction: str | None = None, name: str = "voice") -> VoicePrompt:
+        if name in self.refuse:
+            raise self.refuse[name]
         return self.inner.prepare_voice(clip_path, transcript, instruction, name)
 
     def release_voice_encoders(self) -> None:

@@ -37,6 +37,7 @@ from web_support import (
 )
 from wyoming.tts import Synthesize, SynthesizeVoice
 
+from wyoming_cosyvoice3.engine.errors import SynthesisFailed, VoiceError
 from wyoming_cosyvoice3.server.cli import RunningServer
 from wyoming_cosyvoice3.server.settings import resolve_settings
 
@@ -252,6 +253,52 @@ async def test_edit_changes_mode_clip_and_description(
         assert response.status == 409
     assert (await delete_voice(session, server, "editme"))[0] == 200
     assert not (data_dir / "clips" / "editme.flac").exists()
+
+
+def clip_files(data_dir: Path) -> dict[str, bytes]:
+    """Every file under ``clips/`` (temporary upload files too) with its bytes."""
+    clips = data_dir / "clips"
+    return {p.name: p.read_bytes() for p in clips.iterdir()} if clips.exists() else {}
+
+
+async def test_a_clip_the_engine_refuses_leaves_nothing_behind(
+    shared: Shared, session: aiohttp.ClientSession,
+) -> None:
+    """A clip that passes the upload checks but that the engine refuses: the written clip is
+    removed and the catalog is unchanged; on add (a coded engine failure: 500) and on edit
+    (a voice error: 400) the previous voice stays exactly as it was."""
+    server, data_dir = shared.server, shared.data_dir
+    catalog, clips = catalog_items(data_dir), clip_files(data_dir)
+    shared.spy.refuse["refused"] = SynthesisFailed("injected failure in graph campplus.onnx")
+    try:
+        status, answer = await add_voice(session, server, "refused", clip_bytes(2.0, seed=30))
+    finally:
+        del shared.spy.refuse["refused"]
+    assert status == 500 and "campplus.onnx" in answer["error"], answer
+    assert catalog_items(data_dir) == catalog and clip_files(data_dir) == clips
+    assert "refused" not in {v["name"] for v in (await listing(session, server))["voices"]}
+    # edit: the voice keeps its clip, fields and prepared prompt
+    old_clip = clip_bytes(2.0, seed=31)
+    assert (await add_voice(session, server, "keeps", old_clip))[0] == 201
+    catalog, clips = catalog_items(data_dir), clip_files(data_dir)
+    before = next(v for v in (await listing(session, server))["voices"] if v["name"] == "keeps")
+    prompt = server.runtime.voices["keeps"].prompt
+    shared.spy.refuse["keeps"] = VoiceError("reference clip yields no speech tokens")
+    try:
+        async with session.put(page_url(server, "api/voices/keeps"), headers=CHANGE,
+                               data=voice_form(None, clip_bytes(3.0, 16000, fmt="FLAC", seed=32),
+                                               languages="fr", transcript="Bonjour.")
+                               ) as response:
+            assert response.status == 400
+            assert "no speech tokens" in (await response.json())["error"]
+    finally:
+        del shared.spy.refuse["keeps"]
+    assert catalog_items(data_dir) == catalog and clip_files(data_dir) == clips
+    assert clips["keeps.wav"] == old_clip
+    after = next(v for v in (await listing(session, server))["voices"] if v["name"] == "keeps")
+    assert after == before and after["installed"] and after["languages"] == ["de", "en"]
+    assert server.runtime.voices["keeps"].prompt is prompt
+    assert (await delete_voice(session, server, "keeps"))[0] == 200
 
 
 async def test_concurrent_changes_keep_the_catalog_whole(

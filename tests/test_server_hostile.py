@@ -143,6 +143,29 @@ async def test_junk_data_on_describe_and_stop(shared: Shared, data: dict[str, An
         assert response.chunks
 
 
+async def test_describe_with_unreadable_data_gets_an_error_and_the_info(shared: Shared) -> None:
+    """A describe whose data cannot be read (not an object, not JSON) is still a describe the
+    framing could follow: a coded error, then the info, and the connection goes on."""
+    assert shared.server.port is not None
+    wire = [b'{"type": "describe", "data": [1]}\n',
+            b'{"type": "describe", "data_length": 6}\n[1, 2]',
+            b'{"type": "describe", "data_length": 5}\nnot{}']
+    reader, writer = await asyncio.open_connection("127.0.0.1", shared.server.port)
+    try:
+        writer.write(b"".join(wire) + json.dumps(
+            {"type": "synthesize", "data": {"text": "Okay."}}).encode() + b"\n")
+        writer.write_eof()  # half-closed: every accepted request is still answered
+        events = await read_until_eof(reader)
+    finally:
+        writer.close()
+    types = [e.type for e in events]
+    assert types[:6] == ["error", "info"] * 3, types
+    assert [e.data["code"] for e in events[:6:2]] == ["malformed-event"] * 3
+    expected = (await describe(shared.server)).event().data
+    assert all(e.data == expected for e in events[1:6:2])
+    assert types[6] == "audio-start" and types[-1] == "audio-stop" and "audio-chunk" in types
+
+
 # --- text content ------------------------------------------------------------------------------
 
 

@@ -13,12 +13,17 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine.voice.resample import (
-    LOWPASS_FILTER_WIDTH,
-    ROLLOFF,
     output_length,
     resample_like_upstream,
     sinc_kernel,
 )
+
+# The filter upstream's load_wav gets from ``torchaudio.transforms.Resample(orig, new)``: its
+# defaults resampling_method="sinc_interp_hann", lowpass_filter_width=6, rolloff=0.99
+# (pytorch/audio, src/torchaudio/transforms/_transforms.py, ``Resample.__init__``). Written
+# out here, not imported from the module under test, so a changed constant there fails.
+TORCHAUDIO_LOWPASS_FILTER_WIDTH = 6
+TORCHAUDIO_ROLLOFF = 0.99
 
 
 def direct_resample(x: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
@@ -32,8 +37,8 @@ def direct_resample(x: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
     """
     gcd = math.gcd(from_hz, to_hz)
     o, n = from_hz // gcd, to_hz // gcd
-    base = min(o, n) * ROLLOFF
-    w = LOWPASS_FILTER_WIDTH
+    base = min(o, n) * TORCHAUDIO_ROLLOFF
+    w = TORCHAUDIO_LOWPASS_FILTER_WIDTH
     q, j = np.divmod(np.arange(math.ceil(n * len(x) / o)), n)
     # torchaudio rounds j / n to float32 (an int tensor divided by an int): up to 2e-5 here
     phase = (np.float32(-1) * j.astype(np.float32) / np.float32(n)).astype(np.float64)

@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("tests", "wyoming_cosyvoice3", "benchmarks")
+NOT_SOURCES = {"build", "dist", "venv", "env", "node_modules", "site-packages"}
+"""Folder names that hold copies or installed packages, not this repository's code."""
+SOURCE_FOLDERS = ("tests", "wyoming_cosyvoice3")
+"""Folders that must be among those scanned (a rename must update this, not drop them)."""
 
 _LITERALS = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.JoinedStr,
              ast.GeneratorExp, ast.Lambda)
@@ -51,9 +54,46 @@ def _defect(test: ast.expr) -> str | None:
     return None
 
 
-def python_files() -> list[Path]:
-    return sorted(p for top in SOURCES for p in (ROOT / top).rglob("*.py")
-                  if ".venv" not in p.parts)
+def _skipped(folder: Path) -> bool:
+    """Hidden folders (.git, .venv, caches), virtual environments, build output."""
+    return (folder.name.startswith(".") or folder.name in NOT_SOURCES
+            or (folder / "pyvenv.cfg").exists())
+
+
+def _python_files_in(folder: Path) -> list[Path]:
+    files: list[Path] = []
+    for path in sorted(folder.iterdir()):
+        if path.is_dir() and not path.is_symlink() and not _skipped(path):
+            files.extend(_python_files_in(path))
+        elif path.suffix == ".py" and path.is_file():
+            files.append(path)
+    return files
+
+
+def source_folders(root: Path = ROOT) -> list[str]:
+    """Every top-level folder of ``root`` holding ``.py`` files (at any depth), except hidden
+    folders, virtual environments and build output."""
+    return [d.name for d in sorted(root.iterdir())
+            if d.is_dir() and not _skipped(d) and _python_files_in(d)]
+
+
+def python_files(root: Path = ROOT) -> list[Path]:
+    return sorted([p for p in root.glob("*.py") if p.is_file()]
+                  + [p for top in source_folders(root) for p in _python_files_in(root / top)])
+
+
+def test_the_scan_covers_every_folder_holding_python(tmp_path: Path) -> None:
+    for name in ("pkg/a.py", "deep/x/y/b.py", "top.py", ".hidden/c.py", "venv/lib/d.py",
+                 "myenv/pyvenv.cfg", "myenv/lib/e.py", "build/lib/f.py", "docs/g.md",
+                 "pkg/.venv/h.py", "pkg/inner/pyvenv.cfg", "pkg/inner/i.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert source_folders(tmp_path) == ["deep", "pkg"]
+    found = [p.relative_to(tmp_path).as_posix() for p in python_files(tmp_path)]
+    assert found == ["deep/x/y/b.py", "pkg/a.py", "top.py"]
+    scanned = source_folders()
+    assert set(SOURCE_FOLDERS) <= set(scanned), scanned
+    assert all((ROOT / folder).is_dir() for folder in (*SOURCE_FOLDERS, *scanned))
 
 
 @pytest.mark.parametrize("snippet", [

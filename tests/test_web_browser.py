@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
+import sys
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import pytest
@@ -28,20 +30,43 @@ from web_support import catalog_items, delete_voice, ingress_proxy, page_url
 from wyoming_cosyvoice3.server.cli import RunningServer
 from wyoming_cosyvoice3.synthetic.audio import write_clip
 
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed "
-                                "(pip install -e '.[dev]')")
-from selenium.common.exceptions import (  # noqa: E402
-    StaleElementReferenceException,
-    TimeoutException,
-)
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+def browser_required(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why a missing browser is a failure here (``CI`` set, as CI runs with ``CI=true``, or
+    ``COSYVOICE3_REQUIRE_BROWSER=1``), or None: then it is a skip."""
+    if environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        return f"CI={environ['CI']} is set"
+    if environ.get("COSYVOICE3_REQUIRE_BROWSER") == "1":
+        return "COSYVOICE3_REQUIRE_BROWSER=1 is set"
+    return None
+
+
+def browser_missing(reason: str) -> NoReturn:
+    """Fail (CI, or the browser test required) or skip the whole module."""
+    required = browser_required()
+    if required is not None:
+        pytest.fail(f"{reason}; the browser test is required because {required}",
+                    pytrace=False)
+    pytest.skip(f"{reason} (skipped: set CI or COSYVOICE3_REQUIRE_BROWSER=1 to fail instead)",
+                allow_module_level=True)
+
+
+try:
+    from selenium import webdriver
+    from selenium.common.exceptions import (
+        StaleElementReferenceException,
+        TimeoutException,
+    )
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+except ImportError:
+    browser_missing("selenium is not installed (pip install -e '.[dev]')")
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 if CHROMIUM is None or CHROMEDRIVER is None:
-    pytest.skip("Chromium is not installed: apt-get install chromium chromium-driver "
-                "(.ci/run does this in CI)", allow_module_level=True)
+    browser_missing("Chromium is not installed: apt-get install chromium chromium-driver "
+                    "(.ci/run does this in CI)")
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 WAIT_S = 120.0
@@ -278,3 +303,35 @@ async def test_record_a_voice_in_the_browser(shared: Shared, browser: Any) -> No
     assert installed.get("recorded") is True
     async with aiohttp.ClientSession() as http:
         assert (await delete_voice(http, shared.server, "recorded"))[0] == 200
+
+
+
+def test_ci_or_the_variable_requires_the_browser() -> None:
+    assert browser_required({"CI": "true"}) == "CI=true is set"
+    assert browser_required({"CI": "1"}) == "CI=1 is set"
+    assert browser_required({"COSYVOICE3_REQUIRE_BROWSER": "1"}) == (
+        "COSYVOICE3_REQUIRE_BROWSER=1 is set")
+    for environ in ({}, {"CI": ""}, {"CI": "false"}, {"COSYVOICE3_REQUIRE_BROWSER": "0"}):
+        assert browser_required(environ) is None, environ
+
+
+@pytest.mark.parametrize("ci", [True, False])
+def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(tmp_path: Path, ci: bool) -> None:
+    """This module collected where Chromium is not on PATH (PATH is an empty folder)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CI", "COSYVOICE3_REQUIRE_BROWSER", "PYTEST_ADDOPTS")}
+    env["PATH"] = str(tmp_path)
+    if ci:
+        env["CI"] = "true"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "--collect-only", "-rs", Path(__file__).name],
+                         cwd=Path(__file__).parent, env=env, capture_output=True, text=True,
+                         timeout=120)
+    output = run.stdout + run.stderr
+    assert "Chromium is not installed: apt-get install chromium chromium-driver" in output
+    if ci:
+        assert run.returncode == pytest.ExitCode.INTERRUPTED, output  # a collection error
+        assert "the browser test is required because CI=true is set" in output, output
+    else:
+        assert run.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, output
+        assert "SKIPPED [1]" in output and "COSYVOICE3_REQUIRE_BROWSER=1 to fail" in output

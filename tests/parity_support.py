@@ -1,20 +1,43 @@
-"""Locating and reading the upstream parity fixtures (``<repo root>/../shared/parity``).
+"""Locating and reading the upstream parity fixtures.
 
-The fixture set holds reference outputs of upstream CosyVoice3 (PyTorch, random weights) and
+A fixture set holds reference outputs of upstream CosyVoice3 (PyTorch, random weights) and
 the ONNX model exported from the same modules; its ``refs/manifest.json`` describes every array
 (shape, meaning, the project function to compare with) and gives the tolerances per kind of
-array (``tolerances``) and the cases (``llm_cases``, ``flow_cases``). Tests read all of that
-from here, never as literals, so that another set generated the same way (other seeds, prompt
-lengths, texts) passes unchanged.
+array (``tolerances``), the cases (``llm_cases``, ``flow_cases``), the dimensions and flow
+settings (``dims``) and the seeds (``seeds``). Tests read all of that from here, never as
+literals, so that another set generated the same way (other seeds, prompt lengths, texts,
+widths) passes unchanged.
 
-A clone without the fixtures still passes: :func:`load_parity` skips the calling test (or
-module) with a reason that says what is missing and where it was looked for.
+Which set (:func:`parity_root`), first match wins:
+
+1. ``COSYVOICE3_PARITY_DIR=<path>``: that set, explicitly (e.g. a second set generated with
+   other seeds: ``COSYVOICE3_PARITY_DIR=/work/parity-alt python -m pytest -q -k parity``);
+   a missing explicit set fails.
+2. ``<repo root>/../shared/parity`` when that directory exists (the full set);
+3. ``tests/fixtures/parity`` (the compact set committed with the repository).
+
+Clips (``Parity.voices_dir``): the set's own ``voices/`` when present, else ``<root>/../voices``.
+
+Missing and partial sets (:func:`load_parity`):
+
+* a missing set (no directory, or no ``refs/manifest.json``) skips the calling test with the
+  reason, except in CI (``CI`` set to a true value) or with ``COSYVOICE3_REQUIRE_PARITY=1``,
+  where it fails;
+* a partial set (a manifest that is not JSON, ``model/`` missing, a file of ``refs/`` or an
+  array the manifest describes missing) always fails.
+
+Derived graphs (streaming DiT, fused LLM, split estimator, phase vocoder) go to one cache
+directory per set and process (:func:`derived_cache_dir`), and the engines are loaded once per
+set and configuration (:func:`parity_engine`).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -25,11 +48,39 @@ import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PARITY_DIR = REPO_ROOT.parent / "shared" / "parity"
-"""Where the fixture set is looked for: ``<repo root>/../shared/parity``."""
+SHARED_PARITY_DIR = REPO_ROOT.parent / "shared" / "parity"
+"""The full fixture set, used when present: ``<repo root>/../shared/parity``."""
+COMMITTED_PARITY_DIR = REPO_ROOT / "tests" / "fixtures" / "parity"
+"""The compact set committed with the repository, used when the shared one is absent."""
+PARITY_DIR_ENV = "COSYVOICE3_PARITY_DIR"
+"""Environment variable selecting a fixture set explicitly (overrides both defaults)."""
+REQUIRE_ENV = "COSYVOICE3_REQUIRE_PARITY"
+"""``1``: a missing fixture set fails instead of skipping (as with ``CI`` set)."""
+TRUE_VALUES = ("1", "true", "yes", "on")
 IDENTICAL = "identical"
 """Manifest tolerance meaning exact equality (ids, tokens, noise buffers, chunk bounds)."""
 REF_FILES = ("features.npz", "llm.npz", "flow.npz")
+
+
+def parity_root() -> Path:
+    """The fixture set the parity tests use (see the module docstring), read at call time."""
+    override = os.environ.get(PARITY_DIR_ENV, "").strip()
+    if override:
+        return Path(override).expanduser()
+    if SHARED_PARITY_DIR.is_dir():
+        return SHARED_PARITY_DIR
+    return COMMITTED_PARITY_DIR
+
+
+PARITY_DIR = parity_root()
+"""The set chosen when this module was imported (for modules that need a path at import)."""
+
+
+def parity_required() -> bool:
+    """True when a missing fixture set must fail: ``CI`` true or ``COSYVOICE3_REQUIRE_PARITY``."""
+    return any(
+        os.environ.get(name, "").strip().lower() in TRUE_VALUES for name in ("CI", REQUIRE_ENV)
+    )
 
 
 @dataclass
@@ -51,15 +102,18 @@ class Parity:
 
     @property
     def voices_dir(self) -> Path:
-        """Folder of the reference clips (``<parity>/../voices``)."""
-        return self.root.parent / "voices"
+        """Folder of the reference clips: the set's own ``voices/`` when present, else
+        ``<root>/../voices``."""
+        own = self.root / "voices"
+        return own if own.is_dir() else self.root.parent / "voices"
 
     def refs(self, file_name: str) -> Any:
-        """The loaded ``refs/<file_name>`` (an ``NpzFile``), cached; skips when absent."""
+        """The loaded ``refs/<file_name>`` (an ``NpzFile``), cached; fails when absent (a
+        partial set: :func:`load_parity` checked the files it knows of)."""
         if file_name not in self._arrays:
             path = self.refs_dir / file_name
             if not path.is_file():
-                pytest.skip(f"parity fixtures: {path} is missing")
+                _partial(f"{path} is missing")
             self._arrays[file_name] = np.load(path, allow_pickle=False)
         return self._arrays[file_name]
 
@@ -101,6 +155,56 @@ class Parity:
         """Request seed whose noise buffers upstream used (``seeds``)."""
         return int(self.manifest["seeds"]["request_seed_of_noise_buffers"])
 
+    @property
+    def flow_dims(self) -> dict[str, Any]:
+        """``dims.flow`` of the manifest (``euler_steps``, ``cfg_rate``, ``dit``, ...)."""
+        return dict(self.manifest["dims"]["flow"])
+
+    @property
+    def dit(self) -> dict[str, Any]:
+        """``dims.flow.dit``: dim, depth, heads, dim_head, static_chunk_size, ..."""
+        return dict(self.flow_dims["dit"])
+
+    @property
+    def euler_steps(self) -> int:
+        return int(self.flow_dims["euler_steps"])
+
+    @property
+    def cfg_rate(self) -> float:
+        return float(self.flow_dims["cfg_rate"])
+
+    def flow_case(self, case: str) -> dict[str, Any]:
+        """``flow_cases.<case>`` of the manifest."""
+        assert case in self.flow_cases, f"manifest has no flow case {case!r}"
+        return dict(self.flow_cases[case])
+
+    def lookahead_tokens(self, case: str) -> int:
+        """Tokens of upstream's pre-lookahead layer, from the case's streamed flow calls: a
+        non-final call on ``n`` tokens yields ``ratio x (n - lookahead)`` new frames."""
+        ratio = self.token_mel_ratio(case)
+        for n_tokens, finalize, _masked, frames in self.flow_case(case)["stream_full"][
+            "flow_calls"
+        ]:
+            if not finalize:
+                return int(n_tokens) - int(frames) // ratio
+        raise AssertionError(f"flow case {case}: no non-final streamed flow call")
+
+    def token_mel_ratio(self, case: str) -> int:
+        """Mel frames per speech token: prompt mel rows / prompt tokens of ``case``."""
+        frames = int(self.entry("flow.npz", f"{case}_prompt_mel")["shape"][0])
+        tokens = int(self.flow_case(case)["prompt_tokens"])
+        assert frames % tokens == 0, f"flow case {case}: {frames} mel rows for {tokens} tokens"
+        return frames // tokens
+
+    def cacheable_prompt_frames(self, case: str) -> int:
+        """Prompt frames a chunk-causal prompt cache can hold for ``case``, from the manifest:
+        whole ``static_chunk_size`` chunks that end before the prompt's lookahead frames (the
+        last ``lookahead`` prompt tokens' mu depends on the generated tokens)."""
+        chunk = int(self.dit["static_chunk_size"])
+        ratio = self.token_mel_ratio(case)
+        usable = ratio * (int(self.flow_case(case)["prompt_tokens"]) - self.lookahead_tokens(case))
+        return max(0, usable // chunk * chunk)
+
     @cached_property
     def feature_clips(self) -> dict[str, Path]:
         """``{prefix: clip path}`` of ``features.npz`` (``zh_wav16k`` -> prefix ``zh``).
@@ -119,49 +223,86 @@ class Parity:
         return clips
 
 
-def _skip(reason: str) -> NoReturn:
-    pytest.skip(f"parity fixtures not available: {reason}")
+def _missing(reason: str, explicit: bool = False) -> NoReturn:
+    """Skip (or fail, in CI / with ``COSYVOICE3_REQUIRE_PARITY=1`` / for an explicitly
+    selected set) because the fixture set is not there."""
+    message = f"parity fixtures not available: {reason}"
+    if explicit:
+        pytest.fail(f"{message} (selected by {PARITY_DIR_ENV})", pytrace=False)
+    if parity_required():
+        pytest.fail(f"{message} (required: CI or {REQUIRE_ENV}=1)", pytrace=False)
+    pytest.skip(message)
+
+
+def _partial(reason: str) -> NoReturn:
+    """Fail: the set is there but incomplete (never a skip: it would hide a broken set)."""
+    pytest.fail(f"parity fixture set is partial: {reason}", pytrace=False)
 
 
 _CACHE: dict[Path, Parity] = {}
 
 
-def load_parity(root: Path = PARITY_DIR) -> Parity:
-    """The fixture set at ``root``; skips the caller when it is absent or incomplete.
+def _check_complete(root: Path, manifest: dict[str, Any]) -> None:
+    """Fail unless ``model/``, every ``refs/`` file and every array the manifest describes
+    exist (reads the npz directories only)."""
+    if not (root / "model").is_dir():
+        _partial(f"{root / 'model'} is missing")
+    described = manifest.get("files", {})
+    for file_name in sorted({*REF_FILES, *described}):
+        path = root / "refs" / file_name
+        if not path.is_file():
+            _partial(f"{path} is missing")
+        with np.load(path, allow_pickle=False) as stored:
+            absent = sorted(set(described.get(file_name, {})) - set(stored.files))
+        if absent:
+            _partial(f"{path} lacks the arrays the manifest describes: {absent}")
 
-    Skips (never fails) when ``root``, its ``refs/manifest.json`` or ``model/`` is missing or
-    the manifest is not JSON; a present but inconsistent set fails in the tests instead.
+
+def load_parity(root: Path | None = None) -> Parity:
+    """The fixture set at ``root`` (default :func:`parity_root`), checked once per process.
+
+    A missing set (no ``root``, or no ``refs/manifest.json``) skips the caller with the
+    reason, or fails when :func:`parity_required` or when the set was selected with
+    ``COSYVOICE3_PARITY_DIR``; a partial set (manifest not JSON, ``model/``, a ``refs/`` file
+    or a described array missing) fails.
     """
-    root = Path(root).resolve() if Path(root).exists() else Path(root)
+    explicit = root is None and bool(os.environ.get(PARITY_DIR_ENV, "").strip())
+    root = parity_root() if root is None else Path(root)
+    root = root.resolve() if root.exists() else root
     if root in _CACHE:
         return _CACHE[root]
+    where = f"{root} (from {PARITY_DIR_ENV}, else ../shared/parity, else tests/fixtures/parity)"
     if not root.is_dir():
-        _skip(f"{root} does not exist (expected <repo root>/../shared/parity)")
+        _missing(f"{where} does not exist", explicit)
     manifest_path = root / "refs" / "manifest.json"
     if not manifest_path.is_file():
-        _skip(f"{manifest_path} is missing")
-    if not (root / "model").is_dir():
-        _skip(f"{root / 'model'} is missing")
+        _missing(f"{manifest_path} is missing", explicit)
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        _skip(f"{manifest_path} cannot be read ({err})")
+        _partial(f"{manifest_path} cannot be read ({err})")
+    if not isinstance(manifest, dict):
+        _partial(f"{manifest_path} is not a JSON object")
+    _check_complete(root, manifest)
     parity = Parity(root=root, manifest=manifest)
     _CACHE[root] = parity
     return parity
 
 
-def parity_cases(kind: str, root: Path = PARITY_DIR) -> list[str]:
+def parity_cases(kind: str, root: Path | None = None) -> list[str]:
     """Case names for ``pytest.mark.parametrize`` at collection time (no skip here).
 
     ``kind``: ``"llm"`` (modes of ``llm_cases``), ``"flow"`` (``flow_cases``) or
-    ``"features"`` (clip prefixes of ``features.npz``). Without fixtures it returns
-    ``["absent"]`` so the test is collected and then skips through :func:`load_parity`.
+    ``"features"`` (clip prefixes of ``features.npz``). Without a readable manifest it returns
+    ``["absent"]`` so the test is collected and then skips (or fails) through
+    :func:`load_parity`.
     """
-    manifest_path = Path(root) / "refs" / "manifest.json"
+    manifest_path = (parity_root() if root is None else Path(root)) / "refs" / "manifest.json"
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        return ["absent"]
+    if not isinstance(manifest, dict):
         return ["absent"]
     if kind == "llm":
         names = list(manifest.get("llm_cases", {}))
@@ -218,29 +359,63 @@ def assert_identical(actual: Any, expected: Any, what: str) -> None:
     )
 
 
-_ENGINES: dict[Path, Any] = {}
-_ENGINE_DIRS: list[tempfile.TemporaryDirectory[str]] = []
+_DERIVED: dict[Path, Path] = {}
+_ENGINES: dict[tuple[Path, bool], Any] = {}
 
 
-def parity_engine(parity: Parity) -> Any:
-    """The engine loaded on ``parity.model_dir`` once per test process.
+def derived_cache_dir(parity: Parity) -> Path:
+    """One cache directory per fixture set and test process, removed at exit: every parity
+    engine and every derivation of these tests (streaming DiT, fused LLM, split estimator,
+    phase vocoder) writes there, so each graph is derived once per run and nothing is
+    written into the (possibly read-only) fixture directory."""
+    if parity.root not in _DERIVED:
+        path = Path(tempfile.mkdtemp(prefix="parity-derived-"))
+        atexit.register(shutil.rmtree, path, True)
+        _DERIVED[parity.root] = path
+    return _DERIVED[parity.root]
 
-    fp32 LLM (the references are fp32 PyTorch; ``llm_int8.onnx`` has none) and a private
-    ``cache_dir``, so the exact engine-level levers the server uses with ``quality`` (the
-    streaming DiT serving the full-attention passes too: ``flow_chunk_causal``; the
-    memory-mapped text table where the graph allows it) are on and nothing is written into
-    the shared fixture directory. (test_parity_flow_chunked.py's engine keeps the split
-    published estimator for full attention, so both paths meet upstream's references.)
+
+def parity_engine(parity: Parity, *, published_estimator: bool = False) -> Any:
+    """The engine loaded on ``parity.model_dir`` once per set, configuration and process
+    (fp32 LLM: the references are fp32 PyTorch; ``llm_int8.onnx`` has none), with
+    :func:`derived_cache_dir` as ``cache_dir``.
+
+    Default: loaded as the server loads ``quality`` (``flow_chunk_causal``: the streaming DiT
+    also serves the full-attention passes; the memory-mapped text table where the graph
+    allows it). ``published_estimator``: full attention on the (split) published estimator,
+    the chunk-causal flow derived on first use, so both paths meet upstream's references.
     """
-    if parity.root not in _ENGINES:
+    key = (parity.root, published_estimator)
+    if key not in _ENGINES:
         from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
 
-        cache = tempfile.TemporaryDirectory(prefix="parity-cache-")
-        _ENGINE_DIRS.append(cache)
-        options = EngineOptions(llm_precision="fp32", cache_dir=Path(cache.name),
-                                flow_chunk_causal=True)
-        _ENGINES[parity.root] = CosyVoice3Engine.load(parity.model_dir, options)
-    return _ENGINES[parity.root]
+        options = EngineOptions(llm_precision="fp32", cache_dir=derived_cache_dir(parity),
+                                flow_chunk_causal=not published_estimator)
+        _ENGINES[key] = CosyVoice3Engine.load(parity.model_dir, options)
+    return _ENGINES[key]
+
+
+def faded(reference: np.ndarray) -> np.ndarray:
+    """``reference`` times the engine's fade-in gain (upstream's audio has none; README)."""
+    from wyoming_cosyvoice3.engine import constants as C
+    from wyoming_cosyvoice3.engine.vocoder.hift import fade_in_gain
+
+    fade_samples = round(C.FADE_IN_MS * C.OUTPUT_SAMPLE_RATE_HZ / 1000.0)
+    return reference * fade_in_gain(0, reference.shape[0], fade_samples)
+
+
+def quality_options(parity: Parity, **changes: Any) -> Any:
+    """The ``quality`` preset with the set's request seed, Euler steps and CFG rate.
+
+    ``vocoder_defer`` is off unless given: deferring follows the wall clock, so with it the
+    chunk bounds would depend on how fast the machine is (the audio does not)."""
+    from wyoming_cosyvoice3.engine.options import PRESETS
+
+    changes.setdefault("vocoder_defer", False)
+    changes.setdefault("seed", parity.request_seed)
+    changes.setdefault("euler_steps", parity.euler_steps)
+    changes.setdefault("cfg_rate", parity.cfg_rate)
+    return PRESETS["quality"].replace(**changes)
 
 
 def flow_case_voice(flow_refs: Any, case: str) -> Any:

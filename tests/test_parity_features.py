@@ -1,11 +1,12 @@
 """Parity of the voice-prompt features with upstream CosyVoice3 (frontend.py).
 
-References: ``../shared/parity/refs/features.npz`` (see its ``manifest.json``): for each clip
-of ``../shared/voices``, upstream's 16 and 24 kHz waveforms (``load_wav``: torchaudio
-``Resample`` defaults), the Whisper log-mel, the mean-normalised Kaldi fbank and the 24 kHz
-prompt mel, each computed by upstream from its own waveform. Each feature is compared twice:
-from upstream's waveform (the feature math alone) and from the clip file with the engine's own
-loading and resampling (the full path). The clips themselves are not part of this repository.
+References: ``refs/features.npz`` of the fixture set (see its ``manifest.json``;
+``parity_support`` says which set): for each clip of the set's voices folder, upstream's 16
+and 24 kHz waveforms (``load_wav``: torchaudio ``Resample`` defaults), the Whisper log-mel,
+the mean-normalised Kaldi fbank and the 24 kHz prompt mel, each computed by upstream from its
+own waveform. Each feature is compared twice: from upstream's waveform (the feature math alone)
+and from the clip file with the engine's own loading and resampling (the full path). A clip
+the manifest names but the voices folder lacks makes the set partial: the test fails.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def _clip(parity: Parity, prefix: str) -> Path:
     path = parity.feature_clips.get(prefix)
     assert path is not None, f"manifest names no clip for {prefix}_wav16k"
     if not path.is_file():
-        pytest.skip(f"reference clip {path} is not available (kept out of the repository)")
+        pytest.fail(f"parity fixture set is partial: clip {path} (named by the manifest's "
+                    f"{prefix}_wav16k) is missing", pytrace=False)
     return path
 
 

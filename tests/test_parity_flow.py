@@ -19,16 +19,17 @@ from parity_support import (
     Parity,
     assert_close,
     assert_identical,
+    faded,
     load_parity,
     parity_cases,
     parity_engine,
+    quality_options,
 )
 
-from wyoming_cosyvoice3.engine import PRESETS, SynthesisOptions, VoiceFeatures, VoicePrompt
-from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine import SynthesisOptions, VoiceFeatures, VoicePrompt
 from wyoming_cosyvoice3.engine.request import RequestState
 from wyoming_cosyvoice3.engine.types import SynthesisResult
-from wyoming_cosyvoice3.engine.vocoder.hift import VocoderStream, fade_in_gain
+from wyoming_cosyvoice3.engine.vocoder.hift import VocoderStream
 
 FLOW = "flow.npz"
 CASES = parity_cases("flow")
@@ -56,17 +57,13 @@ def _voice(parity: Parity, case: str) -> VoicePrompt:
 
 
 def _flow_settings(parity: Parity) -> dict[str, Any]:
-    flow = parity.manifest["dims"]["flow"]
-    return {"euler_steps": int(flow["euler_steps"]), "cfg_rate": float(flow["cfg_rate"])}
+    return {"euler_steps": parity.euler_steps, "cfg_rate": parity.cfg_rate}
 
 
 def _options(parity: Parity, **changes: Any) -> SynthesisOptions:
-    """The spec-exact ``quality`` preset with the fixture's seed, Euler steps and CFG rate.
-
-    ``vocoder_defer`` is off: deferring depends on wall-clock lead, so with it the chunk
-    bounds would depend on how fast the machine is (the audio does not)."""
-    changes.setdefault("vocoder_defer", False)
-    return PRESETS["quality"].replace(seed=parity.request_seed, **_flow_settings(parity), **changes)
+    """The spec-exact ``quality`` preset with the fixture's seed, Euler steps and CFG rate
+    (no vocoder deferral: :func:`parity_support.quality_options`)."""
+    return quality_options(parity, **changes)  # type: ignore[no-any-return]
 
 
 def _with_tokens(engine: Any, monkeypatch: pytest.MonkeyPatch, tokens: np.ndarray) -> None:
@@ -78,10 +75,7 @@ def _with_tokens(engine: Any, monkeypatch: pytest.MonkeyPatch, tokens: np.ndarra
     monkeypatch.setattr(engine.llm, "decode", decode)
 
 
-def _faded(reference: np.ndarray) -> np.ndarray:
-    """``reference`` times the engine's fade-in gain (upstream has none)."""
-    fade_samples = round(C.FADE_IN_MS * C.OUTPUT_SAMPLE_RATE_HZ / 1000.0)
-    return reference * fade_in_gain(0, reference.shape[0], fade_samples)
+_faded = faded
 
 
 def _synthesize(engine: Any, voice: VoicePrompt, options: SynthesisOptions) -> list[np.ndarray]:
@@ -193,7 +187,7 @@ def test_parity_stream_full_attention_upstream_schedule(
     """The engine's streaming stages driven with upstream's own chunk bounds.
 
     For every flow call upstream made (manifest ``flow_cases.<case>.stream_full.flow_calls``:
-    tokens seen incl. the 3 lookahead tokens, finalize flag, mel frames after it), the engine's
+    tokens seen incl. the lookahead tokens, finalize flag, mel frames after it), the engine's
     flow runs on prompt ++ those tokens, drops the lookahead frames unless final (as the
     pipeline does), and its new frames go through the engine's streaming vocoder. Chunk mels,
     chunk bounds and audio must match upstream, including a prompt whose length is off the
@@ -206,12 +200,13 @@ def test_parity_stream_full_attention_upstream_schedule(
     req = _request(parity)
     vocoder = VocoderStream(engine.hift, req.vocoder_noise)
     prompt_frames = int(voice.prompt_mel.shape[0])
+    ratio = parity.token_mel_ratio(case)
     mels: list[np.ndarray] = []
     chunks: list[np.ndarray] = []
     done_frames = 0
     for n_tokens, finalize, _chunk_masked, mel_end in schedule["flow_calls"]:
-        drop = 0 if finalize else C.TOKEN_MEL_RATIO * C.PRE_LOOKAHEAD_TOKENS
-        noise = req.flow_noise.take(prompt_frames + C.TOKEN_MEL_RATIO * n_tokens).T
+        drop = 0 if finalize else ratio * parity.lookahead_tokens(case)
+        noise = req.flow_noise.take(prompt_frames + ratio * n_tokens).T
         mel = engine.flow.mel_for_tokens(
             np.concatenate([voice.speech_tokens, gen[:n_tokens]]),
             voice,

@@ -5,7 +5,9 @@
 * ``flow_final_chunk_causal``: the final chunk runs on its new frames only (the cache) instead
   of upstream's full-attention pass; the streamed chunks before it are unchanged.
 
-Skipped with the reason when ``../shared/parity`` is absent.
+The fixture set is the one ``parity_support`` selects (skipped without it, failed in CI); the
+engine is shared with test_parity_flow_chunked.py. Cases, flow settings and geometry come from
+its manifest.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from parity_support import PARITY_DIR, flow_case_voice
+from parity_support import (
+    Parity,
+    derived_cache_dir,
+    flow_case_voice,
+    load_parity,
+    parity_cases,
+    parity_engine,
+    quality_options,
+)
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias
@@ -25,83 +35,93 @@ from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
     ensure_streaming_estimator,
 )
 from wyoming_cosyvoice3.engine.flow import chunked
-from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, StepKv, cacheable_prompt_frames
+from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, StepKv
 from wyoming_cosyvoice3.engine.flow_streaming import prompt_noise
-from wyoming_cosyvoice3.engine.options import PRESETS, EngineOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.types import VoiceFeatures, VoicePrompt
 
-PARITY = PARITY_DIR
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"
-
-pytestmark = pytest.mark.skipif(
-    not (PARITY / "refs" / "manifest.json").is_file(),
-    reason=f"parity fixtures not found at {PARITY} (../shared/parity next to the repository)",
-)
+CASES = parity_cases("flow")
 
 
 @pytest.fixture(scope="module")
-def flow_refs() -> Any:
-    return np.load(PARITY / "refs" / "flow.npz")
+def parity() -> Parity:
+    return load_parity()
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("derived")
-    ensure_streaming_estimator(PARITY / "model" / ESTIMATOR, path, "fp32", in_process=True)
-    return path
+def flow_refs(parity: Parity) -> Any:
+    return parity.refs("flow.npz")
 
 
 @pytest.fixture(scope="module")
-def engine(cache_dir: Path) -> CosyVoice3Engine:
-    return CosyVoice3Engine.load(PARITY / "model", EngineOptions(cache_dir=cache_dir))
+def streaming_files(parity: Parity) -> tuple[Path, Path]:
+    return ensure_streaming_estimator(parity.model_dir / ESTIMATOR, derived_cache_dir(parity),
+                                      "fp32", in_process=True)
+
+
+@pytest.fixture(scope="module")
+def engine(parity: Parity, streaming_files: tuple[Path, Path]) -> CosyVoice3Engine:
+    del streaming_files
+    return parity_engine(parity, published_estimator=True)  # type: ignore[no-any-return]
+
+
+def _off_grid_case(parity: Parity) -> str:
+    """The case whose first chunk upstream pads (prompt off the chunk grid), else the first."""
+    cases = parity.flow_cases
+    return next((c for c, info in cases.items() if info.get("prompt_token_pad")), next(iter(cases)))
 
 
 _voice = flow_case_voice
 
 
-def _stream(flow: ChunkedFlow, voice: VoiceFeatures, gen: np.ndarray, hops: list[int],
-            left_frames: int | None) -> tuple[list[np.ndarray], list[int], int]:
-    """Non-final chunks of ``hops`` tokens (4 Euler steps, CFG in the first 2); returns the
-    mel of each chunk, the stored history frames after each, and the frames seen."""
-    noise = prompt_noise(2 * (len(voice.speech_tokens) + len(gen)))
-    history = flow.new_history(4, 0.7, 2)
+def _stream(parity: Parity, case: str, flow: ChunkedFlow, voice: VoiceFeatures,
+            gen: np.ndarray, hops: list[int], left_frames: int | None
+            ) -> tuple[list[np.ndarray], list[int], int]:
+    """Non-final chunks of ``hops`` tokens (the set's Euler steps and CFG rate, CFG in the
+    first half of the steps); returns the mel of each chunk, the stored history frames after
+    each, and the frames seen."""
+    steps, cfg = parity.euler_steps, parity.cfg_rate
+    guided = steps // 2
+    ratio, lookahead = parity.token_mel_ratio(case), parity.lookahead_tokens(case)
+    drop = ratio * lookahead
+    noise = prompt_noise(ratio * (len(voice.speech_tokens) + len(gen)))
+    history = flow.new_history(steps, cfg, guided)
     mels, stored = [], []
     end = 0
     for hop in hops:
         end += hop
-        tokens = np.concatenate([voice.speech_tokens, gen[: end + C.PRE_LOOKAHEAD_TOKENS]])
-        mels.append(flow.chunk_mel(tokens, voice, noise, history, 4, 0.7, 2,
-                                   C.TOKEN_MEL_RATIO * C.PRE_LOOKAHEAD_TOKENS,
+        tokens = np.concatenate([voice.speech_tokens, gen[: end + lookahead]])
+        mels.append(flow.chunk_mel(tokens, voice, noise, history, steps, cfg, guided, drop,
                                    left_context_frames=left_frames))
         stored.append(max(s.frames for s in history.steps))
     return mels, stored, history.frames
 
 
 def test_bounded_left_context_stores_only_what_is_attended(
-    flow_refs: Any, engine: CosyVoice3Engine, cache_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    parity: Parity, flow_refs: Any, engine: CosyVoice3Engine,
+    streaming_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Dropping history frames outside the left context gives the same mel as keeping them
     and masking them out of the attention, and the stored history stays within the bound."""
-    main = next(cache_dir.glob("*stream2main*.onnx"))
-    time_graph = next(cache_dir.glob("*stream1time*.onnx"))
+    main, time_graph = streaming_files
     flow = ChunkedFlow(engine.flow, StreamingEstimator(_session(main), None, time_graph),
                        prompt_noise)
-    voice = _voice(flow_refs, "B")
-    gen = np.asarray(flow_refs["B_gen_tokens"], dtype=np.int64)
-    hops = [10, 10, 15, 15]
-    left = 24  # frames: less than one chunk's history, so frames really are dropped
-    bounded, stored, seen = _stream(flow, voice, gen, hops, left)
+    case = _off_grid_case(parity)
+    voice = _voice(flow_refs, case)
+    gen = np.asarray(flow_refs[f"{case}_gen_tokens"], dtype=np.int64)
+    ratio = parity.token_mel_ratio(case)
+    hops = [10, 10, 15, 15]  # the lever's chunks (tokens), not upstream's schedule
+    left = ratio * hops[0] + ratio * 2  # frames: one hop and a bit, so frames really drop
+    tol = parity.tolerance("mel")
+    bounded, stored, seen = _stream(parity, case, flow, voice, gen, hops, left)
     assert all(n <= left for n in stored)
-    prompt_frames = C.TOKEN_MEL_RATIO * len(voice.speech_tokens)
-    assert seen == prompt_frames - cacheable_prompt_frames(len(voice.speech_tokens)) + (
-        C.TOKEN_MEL_RATIO * sum(hops))
+    prompt_cached = parity.cacheable_prompt_frames(case)
+    assert seen == voice.prompt_mel.shape[0] - prompt_cached + ratio * sum(hops)
     # reference: every frame stored, the ones before the last ``left`` masked (-inf bias)
     append = StepKv.append
     monkeypatch.setattr(StepKv, "append",
                         lambda self, new, conv, keep_frames=None: append(self, new, conv))
-    prompt_cached = cacheable_prompt_frames(len(voice.speech_tokens))
 
     def masked_bias(start: int, count: int, cached: int) -> np.ndarray:
         bias = chunk_attention_bias(start, count, cached)
@@ -110,19 +130,20 @@ def test_bounded_left_context_stores_only_what_is_attended(
         return bias
 
     monkeypatch.setattr(chunked, "chunk_attention_bias", masked_bias)
-    kept, stored_all, seen_all = _stream(flow, voice, gen, hops, left)
+    kept, stored_all, seen_all = _stream(parity, case, flow, voice, gen, hops, left)
     assert stored_all[-1] == seen_all > left  # the reference kept every frame
     for a, b in zip(bounded, kept, strict=True):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a, b, rtol=0, atol=tol)
     # the bound is a real lever: attending the whole history changes later chunks
     monkeypatch.setattr(chunked, "chunk_attention_bias", chunk_attention_bias)
-    whole, _, _ = _stream(flow, voice, gen, hops, None)
-    assert float(np.abs(whole[-1] - bounded[-1]).max()) > 1e-3
+    whole, _, _ = _stream(parity, case, flow, voice, gen, hops, None)
+    assert float(np.abs(whole[-1] - bounded[-1]).max()) > tol
 
 
-@pytest.mark.parametrize("case", ["A", "B"])
+@pytest.mark.parametrize("case", CASES)
 def test_final_chunk_causal_changes_only_the_final_chunk(
-    case: str, flow_refs: Any, engine: CosyVoice3Engine, monkeypatch: pytest.MonkeyPatch,
+    case: str, parity: Parity, flow_refs: Any, engine: CosyVoice3Engine,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``quality`` with ``flow_final_chunk_causal``: same chunk bounds, the chunks before the
     last one equal the exact (upstream) stream, the last one is new audio of the same
@@ -130,8 +151,7 @@ def test_final_chunk_causal_changes_only_the_final_chunk(
     gen = [int(t) for t in flow_refs[f"{case}_gen_tokens"]]
     monkeypatch.setattr(engine.llm, "decode", lambda *_a, **_k: iter(gen))
     voice = VoicePrompt(features=_voice(flow_refs, case), name=f"levers-{case}")
-    # vocoder deferral follows the wall clock; without it the chunk bounds are fixed
-    exact_options = PRESETS["quality"].replace(vocoder_defer=False)
+    exact_options = quality_options(parity)
     exact = [c.samples for c in engine.synthesize("Hello.", voice, exact_options)]
     calls: list[int] = []
     real = engine.chunked.get("fp32")
@@ -146,24 +166,29 @@ def test_final_chunk_causal_changes_only_the_final_chunk(
     options = exact_options.replace(flow_final_chunk_causal=True)
     lever = [c.samples for c in engine.synthesize("Hello.", voice, options)]
     assert [len(c) for c in lever] == [len(c) for c in exact]
-    assert calls[-1] == 0 and all(d == 6 for d in calls[:-1])  # the final chunk was causal
+    drop = parity.token_mel_ratio(case) * parity.lookahead_tokens(case)
+    n_calls = len(parity.flow_case(case)["stream_chunkmask"]["flow_calls"])
+    assert calls == [drop] * (n_calls - 1) + [0]  # the final chunk was causal, nothing dropped
     for a, b in zip(exact[:-2], lever[:-2], strict=True):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+        np.testing.assert_array_equal(a, b)  # the same computation before the final chunk
+    tol = parity.tolerance("audio")
     tail = np.concatenate(lever[-2:])
     assert np.isfinite(tail).all()
-    assert float(np.abs(tail - np.concatenate(exact[-2:])).max()) > 1e-4
+    assert float(np.abs(tail - np.concatenate(exact[-2:])).max()) > tol
 
 
 @pytest.mark.parametrize("speed", [1.5, 0.75])
 def test_chunk_causal_stream_scales_with_speed(
-    speed: float, flow_refs: Any, engine: CosyVoice3Engine, monkeypatch: pytest.MonkeyPatch,
+    speed: float, parity: Parity, flow_refs: Any, engine: CosyVoice3Engine,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Case C14 on the chunk-causal path (``quality``, streamed, final chunk causal too):
     the audio length scales by 1/speed within one mel frame per chunk."""
-    gen = [int(t) for t in flow_refs["B_gen_tokens"]]
+    case = _off_grid_case(parity)
+    gen = [int(t) for t in flow_refs[f"{case}_gen_tokens"]]
     monkeypatch.setattr(engine.llm, "decode", lambda *_a, **_k: iter(gen))
-    voice = VoicePrompt(features=_voice(flow_refs, "B"), name="levers-speed")
-    base = PRESETS["quality"].replace(flow_final_chunk_causal=True)
+    voice = VoicePrompt(features=_voice(flow_refs, case), name="levers-speed")
+    base = quality_options(parity, flow_final_chunk_causal=True)
     normal = sum(len(c.samples) for c in engine.synthesize("Hello.", voice, base))
     chunks = list(engine.synthesize("Hello.", voice, base.replace(speed=speed)))
     scaled = sum(len(c.samples) for c in chunks)

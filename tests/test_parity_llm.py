@@ -1,9 +1,10 @@
 """Parity of the LLM stage with upstream CosyVoice3: prompt layout, log-probs, decoding.
 
-References: ``../shared/parity/refs/llm.npz`` and the manifest's ``llm_cases`` (one case per
-prompt mode: text, clip, transcript, instruction, min/max length). Upstream's frontend ids
-and prompt speech tokens are used to build the :class:`LlmPrompt` of the log-prob and decode
-tests, so each test checks one stage. The fp32 LLM graph is used (the references are fp32).
+References: ``refs/llm.npz`` of the fixture set (``parity_support``) and the manifest's
+``llm_cases`` (one case per prompt mode: text, clip, transcript, instruction, min/max length).
+Upstream's frontend ids and prompt speech tokens are used to build the :class:`LlmPrompt` of
+the log-prob and decode tests, so each test checks one stage. The fp32 LLM graph is used (the
+references are fp32).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The parity fixture loader: skips without fixtures; cases and tolerances from the manifest."""
+"""The parity fixture loader: which set, skip or fail when it is missing, fail when it is
+partial; cases, tolerances and flow geometry from the manifest."""
 
 from __future__ import annotations
 
@@ -6,12 +7,24 @@ import json
 from pathlib import Path
 
 import numpy as np
+import parity_support
 import pytest
-from parity_support import assert_close, assert_identical, load_parity, parity_cases
+from parity_support import (
+    assert_close,
+    assert_identical,
+    derived_cache_dir,
+    load_parity,
+    parity_cases,
+    parity_root,
+)
+
+SKIPPED = pytest.skip.Exception
+FAILED = pytest.fail.Exception
 
 
 def _make_set(root: Path) -> Path:
-    """A minimal fixture set laid out as ``shared/parity`` (other cases, other numbers)."""
+    """A complete minimal fixture set laid out as ``shared/parity`` (other cases, other
+    numbers, other geometry than the real sets)."""
     (root / "model").mkdir(parents=True)
     (root / "refs").mkdir()
     manifest = {
@@ -20,16 +33,37 @@ def _make_set(root: Path) -> Path:
                 "de_wav16k": {"meaning": "de-speaker.flac loaded as upstream does"},
                 "de_fbank": {"meaning": "fbank"},
             },
-            "flow.npz": {"Q_gen_tokens": {"meaning": "tokens"}},
+            "llm.npz": {"forced_tokens": {"meaning": "tokens"}},
+            "flow.npz": {
+                "Q_gen_tokens": {"meaning": "tokens"},
+                "Q_prompt_mel": {"shape": [120, 80]},
+            },
         },
         "tolerances": {"audio": 0.5, "chunk_bounds": "identical"},
         "llm_cases": {"instruct": {"text": "x"}},
-        "flow_cases": {"Q": {"prompt_tokens": 60}, "R": {"prompt_tokens": 61}},
+        "flow_cases": {
+            "Q": {
+                "prompt_tokens": 60,
+                "stream_full": {"flow_calls": [[24, False, False, 40], [100, True, False, 160]]},
+            },
+            "R": {"prompt_tokens": 61},
+        },
         "seeds": {"request_seed_of_noise_buffers": 7},
+        "dims": {"flow": {"euler_steps": 6, "cfg_rate": 0.5, "dit": {"static_chunk_size": 30}}},
     }
     (root / "refs" / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
-    np.savez(root / "refs" / "flow.npz", Q_gen_tokens=np.arange(4))
+    np.savez(root / "refs" / "features.npz", de_wav16k=np.zeros(3), de_fbank=np.zeros(2))
+    np.savez(root / "refs" / "llm.npz", forced_tokens=np.arange(2))
+    np.savez(root / "refs" / "flow.npz", Q_gen_tokens=np.arange(4), Q_prompt_mel=np.zeros(1))
     return root
+
+
+@pytest.fixture
+def no_ci(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """Neither ``CI`` nor ``COSYVOICE3_REQUIRE_PARITY`` nor an explicit set (as on a laptop)."""
+    for name in ("CI", parity_support.REQUIRE_ENV, parity_support.PARITY_DIR_ENV):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
 
 
 def test_parity_support_reads_cases_and_tolerances_from_the_manifest(tmp_path: Path) -> None:
@@ -41,31 +75,103 @@ def test_parity_support_reads_cases_and_tolerances_from_the_manifest(tmp_path: P
     assert parity.tolerance("audio") == 0.5
     assert parity.tolerance("chunk_bounds") == 0.0
     assert parity.request_seed == 7
+    assert (parity.euler_steps, parity.cfg_rate) == (6, 0.5)
     assert parity.feature_clips == {"de": tmp_path / "shared" / "voices" / "de-speaker.flac"}
     np.testing.assert_array_equal(parity.array("flow.npz", "Q_gen_tokens"), np.arange(4))
     with pytest.raises(AssertionError, match="no tolerance"):
         parity.tolerance("mel")
 
 
-@pytest.mark.parametrize("missing", ["root", "manifest", "model"])
-def test_parity_support_skips_without_fixtures(tmp_path: Path, missing: str) -> None:
+def test_parity_support_derives_the_cache_geometry_from_the_manifest(tmp_path: Path) -> None:
+    """Q: 120 prompt mel rows for 60 tokens (2 per token); a non-final call on 24 tokens gave
+    40 frames, so 4 lookahead tokens; (60 - 4) x 2 = 112 usable frames -> 3 chunks of 30."""
+    parity = load_parity(_make_set(tmp_path / "parity"))
+    assert parity.token_mel_ratio("Q") == 2
+    assert parity.lookahead_tokens("Q") == 4
+    assert parity.cacheable_prompt_frames("Q") == 90
+
+
+def test_parity_support_voices_are_the_sets_own_when_present(tmp_path: Path) -> None:
+    parity = load_parity(_make_set(tmp_path / "a" / "parity"))
+    assert parity.voices_dir == tmp_path / "a" / "voices"
+    (parity.root / "voices").mkdir()
+    assert parity.voices_dir == parity.root / "voices"
+    assert parity.feature_clips["de"] == parity.root / "voices" / "de-speaker.flac"
+
+
+def test_parity_support_chooses_override_then_shared_then_committed(
+    tmp_path: Path, no_ci: pytest.MonkeyPatch
+) -> None:
+    shared, committed = tmp_path / "shared" / "parity", tmp_path / "repo" / "fixtures"
+    no_ci.setattr(parity_support, "SHARED_PARITY_DIR", shared)
+    no_ci.setattr(parity_support, "COMMITTED_PARITY_DIR", committed)
+    assert parity_root() == committed
+    _make_set(committed)
+    assert parity_cases("flow") == ["Q", "R"]
+    assert load_parity().root == committed.resolve()
+    _make_set(shared)
+    assert parity_root() == shared
+    no_ci.setenv(parity_support.PARITY_DIR_ENV, str(tmp_path / "alt"))
+    assert parity_root() == tmp_path / "alt"
+    assert parity_cases("flow") == ["absent"]
+    # an explicitly selected set that is not there fails, CI or not
+    with pytest.raises(FAILED, match="COSYVOICE3_PARITY_DIR"):
+        load_parity()
+
+
+@pytest.mark.parametrize("missing", ["root", "manifest"])
+def test_parity_support_skips_a_missing_set(
+    tmp_path: Path, no_ci: pytest.MonkeyPatch, missing: str
+) -> None:
     root = _make_set(tmp_path / "parity")
     if missing == "root":
         root = tmp_path / "elsewhere"
-    elif missing == "manifest":
-        (root / "refs" / "manifest.json").unlink()
     else:
-        (root / "model").rmdir()
-    with pytest.raises(pytest.skip.Exception, match="parity fixtures not available"):
+        (root / "refs" / "manifest.json").unlink()
+    no_ci.setenv("CI", "false")
+    with pytest.raises(SKIPPED, match="parity fixtures not available"):
         load_parity(root)
-    if missing != "model":
-        assert parity_cases("flow", root) == ["absent"]
+    assert parity_cases("flow", root) == ["absent"]
 
 
-def test_parity_support_skips_when_a_reference_file_is_missing(tmp_path: Path) -> None:
-    parity = load_parity(_make_set(tmp_path / "parity"))
-    with pytest.raises(pytest.skip.Exception, match=r"llm\.npz is missing"):
-        parity.array("llm.npz", "forced_tokens")
+@pytest.mark.parametrize(("name", "value"), [("CI", "true"), ("CI", "1"),
+                                             (parity_support.REQUIRE_ENV, "1")])
+def test_parity_support_fails_a_missing_set_when_required(
+    tmp_path: Path, no_ci: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    no_ci.setenv(name, value)
+    with pytest.raises(FAILED, match=r"not available: .*elsewhere.*required"):
+        load_parity(tmp_path / "elsewhere")
+
+
+@pytest.mark.parametrize("broken", ["model", "refs file", "array", "json"])
+def test_parity_support_fails_a_partial_set_even_outside_ci(
+    tmp_path: Path, no_ci: pytest.MonkeyPatch, broken: str
+) -> None:
+    root = _make_set(tmp_path / "parity")
+    if broken == "model":
+        (root / "model").rmdir()
+        match = r"partial: .*model is missing"
+    elif broken == "refs file":
+        (root / "refs" / "llm.npz").unlink()
+        match = r"partial: .*llm\.npz is missing"
+    elif broken == "array":
+        np.savez(root / "refs" / "flow.npz", Q_gen_tokens=np.arange(4))
+        match = r"partial: .*flow\.npz lacks .*Q_prompt_mel"
+    else:
+        (root / "refs" / "manifest.json").write_text("{not json", encoding="utf-8")
+        match = r"partial: .*manifest\.json cannot be read"
+    with pytest.raises(FAILED, match=match):
+        load_parity(root)
+
+
+def test_parity_support_one_derived_cache_per_set(tmp_path: Path) -> None:
+    first = load_parity(_make_set(tmp_path / "one"))
+    second = load_parity(_make_set(tmp_path / "two"))
+    path = derived_cache_dir(first)
+    assert path.is_dir() and derived_cache_dir(first) == path
+    assert derived_cache_dir(second) != path
+    assert not path.is_relative_to(first.root)
 
 
 def test_parity_support_assertions_report_the_error() -> None:

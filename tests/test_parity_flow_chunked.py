@@ -47,7 +47,7 @@ from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
 )
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, cacheable_prompt_frames
-from wyoming_cosyvoice3.engine.flow_streaming import PROMPT_NOISE_SEED, prompt_noise
+from wyoming_cosyvoice3.engine.flow_streaming import prompt_noise
 from wyoming_cosyvoice3.engine.options import SynthesisOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.request import RequestState
@@ -58,6 +58,9 @@ FLOW = "flow.npz"
 CASES = parity_cases("flow")
 TEXT = "Hello."
 """Any one-piece speakable text: the LLM is replaced, so only the piece count matters."""
+PROMPT_SEED = 0
+"""The convention under test: chunk-causal prompt frames use the seed-0 request's flow noise
+(engine/flow_streaming.py ``PROMPT_NOISE_SEED``; stated here, not read from the engine)."""
 
 
 @pytest.fixture(scope="module")
@@ -309,10 +312,10 @@ def test_parity_chunkmask_engine_audio_quality_preset(
     case's tokens) streams upstream's chunk-masked PyTorch streaming exactly: same sample
     bounds per chunk, same audio. Only for a set whose upstream noise is the seed-0 request's
     (the engine's fixed prompt noise, module docstring)."""
-    if parity.request_seed != PROMPT_NOISE_SEED:
+    if parity.request_seed != PROMPT_SEED:
         pytest.skip(
             f"the set's upstream noise is request seed {parity.request_seed}'s, the engine's "
-            f"chunk-causal prompt noise is seed {PROMPT_NOISE_SEED}'s: no reference for the "
+            f"chunk-causal prompt noise is seed {PROMPT_SEED}'s: no reference for the "
             "engine's stream (the mechanics are compared in test_parity_chunkmask_mel_per_chunk)"
         )
     _with_tokens(engine, monkeypatch, flow_refs[f"{case}_gen_tokens"])
@@ -344,8 +347,7 @@ def test_parity_other_seed_draws_new_frames_over_the_seed0_prompt_noise(
     uncached prompt frames) are solved from the seed-0 noise, the generated frames from the
     request's own noise, so the stream keeps upstream's chunk bounds but is another draw: its
     audio differs from the seed-0 reference beyond the audio tolerance in every chunk."""
-    seed = PROMPT_NOISE_SEED + 1
-    assert seed != PROMPT_NOISE_SEED
+    seed = PROMPT_SEED + 1
     _with_tokens(engine, monkeypatch, flow_refs[f"{case}_gen_tokens"])
     voice = VoicePrompt(features=flow_case_voice(flow_refs, case), name=f"seed-{case}")
     flow = engine.chunked.get("fp32")
@@ -359,10 +361,10 @@ def test_parity_other_seed_draws_new_frames_over_the_seed0_prompt_noise(
     prompt_frames = voice.features.prompt_mel.shape[0]
     cached = parity.cacheable_prompt_frames(case)
     total = prompt_frames + 2 * len(flow_refs[f"{case}_gen_tokens"])
-    if parity.request_seed == PROMPT_NOISE_SEED:  # upstream's noise is the seed-0 one
+    if parity.request_seed == PROMPT_SEED:  # upstream's noise is the seed-0 one
         seed0 = np.asarray(flow_refs["flow_noise"], dtype=np.float32)[:, :total]
     else:
-        seed0 = _seed_noise(PROMPT_NOISE_SEED, total)
+        seed0 = _seed_noise(PROMPT_SEED, total)
     own = _seed_noise(seed, total)
     starts = [start for start, _ in calls]
     n_streamed = len(parity.flow_case(case)["stream_chunkmask"]["flow_calls"]) - 1

@@ -34,6 +34,15 @@ def tiny_dit_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                  seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_dit_cache_dir(tiny_dit_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache directory of derived graphs for ``tiny_dit_model_dir``, shared by the engines
+    of the whole session that only use those graphs (split, int8 and streaming DiT,
+    phase-carrying vocoder, fused LLM), so each is derived once per run. Tests that check the
+    derivation itself (files written, markers, counts) use a private ``tmp_path`` instead."""
+    return tmp_path_factory.mktemp("tiny_dit_derived")
+
+
 @pytest.fixture
 def tiny_model_copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
     """A private copy of the tiny model directory that a test may modify or break."""

@@ -1,8 +1,8 @@
 """The phase-carrying vocoder graph (engine/derive/hift_phase.py) and the windowed vocoder
 stream that uses it.
 
-Derivation and streaming run on the upstream-exported parity model's hift.onnx (skipped when
-``../shared/parity`` is absent); the fallback on the tiny synthetic model, whose stand-in
+Derivation and streaming run on the upstream-exported parity model's hift.onnx (the fixture set
+that tests/parity_support.py finds); the fallback on the tiny synthetic model, whose stand-in
 vocoder has no harmonic source.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from parity_support import PARITY_DIR
+from parity_support import load_parity
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.derive import hift_phase
@@ -31,17 +31,17 @@ from wyoming_cosyvoice3.engine.noise import GrowingNoise
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 
-PARITY_HIFT = PARITY_DIR / "model" / "hift.onnx"
-needs_parity = pytest.mark.skipif(
-    not PARITY_HIFT.is_file(), reason=f"parity model not found at {PARITY_HIFT.parent}"
-)
+
+@pytest.fixture(scope="module")
+def parity_hift() -> Path:
+    """The parity model's hift.onnx (skips, or fails in CI, without a fixture set)."""
+    return load_parity().model_dir / "hift.onnx"
 
 
 @pytest.fixture(scope="module")
-def derived(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, hift_phase.PhaseCarryReport]:
-    if not PARITY_HIFT.is_file():
-        pytest.skip("parity model absent")
-    return ensure_phase_hift(PARITY_HIFT, tmp_path_factory.mktemp("phase"))
+def derived(parity_hift: Path, tmp_path_factory: pytest.TempPathFactory
+            ) -> tuple[Path, hift_phase.PhaseCarryReport]:
+    return ensure_phase_hift(parity_hift, tmp_path_factory.mktemp("phase"))
 
 
 def _noise() -> GrowingNoise:
@@ -71,9 +71,8 @@ def _snr_db(reference: np.ndarray, test: np.ndarray) -> float:
     return 10.0 * np.log10(float(np.sum(reference.astype(np.float64) ** 2)) / err)
 
 
-@needs_parity
 def test_derivation_finds_the_source_and_validates(
-    derived: tuple[Path, hift_phase.PhaseCarryReport],
+    derived: tuple[Path, hift_phase.PhaseCarryReport], parity_hift: Path
 ) -> None:
     path, report = derived
     # upstream SineGen2: phase = 2 pi 480 cumsum(rad), so one period is 1/480 CumSum units
@@ -84,16 +83,15 @@ def test_derivation_finds_the_source_and_validates(
     assert [i.name for i in model.graph.input][-1] == hift_phase.CARRY_INPUT
     assert hift_phase.PHASE_OUTPUT in [o.name for o in model.graph.output]
     # cached: a second call derives nothing and returns the stored report
-    again = ensure_phase_hift(PARITY_HIFT, path.parent)
+    again = ensure_phase_hift(parity_hift, path.parent)
     assert again == (path, report)
 
 
-@needs_parity
 def test_without_a_carry_it_is_the_published_vocoder(
-    derived: tuple[Path, hift_phase.PhaseCarryReport],
+    derived: tuple[Path, hift_phase.PhaseCarryReport], parity_hift: Path
 ) -> None:
     path, report = derived
-    published = HiftRunner(Graph(PARITY_HIFT, HIFT, threads=1))
+    published = HiftRunner(Graph(parity_hift, HIFT, threads=1))
     carried = HiftRunner(Graph(path, PHASE_HIFT, threads=1), report.period)
     mel = _mel(90)
     noise = _noise().take(480 * 90)
@@ -106,15 +104,14 @@ def test_without_a_carry_it_is_the_published_vocoder(
     np.testing.assert_array_equal(_stream(carried, mel, [20, 60], 0), exact)
 
 
-@needs_parity
 def test_windowed_stream_continues_the_phase(
-    derived: tuple[Path, hift_phase.PhaseCarryReport],
+    derived: tuple[Path, hift_phase.PhaseCarryReport], parity_hift: Path
 ) -> None:
     """A 16-frame window with the carried phase gives the one-call audio up to float
     rounding (upstream's own float32 phase); the published graph restarts the phase at each
     window and lands near 25 dB."""
     path, report = derived
-    published = HiftRunner(Graph(PARITY_HIFT, HIFT, threads=1))
+    published = HiftRunner(Graph(parity_hift, HIFT, threads=1))
     carried = HiftRunner(Graph(path, PHASE_HIFT, threads=1), report.period)
     mel = _mel(214)
     reference = _stream(published, mel, [], 0)  # one call
@@ -130,9 +127,8 @@ def test_windowed_stream_continues_the_phase(
     assert stream._phase.shape == (16, C.HARMONIC_CHANNELS)
 
 
-@needs_parity
 def test_a_misread_phase_scale_fails_validation(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    parity_hift: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = hift_phase.find_phase_cumsum
 
@@ -142,7 +138,7 @@ def test_a_misread_phase_scale_fails_validation(
 
     monkeypatch.setattr(hift_phase, "find_phase_cumsum", doubled)
     with pytest.raises(ModelLoadError, match="does not continue the phase"):
-        ensure_phase_hift(PARITY_HIFT, tmp_path, in_process=True)
+        ensure_phase_hift(parity_hift, tmp_path, in_process=True)
     assert not list(tmp_path.glob("*.onnx"))
 
 
@@ -199,11 +195,10 @@ def test_engine_windowed_vocoder_matches_the_exact_stream(
 
 
 @pytest.fixture(scope="module")
-def carrying_engine(tiny_dit_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> object:
+def carrying_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> object:
     from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 
-    cache = tmp_path_factory.mktemp("carry-engine")
-    engine = CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(cache_dir=cache))
+    engine = CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(cache_dir=tiny_dit_cache_dir))
     assert engine.model.hift_phase_period is not None
     return engine
 

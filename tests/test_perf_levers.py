@@ -183,13 +183,12 @@ def test_quality_preset_is_spec_exact() -> None:
 
 
 @pytest.fixture(scope="module")
-def dit_engine(tiny_dit_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-               ) -> CosyVoice3Engine:
-    """An engine on the model with an upstream-structured DiT, deriving its split (and int8)
-    estimators into its own cache: every preset runs with its own DiT precision."""
-    cache = tmp_path_factory.mktemp("dit-cache")
-    return CosyVoice3Engine.load(tiny_dit_model_dir,
-                                 EngineOptions(threads=1, llm_precision="fp32", cache_dir=cache))
+def dit_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> CosyVoice3Engine:
+    """An engine on the model with an upstream-structured DiT, with its split (and int8)
+    estimators derived into the session's cache: every preset runs with its own DiT
+    precision."""
+    return CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
+        threads=1, llm_precision="fp32", cache_dir=tiny_dit_cache_dir))
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

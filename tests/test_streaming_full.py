@@ -31,10 +31,11 @@ def _engine(model_dir: Path, cache: Path, one_graph: bool) -> CosyVoice3Engine:
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_dit_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+def engines(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path
             ) -> tuple[CosyVoice3Engine, CosyVoice3Engine]:
-    """(one DiT graph, published split estimator + streaming graph); shared derived files."""
-    cache = tmp_path_factory.mktemp("one-dit")
+    """(one DiT graph, published split estimator + streaming graph); the session's derived
+    files."""
+    cache = tiny_dit_cache_dir
     return _engine(tiny_dit_model_dir, cache, True), _engine(tiny_dit_model_dir, cache, False)
 
 

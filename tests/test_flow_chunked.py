@@ -1,8 +1,9 @@
 """Chunk-causal streaming flow: schedule, chunk mask and the fallback on other graphs.
 
-The exactness against upstream is tested in test_parity_flow_chunked.py (needs ../shared);
-these tests need only the tiny synthetic model, whose DiT has no upstream structure, so the
-engine must fall back to full attention with one warning.
+The exactness against upstream is tested in test_parity_flow_chunked.py (on the parity fixture
+set) and against an uncached reference in test_flow_chunked_reference.py; these tests need only
+the tiny synthetic model, whose DiT has no upstream structure, so the engine must fall back to
+full attention with one warning.
 """
 
 from __future__ import annotations

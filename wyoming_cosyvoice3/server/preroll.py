@@ -1,24 +1,40 @@
-"""Adaptive pre-roll: hold back the first audio of a response until playback will not run dry.
+"""Piece-aligned pauses: hold each piece's audio until the piece can play through (issue 26).
 
 Home Assistant's satellites start playing at the first ``audio-chunk`` and play 1 s of audio
-per second. When the server produces audio more slowly than that, a player that starts at once
-runs dry (a stall) again and again; a player that starts later, with audio in hand, does not.
+per second. When the server produces audio more slowly than that, playback must pause
+somewhere; the total waiting is the same wherever the pauses fall, but a pause between two
+sentences sounds like a breath and a pause inside a word sounds broken. So the audio of every
+*piece* (the engine's unit of text: a sentence, several short ones, or a clause of a long one;
+:attr:`~..engine.types.AudioChunk.piece_index` within one engine request) is held until the
+rest of that piece can follow without running dry, and then played through.
 
-Model (constant production rate): ``r`` = audio seconds produced per wall-clock second of this
-response so far (from the start of its synthesis, so the first-chunk latency counts), ``A`` =
-seconds of audio held, ``R`` = seconds of audio still to come. Starting playback now, the last
-sample is produced ``R / r`` seconds from now and played ``A + R`` seconds from now, and earlier
-samples are further ahead, so playback never runs dry when ``A >= R (1 / r - 1)``; with
-``r >= 1`` it never does. Audio comes in engine chunks, each usable only once complete, so one
-chunk's duration ``d`` (the longest seen so far) is added: ``A >= R (1 / r - 1) + d``. ``R`` =
-the expected length of the whole text minus what was produced; the expected length comes from
-the characters of the text received so far at :data:`LATIN_CHARS_PER_S` /
-:data:`CJK_CHARS_PER_S`.
+Rule (constant production rate): ``r`` = audio seconds produced per second within a piece,
+measured from chunk to chunk after each piece's first chunk (the start-up of a piece -- LLM
+prefill, first hop -- happens before its first chunk and does not slow its rest), over this
+response and the runtime's recent responses (:class:`ProductionHistory`); ``A`` = seconds of
+this piece in hand, ``R`` = seconds of it still to come (its expected length minus ``A``),
+``Q`` = seconds of earlier audio the client has not played yet (its playback clock is
+modelled from what was sent and when: it plays from the first audio on and waits when it runs
+dry), ``d`` = the longest chunk so far (audio comes in whole chunks). Releasing now, the piece
+plays from ``Q`` seconds from now and its last sample is made ``R / r`` seconds from now, so
+the piece never runs dry when::
 
-The first audio is held until that holds, until the synthesis has produced everything (or
-waits for more streamed text), or until ``max_preroll_s`` after the first audio was produced,
-whichever comes first; from then on every chunk is sent as soon as it exists. The bound keeps
-the added first-audio latency bounded (``--max-preroll-ms``; 0 disables the pre-roll).
+    A + Q >= R (1 / r - 1) + d        (and always when r >= 1)
+
+(:func:`needed_hold_s`). Once released, a piece's audio is sent as soon as it exists. A held
+piece is also released when it is complete (the next piece starts, the engine request ends),
+when production stops (end of the text, waiting for streamed text, an error), and at the bound:
+``max_hold_s`` (``--max-preroll-ms``) after the hold became audible (the piece's first audio
+was ready and the client had played everything before it), and for a response's first piece
+no later than :data:`FIRST_AUDIO_LIMIT_S` after its synthesis started (Home Assistant's
+Voice PE gives up at about 5 s without audio). On a machine faster than playback ``r >= 1``
+and nothing is held. Before any chunk-to-chunk measurement (the first chunk of a fresh
+server's first response) ``r`` is the response's audio per second of work so far, start-up
+included, which errs slow.
+
+The expected length of a piece is the speech of its text (:func:`expected_speech_s`) times
+the ratio measured on earlier pieces (:meth:`ProductionHistory.length_ratio`) times
+:data:`LENGTH_MARGIN`.
 """
 
 from __future__ import annotations
@@ -27,21 +43,46 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
 from wyoming.event import Event
 
-from .output import ClientGone
+from .output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone
 
 _LOGGER = logging.getLogger(__name__)
 
 LATIN_CHARS_PER_S = 14.0
 """Characters of non-CJK text per second of speech, on the slow side of read English
 (about 150 words/min x 5.5-6 characters with the blank = 14-15 characters/s; the benchmark
-decodes 15 characters/s), so the expected length errs long and the pre-roll errs safe."""
+decodes 15 characters/s), so the expected length errs long and the hold errs safe."""
 CJK_CHARS_PER_S = 4.0
 """Han, kana and hangul characters per second of speech (read Mandarin: about 4-5 syllables/s,
 one character each), on the slow side for the same reason."""
+FIRST_AUDIO_LIMIT_S = 2.5
+"""Latest first audio after a response's synthesis started, seconds, unless the first chunk
+itself comes later: issue 26's target for a 60-character sentence (the Voice PE satellite
+gives up at about 5 s without audio, shared spec ``wyoming.md``)."""
+FIRST_PIECE_MAX_S = 2.5
+"""Longest expected speech of a response's first piece when synthesis is slower than
+playback, seconds (35 Latin / 10 CJK characters): with ``r`` about 0.5 such a piece is safe
+to play through after about its own length of production, within :data:`FIRST_AUDIO_LIMIT_S`
+of a first chunk at 1-1.5 s (``balanced`` on the 2-core reference machine, BENCHMARKS.md)."""
+FIRST_PIECE_MIN_S = 0.8
+"""Shortest first piece, and shortest rest of its sentence, seconds (about two words): a
+shorter cut saves little and leaves a fragment for the LLM to speak alone."""
+LENGTH_MARGIN = 1.15
+"""Factor on a piece's predicted length: predicting too short lets a pause fall inside the
+piece, too long only lengthens the pause before it (the measured ratio scatters by about
++-10 % between sentences of the tiny and the full model)."""
+PRIOR_WEIGHT_S = 10.0
+"""Seconds of engine work the runtime's history counts as, next to this response's own
+measurement (which dominates after about one sentence)."""
+HISTORY_DECAY = 0.5
+"""Weight of the history against each new response: recent responses count most (the
+machine's load changes)."""
+MIN_PIECE_FOR_RATIO_S = 0.5
+"""Pieces with less expected speech than this do not update the length ratio (too noisy)."""
 
 
 def expected_speech_s(text: str) -> float:
@@ -54,143 +95,304 @@ def expected_speech_s(text: str) -> float:
     return cjk / CJK_CHARS_PER_S + max(other, 0) / LATIN_CHARS_PER_S
 
 
-def needed_preroll_s(
-    produced_s: float, elapsed_s: float, expected_s: float, chunk_s: float = 0.0
-) -> float:
-    """Audio seconds that must be in hand before playback starts (``R (1 / r - 1) + d``).
+def needed_hold_s(remaining_s: float, rate: float, chunk_s: float = 0.0) -> float:
+    """Audio seconds that must be in hand (this piece's ``A`` plus the client's queue ``Q``)
+    before a piece with ``remaining_s`` seconds still to come can play through:
+    ``R (1 / r - 1) + d``.
 
     Args:
-        produced_s: audio produced so far, seconds.
-        elapsed_s: wall-clock seconds of production so far (> 0).
-        expected_s: expected audio of the whole response, seconds.
-        chunk_s: ``d``, the duration of the longest chunk so far, seconds.
+        remaining_s: ``R``, expected seconds of the piece not produced yet (>= 0).
+        rate: ``r``, audio seconds produced per second of work (> 0).
+        chunk_s: ``d``, the longest chunk so far, seconds.
 
     Returns:
-        0 when production keeps up (``r >= 1``) or nothing remains; ``inf`` before any audio.
+        0 when production keeps up (``r >= 1``) or nothing remains.
+
+    Raises:
+        ValueError: ``rate`` <= 0.
     """
-    if produced_s <= 0.0:
-        return float("inf")
-    remaining_s = max(expected_s - produced_s, 0.0)
-    rate = produced_s / max(elapsed_s, 1e-9)
-    if rate >= 1.0 or remaining_s == 0.0:
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0, got {rate}")
+    if rate >= 1.0 or remaining_s <= 0.0:
         return 0.0
     return remaining_s * (1.0 / rate - 1.0) + chunk_s
 
 
-class PrerollGate:
-    """Per-response gate between the synthesis and the connection (one per request).
+class ProductionHistory:
+    """The runtime's recent production rate and piece-length ratio (one per server runtime;
+    used on the event loop only).
+
+    Attributes:
+        audio_s: decayed sum of audio seconds produced within pieces (after each piece's
+            first chunk) by finished responses.
+        work_s: decayed sum of the seconds that took.
+        ratio: measured / expected length of recent pieces (None before the first).
+    """
+
+    def __init__(self) -> None:
+        self.audio_s = 0.0
+        self.work_s = 0.0
+        self.ratio: float | None = None
+
+    def rate(self) -> float | None:
+        """Audio seconds per second within pieces of recent responses, or None before any."""
+        return self.audio_s / self.work_s if self.work_s > 0 and self.audio_s > 0 else None
+
+    def add_response(self, audio_s: float, work_s: float) -> None:
+        """Count one finished response's chunk-to-chunk production (nothing when none)."""
+        if audio_s > 0 and work_s > 0:
+            self.audio_s = self.audio_s * HISTORY_DECAY + audio_s
+            self.work_s = self.work_s * HISTORY_DECAY + work_s
+
+    def add_piece(self, measured_s: float, expected_s: float) -> None:
+        """Count one complete piece: ``measured_s`` of audio for ``expected_s`` expected."""
+        if expected_s < MIN_PIECE_FOR_RATIO_S or measured_s <= 0:
+            return
+        ratio = measured_s / expected_s
+        self.ratio = ratio if self.ratio is None else (
+            self.ratio * HISTORY_DECAY + ratio * (1 - HISTORY_DECAY))
+
+    def length_ratio(self) -> float:
+        """Factor from :func:`expected_speech_s` to the measured length (1 before any)."""
+        return 1.0 if self.ratio is None else self.ratio
+
+
+@dataclass
+class _Piece:
+    """One piece being produced: its held events and figures."""
+
+    key: tuple[int, int]
+    expected_s: float
+    first_at: float
+    deadline: float
+    audio_s: float = 0.0
+    last_chunk_at: float = 0.0
+    released: bool = False
+    held: list[tuple[list[Event], float]] = field(default_factory=list)
+
+
+class PieceGate:
+    """Per-response gate between the synthesis and the connection (one per response).
+
+    Call :meth:`begin_text` before each engine request, :meth:`audio` for each of its chunks,
+    :meth:`end_text` after it (also after a failure), :meth:`release` when production stops
+    for a while, and :meth:`close` at the end of the response.
 
     Args:
         send: writes one event to the client (``EventSink.send``).
-        max_preroll_s: longest hold after the first audio was produced; 0 = never hold.
-        expected_speech_s: callable giving the expected audio seconds of the whole response
-            (called at each decision: a stream's text grows while it plays).
-        clock: monotonic seconds (tests may pass their own).
+        max_hold_s: longest audible silence one hold may add, seconds; 0 = never hold.
+        history: the runtime's :class:`ProductionHistory` (updated at :meth:`close`).
+        clock: monotonic seconds (tests pass their own).
+        first_audio_limit_s: :data:`FIRST_AUDIO_LIMIT_S`.
 
     Attributes:
         first_sent_at: ``clock()`` when the first audio was sent, or None.
-        held_s: seconds the first audio was held (0 until it was sent).
+        held_s: seconds the first audio was held after it was ready (0 until sent).
+        piece_starts_samples: sample offset, in the audio sent, of the first sample of each
+            piece (24 kHz samples; the benchmark tells pauses between pieces from pauses
+            inside one with these).
+        sent_samples: samples sent so far.
+        holds: ``(audible hold seconds, piece key)`` of every held piece, for the log.
     """
 
     def __init__(
         self,
         send: Callable[[Event], Awaitable[None]],
-        max_preroll_s: float,
-        expected_speech_s: Callable[[], float],
+        max_hold_s: float,
+        history: ProductionHistory,
         clock: Callable[[], float] = time.monotonic,
+        first_audio_limit_s: float = FIRST_AUDIO_LIMIT_S,
     ) -> None:
-        if max_preroll_s < 0:
-            raise ValueError(f"max_preroll_s must be >= 0, got {max_preroll_s}")
+        if max_hold_s < 0:
+            raise ValueError(f"max_hold_s must be >= 0, got {max_hold_s}")
         self._send = send
-        self.max_preroll_s = max_preroll_s
-        self._expected = expected_speech_s
+        self.max_hold_s = max_hold_s
+        self.history = history
         self._clock = clock
+        self.first_audio_limit_s = first_audio_limit_s
         self._lock = asyncio.Lock()
-        self._held: list[Event] = []
-        self._released = max_preroll_s == 0
         self._timer: asyncio.Task[None] | None = None
+        self._texts = 0
+        self._expected: list[float] = []
+        self._piece: _Piece | None = None
+        self._work_since: float | None = None
         self.started_at: float | None = None
         self.first_audio_at: float | None = None
         self.first_sent_at: float | None = None
         self.produced_s = 0.0
+        self.work_s = 0.0
+        self.steady_audio_s = 0.0
+        """Audio produced within pieces after their first chunk, seconds."""
+        self.steady_work_s = 0.0
+        """Seconds from each such chunk's predecessor in its piece to it."""
         self.longest_chunk_s = 0.0
         self.held_s = 0.0
+        self.play_end: float | None = None
+        self.sent_samples = 0
+        self.piece_starts_samples: list[int] = []
+        self.holds: list[tuple[float, tuple[int, int]]] = []
+        self._last_sent_key: tuple[int, int] | None = None
 
-    @property
-    def released(self) -> bool:
-        """True once audio flows through without holding."""
-        return self._released
-
-    def start(self) -> None:
-        """Mark the start of production (the first call counts; later calls are ignored)."""
+    # --- the production side ------------------------------------------------------------
+    def begin_text(self, piece_expected_s: Sequence[float]) -> None:
+        """An engine request starts; ``piece_expected_s`` = expected speech of each of its
+        pieces in seconds (from their texts; the last entry stands for any later piece)."""
+        now = self._clock()
         if self.started_at is None:
-            self.started_at = self._clock()
+            self.started_at = now
+        self._texts += 1
+        self._expected = list(piece_expected_s) or [0.0]
+        self._work_since = now
 
-    async def audio(self, events: list[Event], duration_s: float) -> None:
+    def stop_work(self) -> None:
+        """The engine request stopped working (done or failed): its work time is counted."""
+        if self._work_since is not None:
+            self.work_s += self._clock() - self._work_since
+            self._work_since = None
+
+    async def end_text(self) -> None:
+        """The engine request ended: its last piece is complete (sent now if held).
+
+        Raises:
+            ClientGone: the client disconnected.
+        """
+        self.stop_work()
+        async with self._lock:
+            await self._finish_piece()
+
+    def rate(self) -> float | None:
+        """``r``: audio seconds per second within pieces, this response blended with the
+        history (:data:`PRIOR_WEIGHT_S`); without either, audio per second of work so far;
+        None before any audio."""
+        audio, work = self.steady_audio_s, self.steady_work_s
+        prior = self.history.rate()
+        if prior is not None:
+            weight = min(self.history.work_s, PRIOR_WEIGHT_S)
+            audio += prior * weight
+            work += weight
+        if work > 0 and audio > 0:
+            return audio / work
+        work = self.work_s
+        if self._work_since is not None:
+            work += self._clock() - self._work_since
+        return self.produced_s / work if work > 0 and self.produced_s > 0 else None
+
+    async def audio(self, events: list[Event], duration_s: float, piece_index: int = 0) -> None:
         """Send (or hold) the ``audio-chunk`` events of one engine chunk of ``duration_s``
-        seconds, in order.
+        seconds that belongs to piece ``piece_index`` of the current engine request.
 
         Raises:
             ClientGone: the client disconnected.
         """
         async with self._lock:
+            now = self._clock()
+            key = (self._texts, piece_index)
+            if self._piece is None or self._piece.key != key:
+                await self._finish_piece()
+                self._piece = self._start_piece(key, now)
+            elif duration_s > 0:
+                self.steady_audio_s += duration_s
+                self.steady_work_s += now - self._piece.last_chunk_at
+            piece = self._piece
+            piece.last_chunk_at = now
             self.produced_s += duration_s
             self.longest_chunk_s = max(self.longest_chunk_s, duration_s)
-            if self._released:
-                for event in events:
-                    await self._send_one(event)
-                return
-            now = self._clock()
-            self.start()
-            self._held.extend(events)
+            piece.audio_s += duration_s
             if self.first_audio_at is None:
                 self.first_audio_at = now
-                self._timer = asyncio.create_task(self._release_at_bound())
-            assert self.started_at is not None
-            needed = needed_preroll_s(self.produced_s, now - self.started_at, self._expected(),
-                                      self.longest_chunk_s)
-            if self.produced_s >= needed or now - self.first_audio_at >= self.max_preroll_s:
-                _LOGGER.debug("pre-roll: %.2f s in hand, %.2f s needed", self.produced_s, needed)
-                await self._release_locked()
+            if piece.released:
+                await self._send_chunk(piece.key, events, duration_s)
+                return
+            piece.held.append((events, duration_s))
+            if self._can_play_through(piece, now) or now >= piece.deadline:
+                await self._release_piece(piece)
+            elif self._timer is None:
+                self._timer = asyncio.create_task(self._release_at(piece))
 
     async def release(self) -> None:
-        """Send everything held and stop holding (end of production, or waiting for text).
+        """Send everything held; the current piece plays through (production pauses).
 
         Raises:
             ClientGone: the client disconnected.
         """
         async with self._lock:
-            await self._release_locked()
+            if self._piece is not None:
+                await self._release_piece(self._piece)
 
     async def close(self) -> None:
-        """Cancel the bound's timer (held audio is not sent; call :meth:`release` first)."""
-        timer, self._timer = self._timer, None
-        if timer is not None and timer is not asyncio.current_task():
-            timer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ClientGone):
-                await timer
+        """End of the response: count it in the history and stop the timer (held audio is
+        not sent; call :meth:`release` first)."""
+        self._cancel_timer()
+        self.history.add_response(self.steady_audio_s, self.steady_work_s)
+        if self.holds:
+            _LOGGER.debug("held pieces (audible s, key): %s",
+                          ", ".join(f"{s:.2f} {k}" for s, k in self.holds))
 
-    async def _release_locked(self) -> None:
-        if self._released:
+    # --- the rule -----------------------------------------------------------------------
+    def _start_piece(self, key: tuple[int, int], now: float) -> _Piece:
+        index = min(key[1], len(self._expected) - 1)
+        expected = self._expected[index] * self.history.length_ratio() * LENGTH_MARGIN
+        queued_end = self.play_end if self.play_end is not None else now
+        deadline = max(now, queued_end) + self.max_hold_s
+        if self.first_sent_at is None and self.started_at is not None:
+            deadline = min(deadline, max(now, self.started_at + self.first_audio_limit_s))
+        return _Piece(key, expected, now, deadline, last_chunk_at=now,
+                      released=self.max_hold_s == 0)
+
+    def _can_play_through(self, piece: _Piece, now: float) -> bool:
+        rate = self.rate()
+        if rate is None:
+            return False
+        queued = max((self.play_end or now) - now, 0.0)
+        remaining = max(piece.expected_s - piece.audio_s, 0.0)
+        return piece.audio_s + queued >= needed_hold_s(remaining, rate, self.longest_chunk_s)
+
+    async def _finish_piece(self) -> None:
+        piece, self._piece = self._piece, None
+        if piece is None:
             return
-        self._released = True
-        if self.first_audio_at is not None:
-            self.held_s = self._clock() - self.first_audio_at
-        held, self._held = self._held, []
-        for event in held:
-            await self._send_one(event)
+        index = min(piece.key[1], len(self._expected) - 1)
+        self.history.add_piece(piece.audio_s, self._expected[index])
+        await self._release_piece(piece)
+
+    async def _release_piece(self, piece: _Piece) -> None:
+        if piece.released:
+            return
+        piece.released = True
+        self._cancel_timer()
+        now = self._clock()
+        audible_from = max(piece.first_at, self.play_end or piece.first_at)
+        if piece.held:
+            self.holds.append((max(now - audible_from, 0.0), piece.key))
+            if self.first_sent_at is None and self.first_audio_at is not None:
+                self.held_s = now - self.first_audio_at
+        held, piece.held = piece.held, []
+        for events, duration_s in held:
+            await self._send_chunk(piece.key, events, duration_s)
+
+    async def _send_chunk(self, key: tuple[int, int], events: list[Event],
+                          duration_s: float) -> None:
+        if self._last_sent_key != key:
+            self.piece_starts_samples.append(self.sent_samples)
+            self._last_sent_key = key
+        for event in events:
+            await self._send(event)
+            if self.first_sent_at is None:
+                self.first_sent_at = self._clock()
+            self.sent_samples += len(event.payload or b"") // (SAMPLE_WIDTH_BYTES * CHANNELS)
+        # the client's playback clock: it plays from the first audio on, waits when dry
+        now = self._clock()
+        self.play_end = max(self.play_end if self.play_end is not None else now, now) + duration_s
+
+    def _cancel_timer(self) -> None:
         timer, self._timer = self._timer, None
         if timer is not None and timer is not asyncio.current_task():
             timer.cancel()
 
-    async def _send_one(self, event: Event) -> None:
-        await self._send(event)
-        if self.first_sent_at is None:
-            self.first_sent_at = self._clock()
-
-    async def _release_at_bound(self) -> None:
-        assert self.first_audio_at is not None
-        delay = self.first_audio_at + self.max_preroll_s - self._clock()
-        await asyncio.sleep(max(delay, 0.0))
+    async def _release_at(self, piece: _Piece) -> None:
+        await asyncio.sleep(max(piece.deadline - self._clock(), 0.0))
         with contextlib.suppress(ClientGone):  # the request's own next send reports it
-            await self.release()
+            async with self._lock:
+                if self._timer is asyncio.current_task():
+                    self._timer = None
+                await self._release_piece(piece)

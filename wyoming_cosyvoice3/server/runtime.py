@@ -32,6 +32,7 @@ from .engine_port import (
     default_model_locator,
 )
 from .limits import ConnectionCounter
+from .preroll import ProductionHistory
 from .settings import Settings
 from .synthesis_runner import ServerBusy, SynthesisRunner
 from .voice_slots import VoiceSlot, prepare_slot
@@ -86,6 +87,11 @@ class ServerRuntime(SynthesisRunner):
         self.download_attempts = 0
         self.waiting_event = threading.Event()
         """Set once a download attempt failed and a retry is scheduled."""
+        self.production = ProductionHistory()
+        """Recent production rate and piece lengths (the piece gate's prior, :mod:`.preroll`)."""
+        self.bench_observer: EngineObserver | None = self._bench_observer()
+        """The benchmark's recorder (``--bench-stats-file``), else None; the server also
+        reports each response's piece boundaries to it (``response_pieces``)."""
 
     # --- loading ------------------------------------------------------------------------
 
@@ -117,7 +123,7 @@ class ServerRuntime(SynthesisRunner):
                 flow_precision=self.synthesis_options().flow_precision,
                 # quality: one DiT graph (the streaming one) for chunks and full attention
                 flow_chunk_causal=self.synthesis_options().flow_chunk_causal,
-                observer=self._bench_observer(),
+                observer=self.bench_observer,
             )
             engine = self._built_engine = self._engine_factory(model_dir, options)
             self.phase = "preparing voices"

@@ -18,7 +18,6 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 from wyoming.audio import AudioChunk as WyomingAudioChunk
@@ -27,9 +26,15 @@ from wyoming.audio import AudioStart, AudioStop
 from ..engine.constants import OUTPUT_SAMPLE_RATE_HZ
 from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, SynthesisTimeout
 from ..engine.text.markdown import markdown_to_speech
+from ..engine.text.split import split_first_clause
 from ..engine.types import AudioChunk
 from .output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
-from .preroll import PrerollGate, expected_speech_s
+from .preroll import (
+    FIRST_PIECE_MAX_S,
+    FIRST_PIECE_MIN_S,
+    PieceGate,
+    expected_speech_s,
+)
 from .requests import SpeakRequest, VoiceRequest, select_voice
 from .runtime import ServerRuntime, VoiceSlot
 from .sink import EventSink
@@ -86,13 +91,14 @@ async def voice_or_error(runtime: ServerRuntime, sink: EventSink,
 
 async def speak(
     runtime: ServerRuntime, sink: EventSink, text: str, slot: VoiceSlot, stats: RequestStats,
-    t0: float, extra_stop: threading.Event | None = None, gate: PrerollGate | None = None,
+    t0: float, extra_stop: threading.Event | None = None, gate: PieceGate | None = None,
     language_hint: str | None = None,
 ) -> None:
     """Synthesise ``text`` and send its audio-chunk events (audio-start already sent).
 
-    With ``gate`` the events go through the response's pre-roll gate (:mod:`.preroll`), which
-    may hold back the first audio; ``stats.first_chunk_s`` is when audio was really sent.
+    With ``gate`` the events go through the response's piece gate (:mod:`.preroll`), which
+    may hold back each piece's audio until it can play through; ``stats.first_chunk_s`` is
+    when audio was really sent.
 
     The wall-clock limit (``max_request_s``) counts from the first ``should_stop`` call, made
     when the request got its worker; the engine enforces the same limit, this is a backstop.
@@ -133,7 +139,7 @@ async def speak(
         ]
         samples = len(pcm) // SAMPLE_WIDTH_BYTES
         if gate is not None:
-            await gate.audio(events, samples / OUTPUT_SAMPLE_RATE_HZ)
+            await gate.audio(events, samples / OUTPUT_SAMPLE_RATE_HZ, chunk.piece_index)
             stats.audio_samples += samples
         else:
             for event in events:
@@ -142,13 +148,19 @@ async def speak(
         note_first_chunk(stats, gate, t0)
 
     stats.sentences += 1
-    if gate is not None:
-        gate.start()
     if slot.prompt is None:
         raise CosyVoiceError(f"voice {slot.entry.name!r} is not prepared")
+    if gate is not None:
+        gate.begin_text(await piece_expectations(runtime, text, options.language_hint))
     try:
-        stats.compute_s += await runtime.run_synthesis(text, slot.prompt, options, stop,
-                                                       on_chunk)
+        try:
+            stats.compute_s += await runtime.run_synthesis(text, slot.prompt, options, stop,
+                                                           on_chunk)
+        finally:
+            if gate is not None:
+                gate.stop_work()
+        if gate is not None:
+            await gate.end_text()
     except EmptyText:
         _LOGGER.debug("Nothing speakable in %r", text[:80])
     except SynthesisCancelled:
@@ -164,7 +176,52 @@ async def speak(
         raise
 
 
-def note_first_chunk(stats: RequestStats, gate: PrerollGate | None, t0: float) -> None:
+async def piece_expectations(runtime: ServerRuntime, text: str,
+                             language_hint: str | None) -> list[float]:
+    """Expected seconds of speech of each piece the engine will make of ``text``.
+
+    The real engine's text front end (``engine.frontend.split_pieces``: normalised pieces, as
+    the engine cuts them) when the engine has one, in a worker thread (about 1 ms per 100
+    characters); else the whole text as one piece (test stand-ins). ``[0.0]`` when nothing
+    is speakable.
+    """
+    frontend = getattr(runtime.engine, "frontend", None)
+    split = getattr(frontend, "split_pieces", None)
+    if not callable(split):
+        return [expected_speech_s(text)]
+    try:
+        pieces = await asyncio.to_thread(split, text, language_hint)
+    except CosyVoiceError:  # the engine reports it itself
+        return [expected_speech_s(text)]
+    return [expected_speech_s(str(piece)) for piece in pieces] or [0.0]
+
+
+def first_pieces(runtime: ServerRuntime, gate: PieceGate | None, text: str) -> list[str]:
+    """``text`` as the texts of the engine requests of a response's start: a long first
+    sentence gives a short first request, cut at a clause boundary
+    (:func:`~..engine.text.split.split_first_clause`, :data:`.preroll.FIRST_PIECE_MAX_S`),
+    so the first piece can play through early. Only when audio may be held (``gate`` with a
+    bound), nothing was produced yet, and production is not known to be faster than
+    playback (a fast machine keeps the sentence whole: one LLM pass, unbroken prosody).
+    """
+    if gate is None or gate.max_hold_s == 0 or gate.started_at is not None:
+        return [text]
+    rate = runtime.production.rate()
+    if rate is not None and rate >= 1.0:
+        return [text]
+    head, rest = split_first_clause(text, FIRST_PIECE_MAX_S, FIRST_PIECE_MIN_S,
+                                    expected_speech_s)
+    return [head, rest] if rest else [text]
+
+
+def report_pieces(runtime: ServerRuntime, gate: PieceGate) -> None:
+    """Hand the response's piece boundaries to the benchmark's recorder (when it runs)."""
+    report = getattr(runtime.bench_observer, "response_pieces", None)
+    if callable(report):
+        report(gate.piece_starts_samples, gate.sent_samples)
+
+
+def note_first_chunk(stats: RequestStats, gate: PieceGate | None, t0: float) -> None:
     """Set ``stats.first_chunk_s`` once audio was sent (by the gate, maybe held before)."""
     if stats.first_chunk_s is not None:
         return
@@ -174,14 +231,15 @@ def note_first_chunk(stats: RequestStats, gate: PrerollGate | None, t0: float) -
         stats.first_chunk_s = gate.first_sent_at - t0
 
 
-def preroll_gate(runtime: ServerRuntime, sink: EventSink,
-                 expected_s: Callable[[], float]) -> PrerollGate:
-    """The pre-roll gate of one response (``--max-preroll-ms``; 0 sends at once)."""
-    return PrerollGate(sink.send, runtime.settings.max_preroll_ms / 1000.0, expected_s)
+def piece_gate(runtime: ServerRuntime, sink: EventSink) -> PieceGate:
+    """The piece gate of one response (``--max-preroll-ms`` bounds each hold; 0 sends at
+    once)."""
+    return PieceGate(sink.send, runtime.settings.max_preroll_ms / 1000.0, runtime.production)
 
 
-async def finish_gate(gate: PrerollGate, sink: EventSink) -> None:
-    """Send what ``gate`` holds (unless the client is gone) and stop its timer.
+async def finish_gate(runtime: ServerRuntime, gate: PieceGate, sink: EventSink) -> None:
+    """Send what ``gate`` holds (unless the client is gone), stop its timer, count the
+    response in the runtime's history and report its pieces to the benchmark.
 
     Raises:
         ClientGone: the client disconnected while the held audio was sent.
@@ -191,6 +249,7 @@ async def finish_gate(gate: PrerollGate, sink: EventSink) -> None:
             await gate.release()
     finally:
         await gate.close()
+        report_pieces(runtime, gate)
 
 
 async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRequest) -> None:
@@ -207,15 +266,15 @@ async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRe
     stats.voice, stats.chars = slot.entry.name, len(request.text)
     await sink.send(audio_start().event())
     outcome = "done"
-    expected_s = expected_speech_s(request.text)
-    gate = preroll_gate(runtime, sink, lambda: expected_s)
+    gate = piece_gate(runtime, sink)
     try:
         try:
             text = await speech_text(request.text)
-            await speak(runtime, sink, text, slot, stats, request.received, gate=gate,
-                        language_hint=request.voice.language)
+            for part in first_pieces(runtime, gate, text):
+                await speak(runtime, sink, part, slot, stats, request.received, gate=gate,
+                            language_hint=request.voice.language)
         finally:
-            await finish_gate(gate, sink)  # the audio made so far, also before an error
+            await finish_gate(runtime, gate, sink)  # the audio made so far, also on error
         note_first_chunk(stats, gate, request.received)
     except ClientGone:
         stats.log("cancelled (client gone)")

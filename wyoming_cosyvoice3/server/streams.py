@@ -29,7 +29,7 @@ from ..engine.errors import CosyVoiceError, TextError, TextTooLong
 from ..engine.text.markdown import MarkdownSpeech
 from ..engine.text.script import english_cues
 from .output import ClientGone, RequestStats
-from .preroll import PrerollGate, expected_speech_s
+from .preroll import PieceGate, expected_speech_s
 from .requests import SpeakRequest, check_chunk_text
 from .runtime import ServerRuntime, VoiceSlot
 from .sink import EventSink
@@ -37,8 +37,9 @@ from .speech import (
     INTERNAL_ERROR,
     audio_start,
     finish_gate,
+    first_pieces,
     note_first_chunk,
-    preroll_gate,
+    piece_gate,
     speak,
     voice_or_error,
 )
@@ -100,8 +101,6 @@ class StreamRequest:
     failed: bool = False
     finished: bool = False
     waiting_for_text: bool = False
-    expected_speech_s: float = 0.0
-    """Expected seconds of speech of all text received so far (pre-roll, :mod:`.preroll`)."""
     carry: StreamText | StreamError | None = None
     """An item taken from ``items`` while merging that did not fit; it comes next."""
     has_carry: bool = False
@@ -173,7 +172,6 @@ class StreamRequest:
                              f"{self.max_chars} characters; the rest of this response is "
                              "dropped (raise --max-text-chars)")
             return
-        self.expected_speech_s += expected_speech_s(text)
         self.received_chars += len(text)
         self._converting = True
         try:
@@ -247,12 +245,12 @@ async def run_stream(runtime: ServerRuntime, sink: EventSink, stream: StreamRequ
         stats.voice = slot.entry.name
     await sink.send(audio_start().event())
     outcome = "failed" if failed else "done"
-    gate = preroll_gate(runtime, sink, lambda: stream.expected_speech_s)
+    gate = piece_gate(runtime, sink)
     try:
         failed, outcome = await _speak_items(runtime, sink, stream, slot, stats, gate, failed,
                                              outcome)
     finally:
-        await finish_gate(gate, sink)
+        await finish_gate(runtime, gate, sink)
     if stream.cancelled.is_set():
         outcome = "abandoned (no synthesize-stop)"
     await sink.send(AudioStop().event())
@@ -262,7 +260,7 @@ async def run_stream(runtime: ServerRuntime, sink: EventSink, stream: StreamRequ
 
 async def _speak_items(
     runtime: ServerRuntime, sink: EventSink, stream: StreamRequest, slot: VoiceSlot | None,
-    stats: RequestStats, gate: PrerollGate, failed: bool, outcome: str,
+    stats: RequestStats, gate: PieceGate, failed: bool, outcome: str,
 ) -> tuple[bool, str]:
     """Speak the stream's sentences until its end marker; returns (failed, outcome)."""
     for _ in range(stream.max_items):  # ends at the None marker
@@ -287,8 +285,10 @@ async def _speak_items(
         if failed or slot is None:
             continue
         try:
-            await speak(runtime, sink, item.text, slot, stats, item.queued_at, stream.cancelled,
-                        gate=gate, language_hint=stream.language_hint(item.text))
+            hint = stream.language_hint(item.text)
+            for part in first_pieces(runtime, gate, item.text):  # a long first sentence: 2
+                await speak(runtime, sink, part, slot, stats, item.queued_at, stream.cancelled,
+                            gate=gate, language_hint=hint)
             if stream.items.empty() and not stream.has_carry:  # waiting for text: holding
                 # audio back gains nothing
                 await gate.release()

@@ -21,6 +21,10 @@ becomes one huge piece. This module keeps the sentence rule and bounds every pie
    otherwise), as upstream adds one to a text without final punctuation: the LLM then
    ends the piece as a sentence.
 
+A response's first piece can also be cut shorter than a sentence
+(:func:`split_first_clause`): when synthesis runs slower than playback, the first audio waits
+for the first piece to be safe to play through, so a short first piece means early first audio.
+
 Every loop runs over a finite list or advances by at least one character per step.
 """
 
@@ -41,8 +45,19 @@ SENTENCE_MARKS = frozenset("。？！；：、….?!;:।؟۔")
 """Sentence ends: upstream's zh and en sets, plus the ellipsis, danda and Arabic marks."""
 CLAUSE_MARKS = frozenset(",，、–—")
 """Second-level cut points for sentences that are too long."""
+FIRST_CLAUSE_MARKS = frozenset(",;:，、；：–—")
+"""Clause ends where a first piece may be cut: commas, semicolons, colons, dashes (Latin and
+CJK full-width forms)."""
+CONJUNCTIONS = frozenset({
+    "and", "but", "or", "so", "because", "while", "whereas", "although", "though", "which",
+    "when", "then", "und", "aber", "oder", "weil", "denn", "et", "mais", "y", "pero", "e", "ma",
+})
+"""Words a clause may start with (English, German, French, Spanish, Italian): with no clause
+mark in reach, a first piece is cut before one of them (``"The lights are off | and the door
+is locked."``)."""
 _CLOSERS = frozenset("\"'”’)）」』»】]>")
 _ASCII_MARKS = frozenset(".?!;:,")
+_CJK = frozenset({"han", "kana", "hangul"})
 _WORD_SPLIT = re.compile(r"\s*\S+")
 
 
@@ -167,3 +182,58 @@ def _with_full_stop(piece: str) -> str:
     if unicodedata.category(last)[0] not in "LN":
         return piece
     return piece + ("。" if char_script(last) in ("han", "kana") else ".")
+
+
+def split_first_clause(
+    text: str, max_s: float, min_s: float, speech_s: Callable[[str], float]
+) -> tuple[str, str]:
+    """Cut a short first piece off ``text`` when its first sentence is long.
+
+    The first sentence (up to the first :data:`SENTENCE_MARKS` cut) is left alone when its
+    expected speech is at most ``max_s``. Otherwise the head is the longest prefix of it
+    within ``max_s`` and at least ``min_s`` that ends, in this order of preference: after a
+    :data:`FIRST_CLAUSE_MARKS` run, before a :data:`CONJUNCTIONS` word, before a blank,
+    between two CJK characters (a Chinese or Japanese sentence without a comma); a run of
+    Latin letters is never cut inside (it may be a name or an address). The rest of the
+    sentence must keep at least ``min_s`` too, so a cut never leaves a one-word tail.
+
+    Args:
+        text: the text of a response's first engine request (speech text).
+        max_s: longest expected speech of the head, seconds.
+        min_s: shortest expected speech of the head and of the rest of the sentence, seconds.
+        speech_s: expected seconds of speech of a string (the server's
+            ``preroll.expected_speech_s``).
+
+    Returns:
+        ``(head, rest)``, both stripped, ``head + " " + rest`` reading as ``text``;
+        ``(text.strip(), "")`` when nothing is cut.
+
+    Raises:
+        ValueError: ``min_s`` < 0 or ``max_s`` < ``min_s``.
+    """
+    if min_s < 0 or max_s < min_s:
+        raise ValueError(f"need 0 <= min_s <= max_s, got {min_s}, {max_s}")
+    stripped = text.strip()
+    sentences = cut_after_marks(stripped, SENTENCE_MARKS)
+    first = sentences[0] if sentences else ""
+    if speech_s(first) <= max_s:
+        return stripped, ""
+    # candidate cut positions in ``first``, by preference; each must leave both parts long
+    # enough (speech_s is monotonic in the prefix, so the last fitting cut is the longest)
+    clause_cuts = []
+    position = 0
+    for segment in cut_after_marks(first, FIRST_CLAUSE_MARKS)[:-1]:
+        position += len(segment)
+        clause_cuts.append(position)
+    conjunction_cuts = [m.start() for m in re.finditer(r"(?<=\s)(\w+)\b", first)
+                        if m.group(1).lower() in CONJUNCTIONS]
+    blank_cuts = [m.start() for m in re.finditer(r"\s+", first)]
+    cjk_cuts = [c for c in range(1, len(first))
+                if char_script(first[c - 1]) in _CJK and char_script(first[c]) in _CJK]
+    for cuts in (clause_cuts, conjunction_cuts, blank_cuts, cjk_cuts):
+        fitting = [c for c in cuts
+                   if min_s <= speech_s(first[:c]) <= max_s and speech_s(first[c:]) >= min_s]
+        if fitting:
+            cut = max(fitting)
+            return first[:cut].strip(), stripped[cut:].strip()
+    return stripped, ""

@@ -1,0 +1,300 @@
+"""Piece-aligned pauses (issue 26): the piece gate with a fake clock, the first-piece clause
+split, and the real server over TCP with a slowed multi-piece engine.
+
+The fake production: each piece starts after ``overhead_s`` (LLM prefill, first hop), then
+makes ``chunk_s`` of audio every ``chunk_s / rate`` seconds. The benchmark's player model
+(:func:`~wyoming_cosyvoice3.bench.player.simulate_playback`) replays what the gate sent and
+splits the stalls into pauses inside a piece and between pieces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from server_support import FaultyEngine, client, fake_model_dir, make_settings, read, running_server
+from wyoming.audio import AudioChunk
+from wyoming.event import Event
+from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop
+
+from wyoming_cosyvoice3.bench.player import simulate_playback
+from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
+from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.engine.text.split import split_first_clause
+from wyoming_cosyvoice3.engine.types import AudioChunk as EngineChunk
+from wyoming_cosyvoice3.engine.types import ShouldStop
+from wyoming_cosyvoice3.server.preroll import (
+    FIRST_AUDIO_LIMIT_S,
+    FIRST_PIECE_MAX_S,
+    FIRST_PIECE_MIN_S,
+    PieceGate,
+    ProductionHistory,
+    expected_speech_s,
+    needed_hold_s,
+)
+from wyoming_cosyvoice3.server.runtime import Engine
+
+MakeClip = Callable[..., Path]
+RATE_HZ = 24000
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _chunk_event(duration_s: float) -> Event:
+    samples = round(duration_s * RATE_HZ)
+    return AudioChunk(rate=RATE_HZ, width=2, channels=1, audio=bytes(2 * samples)).event()
+
+
+async def _produce(
+    pieces_s: list[float], rate: float, chunk_s: float, overhead_s: float,
+    max_hold_s: float = 60.0, history: ProductionHistory | None = None,
+    first_audio_limit_s: float = FIRST_AUDIO_LIMIT_S, expected_factor: float = 1.0,
+) -> tuple[list[tuple[float, float]], list[float], list[float]]:
+    """One engine request of ``pieces_s`` through a gate on a fake clock.
+
+    Returns:
+        (send time s, chunk s) of every chunk sent, piece starts in the audio (s), and the
+        production time of every chunk (s).
+    """
+    clock = FakeClock()
+    sent: list[tuple[float, float]] = []
+
+    async def send(event: Event) -> None:
+        sent.append((clock.now_s, len(event.payload or b"") / 2 / RATE_HZ))
+
+    gate = PieceGate(send, max_hold_s, history or ProductionHistory(), clock=clock,
+                     first_audio_limit_s=first_audio_limit_s)
+    produced = []
+    counts = [max(1, round(length_s / chunk_s)) for length_s in pieces_s]
+    gate.begin_text([n * chunk_s * expected_factor for n in counts])  # whole chunks
+    for index, count in enumerate(counts):
+        clock.now_s += overhead_s
+        for _ in range(count):
+            clock.now_s += chunk_s / rate
+            produced.append(clock.now_s)
+            await gate.audio([_chunk_event(chunk_s)], chunk_s, index)
+    await gate.end_text()
+    await gate.release()
+    await gate.close()
+    return sent, [n / RATE_HZ for n in gate.piece_starts_samples], produced
+
+
+def test_needed_hold_formula() -> None:
+    assert expected_speech_s("a" * 42) == pytest.approx(3.0)
+    assert expected_speech_s("你好世界") == pytest.approx(1.0)
+    # R = 1.8 s to come at r = 2/3: the piece needs 0.9 s + one 0.2 s chunk in hand
+    assert needed_hold_s(1.8, 2 / 3, 0.2) == pytest.approx(1.1)
+    assert needed_hold_s(2.0, 0.5) == pytest.approx(2.0)
+    assert needed_hold_s(2.0, 1.0, 0.2) == 0.0  # keeps up: never held
+    assert needed_hold_s(0.0, 0.5, 0.2) == 0.0  # nothing to come
+    with pytest.raises(ValueError):
+        needed_hold_s(1.0, 0.0)
+
+
+async def test_slow_machine_pauses_fall_only_at_piece_starts() -> None:
+    sent, starts, _ = await _produce([1.5, 4.0, 3.0, 6.0, 2.0], rate=0.5, chunk_s=0.25,
+                                     overhead_s=0.5)
+    report = simulate_playback(sent, piece_starts_s=starts)
+    assert len(starts) == 5
+    assert report.stalls >= 3  # RTF about 2.3: the listener waits somewhere
+    assert report.inside_stalls == 0 and report.between_stalls == report.stalls
+    assert report.start_s is not None and report.start_s <= FIRST_AUDIO_LIMIT_S + 1e-9
+
+
+async def test_without_the_gate_the_same_production_pauses_inside_pieces() -> None:
+    # the control: max_hold_s = 0 sends every chunk at once (today's behaviour after the
+    # pre-roll): the stalls fall inside the pieces
+    sent, starts, produced = await _produce([1.5, 4.0, 3.0, 6.0, 2.0], rate=0.5, chunk_s=0.25,
+                                            overhead_s=0.5, max_hold_s=0.0)
+    assert [t for t, _ in sent] == produced
+    report = simulate_playback(sent, piece_starts_s=starts)
+    assert report.inside_stalls is not None and report.inside_stalls > 10
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pieces=st.lists(st.floats(0.3, 8.0), min_size=1, max_size=6),
+    rate=st.floats(0.25, 0.99),
+    chunk_s=st.sampled_from([0.12, 0.25, 0.5, 1.0]),
+    overhead_s=st.floats(0.0, 1.5),
+)
+def test_no_pause_inside_a_piece_at_any_slow_rate(
+    pieces: list[float], rate: float, chunk_s: float, overhead_s: float
+) -> None:
+    # the rule alone (no first-audio limit, no bound): never dry inside a piece
+    sent, starts, _ = asyncio.run(_produce(pieces, rate, chunk_s, overhead_s,
+                                           first_audio_limit_s=1e9))
+    report = simulate_playback(sent, piece_starts_s=starts)
+    assert report.inside_stalls == 0, report.gaps
+
+
+async def test_fast_machine_adds_no_latency() -> None:
+    history = ProductionHistory()
+    # a fresh runtime knows no rate before a piece's second chunk: its first response's first
+    # chunk waits for the second (audio per second of work, start-up included, errs slow)
+    sent, _, produced = await _produce([2.0, 3.0, 1.0], rate=1.6, chunk_s=0.25,
+                                       overhead_s=0.3, history=history)
+    assert sent[0][0] == produced[1] and [t for t, _ in sent[2:]] == produced[2:]
+    assert history.rate() == pytest.approx(1.6)
+    # from then on every chunk leaves the moment it exists
+    for overhead_s in (0.3, 2.0):
+        sent, _, produced = await _produce([2.0, 3.0, 1.0], rate=1.6, chunk_s=0.25,
+                                           overhead_s=overhead_s, history=history)
+        assert [t for t, _ in sent] == produced
+
+
+async def test_first_piece_hold_is_capped() -> None:
+    # a 6 s first piece at r = 0.4 would need about 9 s in hand: first audio at the limit
+    sent, starts, _ = await _produce([6.0, 2.0], rate=0.4, chunk_s=0.25, overhead_s=1.0)
+    first_s = sent[0][0]
+    assert first_s == pytest.approx(FIRST_AUDIO_LIMIT_S, abs=0.25 / 0.4)
+    assert first_s < 5.0
+    # the cap costs a pause inside that piece; the later pieces still pause only between
+    report = simulate_playback(sent, piece_starts_s=starts)
+    inside = [g for g, between in zip(report.gaps, report.gap_between, strict=True)
+              if not between]
+    assert inside and all(end <= sent[0][0] + 6.0 * (1 / 0.4) + 1.0 for _, end in inside)
+
+
+async def test_bound_limits_a_hold_between_pieces() -> None:
+    # a long second piece: its hold ends max_hold_s after the player ran dry
+    sent, starts, _ = await _produce([1.0, 10.0], rate=0.5, chunk_s=0.5, overhead_s=0.2,
+                                     max_hold_s=1.5)
+    report = simulate_playback(sent, piece_starts_s=starts)
+    between = [b - a for (a, b), k in zip(report.gaps, report.gap_between, strict=True) if k]
+    assert between and max(between) <= 1.5 + 0.5 / 0.5 + 1e-6  # + one chunk interval
+
+
+async def test_history_refines_expected_length() -> None:
+    history = ProductionHistory()
+    # the engine makes 0.6 of the expected length: the ratio moves towards 0.6
+    await _produce([2.0, 2.0, 2.0], rate=0.5, chunk_s=0.25, overhead_s=0.2,
+                   history=history, expected_factor=1 / 0.6)
+    assert history.ratio is not None and 0.55 < history.length_ratio() < 0.7
+
+
+# --- the first piece: a clause of a long first sentence -------------------------------------
+
+LONG_FIRST = ("Here is the weather for today, it will be sunny in the morning with temperatures "
+              "around twenty degrees, clouds will move in during the afternoon and there is a "
+              "chance of light rain in the evening and at night. Have a nice day.")
+
+
+def _first(text: str) -> tuple[str, str]:
+    return split_first_clause(text, FIRST_PIECE_MAX_S, FIRST_PIECE_MIN_S, expected_speech_s)
+
+
+def test_long_first_sentence_is_cut_at_a_clause() -> None:
+    first_sentence = LONG_FIRST.split(". ")[0]
+    assert 190 <= len(first_sentence) <= 210
+    head, rest = _first(LONG_FIRST)
+    assert head == "Here is the weather for today,"
+    assert f"{head} {rest}" == LONG_FIRST
+    assert expected_speech_s(head) <= FIRST_PIECE_MAX_S
+
+
+@pytest.mark.parametrize(("text", "head"), [
+    ("The living room lights are off and the front door is locked.",
+     "The living room lights are off"),
+    ("In the upstairs bedroom, the thermostat is now set to nineteen degrees for the night.",
+     "In the upstairs bedroom,"),
+    ("大家好，这里介绍一篇名为AN IMAGE IS WORTH 16X16 WORDS的论文。", "大家好，"),
+    ("这是一个没有逗号的非常长的中文句子它一直在继续说下去没有停顿。", "这是一个没有逗号的非"),
+])
+def test_first_clause_cuts(text: str, head: str) -> None:
+    got, rest = _first(text)
+    assert got == head and rest and expected_speech_s(got) <= FIRST_PIECE_MAX_S
+
+
+@pytest.mark.parametrize("text", [
+    "Look at the photo. 是 family, friends, 还是 people at a game?",  # C4: short first sentence
+    "The living room lights are now on. The kitchen is 21.5 degrees",  # C6
+    "Battery at 50%.",
+    "Averyveryverylongwordwithoutanyblanksthatmightbeanaddressorsomething.com please",
+    "",
+])
+def test_short_or_uncuttable_first_sentences_stay_whole(text: str) -> None:
+    assert _first(text) == (text.strip(), "")
+
+
+def test_first_clause_rejects_bad_bounds() -> None:
+    with pytest.raises(ValueError):
+        split_first_clause("text", 1.0, 2.0, expected_speech_s)
+
+
+# --- the real server over TCP ---------------------------------------------------------------
+
+CHUNK_S = 0.2
+INTERVAL_S = 0.3
+"""The paced engine makes 0.2 s of audio every 0.3 s (r = 2/3) after a 0.3 s start per piece."""
+JITTER_S = 0.1
+"""Gaps shorter than this are scheduling noise on a shared machine, not stalls."""
+
+
+class PiecePacedEngine(FaultyEngine):
+    """Each sentence is one piece (``piece_index`` 0, 1, ... within the request) with exactly
+    its expected length of audio (``expected_speech_s``), made at r = 2/3."""
+
+    def _chunks(self, text: str, should_stop: ShouldStop) -> Iterator[EngineChunk]:
+        pieces = [p for p in re.split(r"(?<=[.!?])\s+", text) if p.strip()]
+        samples = (0.1 * np.sin(np.arange(round(RATE_HZ * CHUNK_S)) * 0.05)).astype(np.float32)
+        for index, piece in enumerate(pieces):
+            time.sleep(INTERVAL_S)  # the piece's start-up
+            for _ in range(round(expected_speech_s(piece) / CHUNK_S)):
+                if should_stop():
+                    raise SynthesisCancelled("stopped")
+                time.sleep(INTERVAL_S)
+                yield EngineChunk(samples, RATE_HZ, index, False, 0.0)
+
+
+def piece_paced_factory(model_dir: Path, options: EngineOptions) -> Engine:
+    return PiecePacedEngine(model_dir, options)
+
+
+def _sentence(words: int) -> str:
+    return " ".join(["word"] * words)[:-1] + "."  # 'word' = 4 letters: 5 chars per word
+
+
+async def test_server_pauses_fall_between_pieces_over_tcp(
+    tmp_path: Path, make_clip: MakeClip
+) -> None:
+    # one streamed response of three sentences (pieces of 1.4, 2.1, 1.4 s), all text sent
+    # at once so the server merges them into one engine request of three pieces
+    text = f"{_sentence(4)[:-1]}ab. {_sentence(6)}ab {_sentence(4)}"
+    pieces = re.split(r"(?<=[.])\s+", text)
+    lengths = [expected_speech_s(p) for p in pieces]
+    model_dir = fake_model_dir(tmp_path, make_clip)
+    settings_ = make_settings(model_dir, tmp_path / "data", max_preroll_ms=10000)
+    async with running_server(settings_, piece_paced_factory) as server, client(server) as cl:
+        await cl.write_event(SynthesizeStart().event())
+        await cl.write_event(SynthesizeChunk(text=text).event())
+        await cl.write_event(SynthesizeStop().event())
+        t0 = time.monotonic()
+        arrivals: list[tuple[float, float]] = []
+        for _ in range(1000):
+            event = await read(cl)
+            if AudioChunk.is_type(event.type):
+                chunk = AudioChunk.from_event(event)
+                arrivals.append((time.monotonic() - t0, len(chunk.audio) / 2 / RATE_HZ))
+            elif event.type == "synthesize-stopped":
+                break
+    counts = [round(length / CHUNK_S) for length in lengths]
+    assert sum(d for _, d in arrivals) == pytest.approx(CHUNK_S * sum(counts))
+    starts = [CHUNK_S * sum(counts[:k]) for k in range(len(counts))]
+    report = simulate_playback(arrivals, JITTER_S, piece_starts_s=starts)
+    assert report.inside_stalls == 0, (report.gaps, report.gap_between)
+    assert report.between_stalls is not None and report.between_stalls >= 1
+    assert report.start_s is not None and report.start_s < FIRST_AUDIO_LIMIT_S + JITTER_S

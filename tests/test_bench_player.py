@@ -56,3 +56,15 @@ def test_playback_end_is_start_plus_audio_plus_stalls(pairs: list[tuple[float, f
         return
     assert report.stall_s >= 0 and report.stalls == len(report.gaps)
     assert report.end_s == pytest.approx(report.start_s + audio + report.stall_s, abs=1e-6)
+
+
+def test_stalls_are_told_apart_by_where_pieces_start() -> None:
+    # pieces start at 0 and 1.5 s of audio; 0.5 s chunks
+    arrivals = [(0.0, 0.5), (0.5, 0.5), (1.2, 0.5), (2.5, 0.5), (3.5, 0.5)]
+    report = simulate_playback(arrivals, piece_starts_s=[0.0, 1.5])
+    assert report.gaps == [(1.0, 1.2), (1.7, 2.5), (3.0, 3.5)]
+    assert report.gap_between == [False, True, False]
+    assert report.inside_stalls == 2 and report.inside_stall_s == pytest.approx(0.7)
+    assert report.between_stalls == 1 and report.between_stall_s == pytest.approx(0.8)
+    assert report.listening_s == pytest.approx(4.0)
+    assert simulate_playback(arrivals).inside_stalls is None

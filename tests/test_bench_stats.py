@@ -15,6 +15,7 @@ from wyoming_cosyvoice3.bench.stats import (
     median_run_index,
     medians,
     minimum_seconds,
+    piece_starts_of,
     records_in_window,
     run_metrics,
     stage_split,
@@ -110,6 +111,38 @@ def test_markdown_section_is_replaced_in_place() -> None:
     assert twice.count("<!-- bench:full:begin -->") == 1
     both = report.replace_section(twice, "tiny", "smoke")
     assert "table 2" in both and "smoke" in both
+
+
+def test_pauses_are_split_by_the_servers_piece_record(tmp_path) -> None:
+    from wyoming_cosyvoice3.bench.plot import pause_spans
+    from wyoming_cosyvoice3.bench.recorder import StatsRecorder
+    from wyoming_cosyvoice3.bench.run_helpers import read_records
+
+    # pieces start at 0 s and 2 s of audio; dry before the 2 s chunk (between pieces) and
+    # before the 3 s chunk (inside the second piece)
+    trace = RunTrace("balanced", "paragraph", "streaming", wall_start_s=100.0, total_s=7.0,
+                     chunks=[(1.0, 24000), (2.0, 24000), (3.5, 24000), (5.0, 24000)])
+    recorder = StatsRecorder(tmp_path / "stats.jsonl")
+    recorder.response_pieces([0, 48000], 96000)
+    records = [{**r, "wall_end_s": 106.0} for r in read_records(tmp_path / "stats.jsonl")]
+    assert records[0]["kind"] == "pieces" and "graph_runs" not in records[0]
+    assert piece_starts_of(trace, records) == [0, 48000]
+    # a record of another response (other sample count, or outside the window) is not used
+    assert piece_starts_of(trace, [{**records[0], "samples": 24000}]) is None
+    assert piece_starts_of(trace, [{**records[0], "wall_end_s": 99.0}]) is None
+    metrics = run_metrics(trace, [], {}, RATES, piece_starts=[0, 48000])
+    assert metrics["between_stalls"] == 1 and metrics["between_stall_s"] == pytest.approx(0.5)
+    assert metrics["inside_stalls"] == 1 and metrics["inside_stall_s"] == pytest.approx(0.5)
+    assert metrics["listening_s"] == pytest.approx(1.0 + 4.0 + 1.0)
+    assert metrics["gap_between"] == [True, False]
+    spans = pause_spans(metrics["stall_gaps"], metrics["gap_between"])
+    assert spans["between"] == [(3.0, 0.5)] and spans["inside"] == [(4.5, 0.5)]
+    unknown = run_metrics(trace, [], {}, RATES)
+    assert unknown["inside_stalls"] is None and unknown["stalls"] == 2
+    assert pause_spans(unknown["stall_gaps"], unknown["gap_between"])["unknown"]
+    table = report.results_table([{"preset": "fast", "workload": "paragraph",
+                                   "mode": "streaming", "median": medians([metrics])}])
+    assert "| 1.0 / 0.50 | 1.0 / 0.50 | 6.00 |" in table
 
 
 def test_results_table_renders_missing_values() -> None:

@@ -20,6 +20,7 @@ from .stats import (
     median_run_index,
     medians,
     minimum_seconds,
+    piece_starts_of,
     records_in_window,
     run_metrics,
 )
@@ -59,7 +60,8 @@ def analyse(raw: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
             for trace in (t for t in traces if (t.workload, t.mode) == (workload, mode)):
                 window = records_in_window(records, trace.wall_start_s,
                                            trace.wall_start_s + trace.total_s)
-                metrics = run_metrics(trace, window, costs, rates)
+                metrics = run_metrics(trace, window, costs, rates,
+                                      piece_starts=piece_starts_of(trace, records))
                 metrics["trace"] = {"wall_start_s": trace.wall_start_s, "chunks": trace.chunks,
                                     "rate": trace.sample_rate_hz}
                 metrics["records"] = [{k: v for k, v in r.items() if k != "graph_runs"}

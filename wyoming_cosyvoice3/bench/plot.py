@@ -3,8 +3,9 @@
 Lanes (top to bottom): the server's stages as bars over time (text frontend from the engine's
 stage events; LLM, flow and vocoder from the graph runs themselves, so work that overlaps in
 threads shows as overlapping bars), the ``audio-chunk`` arrivals at the client as ticks, and
-the simulated player (green while playing, red while stalled). Time 0 is the moment the request
-was sent.
+the simulated player (green while playing; while stalled red when the pause falls inside a
+piece and amber when it falls between two pieces, grey when the pieces are unknown). Time 0 is
+the moment the request was sent.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 STAGES = ("frontend", "llm", "flow", "vocoder")
 COLORS = {"frontend": "#9467bd", "llm": "#1f77b4", "flow": "#ff7f0e", "vocoder": "#2ca02c"}
+PAUSE_COLORS = {"inside": "#d62728", "between": "#f2b134", "unknown": "#7f7f7f"}
+"""Player lane colours of a stall by where it falls (:mod:`.player`)."""
 LANES = (*STAGES, "audio-chunk", "player")
 
 
@@ -68,6 +71,19 @@ def timeline_of(trace_start_wall_s: float, records: Sequence[Mapping[str, Any]]
     return out
 
 
+def pause_spans(gaps: Sequence[Sequence[float]], between: Sequence[bool]
+                ) -> dict[str, list[tuple[float, float]]]:
+    """Stalls ``(start_s, end_s)`` as ``(start_s, length_s)`` bars per kind: ``inside`` /
+    ``between`` pieces (``between`` holds one flag per gap), or all ``unknown`` when
+    ``between`` does not match ``gaps``."""
+    out: dict[str, list[tuple[float, float]]] = {kind: [] for kind in PAUSE_COLORS}
+    known = len(between) == len(gaps)
+    for k, (start_s, end_s) in enumerate(gaps):
+        kind = ("between" if between[k] else "inside") if known else "unknown"
+        out[kind].append((float(start_s), float(end_s) - float(start_s)))
+    return out
+
+
 def plot_workload(path: Path, title: str, panels: Sequence[Mapping[str, Any]]) -> None:
     """Write one PNG.
 
@@ -76,7 +92,7 @@ def plot_workload(path: Path, title: str, panels: Sequence[Mapping[str, Any]]) -
         title: figure title (workload and mode).
         panels: one per preset: ``{"label", "stages": [(stage, start, end)], "chunks":
             [(arrival_s, samples)], "rate", "play": (start, end) | None, "gaps": [(a, b)],
-            "subtitle"}``.
+            "gap_between": [bool per gap] (empty: unknown), "subtitle"}``.
     """
     import matplotlib
 
@@ -101,9 +117,10 @@ def plot_workload(path: Path, title: str, panels: Sequence[Mapping[str, Any]]) -
         if play:
             ax.broken_barh([(play[0], play[1] - play[0])], (rows["player"] - 0.4, 0.8),
                            color="#8fd18f")
-            gaps = [(a, b - a) for a, b in panel.get("gaps", [])]
-            if gaps:
-                ax.broken_barh(gaps, (rows["player"] - 0.4, 0.8), color="#d62728")
+            for kind, gaps in pause_spans(panel.get("gaps", []),
+                                          panel.get("gap_between", [])).items():
+                if gaps:
+                    ax.broken_barh(gaps, (rows["player"] - 0.4, 0.8), color=PAUSE_COLORS[kind])
         ax.set_yticks(list(rows.values()), list(rows.keys()), fontsize=8)
         ax.set_xlim(0, end * 1.02)
         ax.set_title(f"{panel['label']}: {panel.get('subtitle', '')}", fontsize=9, loc="left")

@@ -7,8 +7,10 @@ end, and every graph run since the previous line (file name of the graph the ses
 input shapes without the KV cache, start and end in ``time.time()`` seconds) plus
 ``graph_paths`` (file name -> full path, e.g. of a derived int8 estimator). The analysis
 (:mod:`.stats`, :mod:`.flops`) counts FLOPs from these shapes and draws timelines from the
-times. Records are collected process-wide: meant for one request at a time, as the benchmark
-runs them.
+times. The server adds one ``kind: "pieces"`` line per response
+(:meth:`StatsRecorder.response_pieces`): where each piece starts in the audio it sent, so the
+benchmark tells pauses between pieces from pauses inside one. Records are collected
+process-wide: meant for one request at a time, as the benchmark runs them.
 """
 
 from __future__ import annotations
@@ -76,11 +78,22 @@ class StatsRecorder(EngineObserver):
         self._write({"kind": "voice", "name": name, "wall_start_s": round(end - seconds, 6),
                      "wall_end_s": round(end, 6), "total_s": seconds})
 
+    def response_pieces(self, starts_samples: list[int], samples: int) -> None:
+        """Called by the server at the end of each response: the sample offset of each piece's
+        first sample in the audio sent, and the samples sent (24 kHz). Takes no graph runs
+        (they belong to the engine requests' lines)."""
+        self._append({"kind": "pieces", "wall_end_s": round(time.time(), 6),
+                      "starts": list(starts_samples), "samples": samples})
+
     def _write(self, record: dict[str, Any]) -> None:
         with self._lock:
             record["graph_runs"], self._runs = self._runs, []
             record["graph_paths"] = dict(self._paths)
-            line = json.dumps(record, separators=(",", ":"))
+        self._append(record)
+
+    def _append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, separators=(",", ":"))
+        with self._lock:
             try:
                 with self.path.open("a", encoding="utf-8") as handle:
                     handle.write(line + "\n")

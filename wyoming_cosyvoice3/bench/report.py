@@ -66,17 +66,26 @@ def _f(value: Any, digits: int = 2) -> str:
 
 
 def results_table(cells: Sequence[Mapping[str, Any]]) -> str:
-    """One row per (preset, workload, mode) with the median figures."""
+    """One row per (preset, workload, mode) with the median figures.
+
+    What a listener hears: the stalls (n / s) split into pauses inside a piece (they break a
+    word) and between pieces (they sound like a breath; "-" when the server did not report its
+    pieces), and the listening time (request to last sample: first audio + audio + pauses).
+    """
     head = ("| preset | workload | mode | n | first chunk s | total s | audio s | RTF | "
-            "stalls (n / s) | LLM prefill s | decode ms/token | flow s/chunk (chunks) | "
+            "stalls (n / s) | pauses inside pieces (n / s) | pauses between pieces (n / s) | "
+            "listening s | LLM prefill s | decode ms/token | flow s/chunk (chunks) | "
             "vocoder s | min s | physical ratio | first-chunk ratio |")
-    lines = [head, "|" + "---|" * 16]
+    lines = [head, "|" + "---|" * 19]
     for cell in cells:
         m = cell["median"]
         lines.append(
             f"| {cell['preset']} | {cell['workload']} | {cell['mode']} | {int(m['n'])} | "
             f"{_f(m['first_chunk_s'])} | {_f(m['total_s'])} | {_f(m['audio_s'])} | "
             f"{_f(m['rtf'])} | {_f(m['stalls'], 1)} / {_f(m['stall_s'])} | "
+            f"{_f(m.get('inside_stalls'), 1)} / {_f(m.get('inside_stall_s'))} | "
+            f"{_f(m.get('between_stalls'), 1)} / {_f(m.get('between_stall_s'))} | "
+            f"{_f(m.get('listening_s'))} | "
             f"{_f(m['llm_prefill_s'], 3)} | {_f(m['llm_ms_per_token'], 1)} | "
             f"{_f(m['flow_s_per_chunk'])} ({_f(m['flow_calls'], 0)}) | {_f(m['vocoder_s'])} | "
             f"{_f(m['min_s'])} | {_f(m['physical_ratio'], 1)} | "

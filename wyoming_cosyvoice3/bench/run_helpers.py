@@ -88,13 +88,19 @@ def draw_timelines(cells: Sequence[Mapping[str, Any]], plots_dir: Path, label: s
             first = run["first_chunk_s"]
             play = (first, first + run["audio_s"] + run["stall_s"]) if first is not None else None
             rtf = f"RTF {run['rtf']:.2f}" if run["rtf"] else "no audio"
+            if run.get("inside_stalls") is None:
+                pauses = f"{run['stalls']} stalls ({run['stall_s']:.1f} s)"
+            else:
+                pauses = (f"pauses inside pieces {run['inside_stalls']} "
+                          f"({run['inside_stall_s']:.1f} s), between "
+                          f"{run['between_stalls']} ({run['between_stall_s']:.1f} s)")
             panels.append({
                 "label": cell["preset"],
-                "subtitle": (f"first chunk {first or 0:.2f} s, {rtf}, "
-                             f"{run['stalls']} stalls ({run['stall_s']:.1f} s)"),
+                "subtitle": f"first chunk {first or 0:.2f} s, {rtf}, {pauses}",
                 "stages": [e for e in timeline_of(trace["wall_start_s"], run["records"])
                            if e[0] == "frontend"] + [tuple(x) for x in run.get("lanes", [])],
                 "chunks": chunks, "play": play, "gaps": gaps,
+                "gap_between": run.get("gap_between", []),
             })
         path = plots_dir / f"{label}-{workload}-{mode}.png"
         plot_workload(path, f"{workload}, {mode} (median run per preset)", panels)

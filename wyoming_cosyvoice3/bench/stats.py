@@ -74,6 +74,23 @@ def records_in_window(
     ]
 
 
+def piece_starts_of(
+    trace: RunTrace, records: Iterable[Mapping[str, Any]]
+) -> list[int] | None:
+    """Sample offsets where the server's pieces start in ``trace``'s audio: the server's
+    ``pieces`` record written within the request's time window whose sample count equals
+    what the client received (exact: the offsets count the same samples); None without one
+    (an older server, or no ``--bench-stats-file``)."""
+    end_s = trace.wall_start_s + trace.total_s + WINDOW_SLACK_S
+    received = sum(n for _, n in trace.chunks)
+    for record in records:
+        if (record.get("kind") == "pieces"
+                and trace.wall_start_s <= float(record["wall_end_s"]) <= end_s
+                and int(record.get("samples", -1)) == received):
+            return [int(s) for s in record["starts"]]
+    return None
+
+
 def run_bounds(model: CostModel, shapes: Mapping[str, Sequence[int]],
                rates: Throughput) -> tuple[float, float, float, float]:
     """(fp32 operations, int8 operations, compute seconds, weight-streaming seconds) of a run."""
@@ -154,9 +171,19 @@ def run_metrics(
     records: Sequence[Mapping[str, Any]],
     costs: Mapping[str, CostModel | str],
     rates: Throughput,
+    piece_starts: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """All figures of one run (flat dict of numbers, plus ``graphs`` and ``stall_gaps``)."""
-    playback = simulate_playback([(t, n / trace.sample_rate_hz) for t, n in trace.chunks])
+    """All figures of one run (flat dict of numbers, plus ``graphs``, ``stall_gaps`` and
+    ``gap_between``).
+
+    Args:
+        piece_starts: sample offsets where the server's pieces start (:func:`piece_starts_of`);
+            None leaves the inside / between split of the pauses unknown (None figures).
+    """
+    starts_s = (None if piece_starts is None
+                else [n / trace.sample_rate_hz for n in piece_starts])
+    playback = simulate_playback([(t, n / trace.sample_rate_hz) for t, n in trace.chunks],
+                                 piece_starts_s=starts_s)
     audio_s = trace.audio_s
     first = trace.first_chunk_s
     graphs = graph_summary(records, costs, rates)
@@ -172,6 +199,12 @@ def run_metrics(
         "rtf": trace.total_s / audio_s if audio_s > 0 else None,
         "stalls": playback.stalls,
         "stall_s": playback.stall_s,
+        "inside_stalls": playback.inside_stalls,
+        "inside_stall_s": playback.inside_stall_s,
+        "between_stalls": playback.between_stalls,
+        "between_stall_s": playback.between_stall_s,
+        "listening_s": playback.listening_s,
+        "pieces": None if piece_starts is None else len(piece_starts),
         "fp32_gops": sum(g["fp32_ops"] for g in graphs.values()) / 1e9,
         "int8_gops": sum(g["int8_ops"] for g in graphs.values()) / 1e9,
         "min_s": min_s,
@@ -185,6 +218,7 @@ def run_metrics(
     metrics.update(stage_split(records))
     metrics["graphs"] = graphs
     metrics["stall_gaps"] = playback.gaps
+    metrics["gap_between"] = playback.gap_between
     return metrics
 
 

@@ -124,6 +124,16 @@ async def test_without_the_gate_the_same_production_pauses_inside_pieces() -> No
     assert report.inside_stalls is not None and report.inside_stalls > 10
 
 
+async def test_audio_queued_at_the_player_counts() -> None:
+    # piece 3 starts while piece 2 is still playing: what is queued (Q) covers its rest, so it
+    # goes out at once and only piece 2 waits (a gate that ignored Q would hold piece 3 too
+    # and add a second pause)
+    sent, starts, _ = await _produce([5.0, 1.0, 1.0], rate=0.85, chunk_s=0.25, overhead_s=0.1,
+                                     first_audio_limit_s=1e9)
+    report = simulate_playback(sent, piece_starts_s=starts)
+    assert report.stalls == 1 and report.between_stalls == 1
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     pieces=st.lists(st.floats(0.3, 8.0), min_size=1, max_size=6),
@@ -266,6 +276,46 @@ def piece_paced_factory(model_dir: Path, options: EngineOptions) -> Engine:
 
 def _sentence(words: int) -> str:
     return " ".join(["word"] * words)[:-1] + "."  # 'word' = 4 letters: 5 chars per word
+
+
+async def _stream_arrivals(server, deltas: list[str]) -> list[tuple[float, float]]:
+    """(arrival s after the first text, duration s) of the audio of one streamed answer."""
+    async with client(server) as cl:
+        await cl.write_event(SynthesizeStart().event())
+        t0 = time.monotonic()
+        for delta in deltas:
+            await cl.write_event(SynthesizeChunk(text=delta).event())
+        await cl.write_event(SynthesizeStop().event())
+        arrivals: list[tuple[float, float]] = []
+        for _ in range(10000):
+            event = await read(cl)
+            if AudioChunk.is_type(event.type):
+                chunk = AudioChunk.from_event(event)
+                arrivals.append((time.monotonic() - t0, len(chunk.audio) / 2 / RATE_HZ))
+            elif event.type == "synthesize-stopped":
+                return arrivals
+    raise AssertionError("no synthesize-stopped")
+
+
+async def test_streamed_answer_opening_with_a_long_sentence_starts_early(
+    tmp_path: Path, make_clip: MakeClip
+) -> None:
+    # a 200-character first sentence at r = 2/3: the server speaks its first clause as the
+    # first engine request, so the first audio comes within the limit and the first piece
+    # plays through
+    model_dir = fake_model_dir(tmp_path, make_clip)
+    settings_ = make_settings(model_dir, tmp_path / "data", max_preroll_ms=10000)
+    async with running_server(settings_, piece_paced_factory) as server:
+        deltas = [LONG_FIRST[i:i + 12] for i in range(0, len(LONG_FIRST), 12)]
+        arrivals = await _stream_arrivals(server, deltas)
+        engine = server.runtime.engine
+        assert isinstance(engine, PiecePacedEngine)
+        assert engine.texts[0] == "Here is the weather for today,"
+    head_s = CHUNK_S * round(expected_speech_s(engine.texts[0]) / CHUNK_S)
+    report = simulate_playback(arrivals, JITTER_S, piece_starts_s=[0.0, head_s])
+    assert report.start_s is not None and report.start_s < FIRST_AUDIO_LIMIT_S + JITTER_S
+    assert not [g for g, k in zip(report.gaps, report.gap_between, strict=True)
+                if not k and g[1] <= report.start_s + head_s]  # the first piece plays through
 
 
 async def test_server_pauses_fall_between_pieces_over_tcp(

@@ -53,7 +53,7 @@ class Settings:
     speed: float = 1.0
     preset: str = "balanced"
     samples_per_chunk: int = 1024
-    max_preroll_ms: int = 1500
+    max_preroll_ms: int = 8000
     max_concurrent: int = 1
     streaming: bool = True
     seed: int | None = None
@@ -235,9 +235,11 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("--preset", "preset", "synthesis preset (default balanced)", choices=tuple(PRESETS)),
     _Option("--samples-per-chunk", "samples_per_chunk", "samples per audio-chunk event "
             "(default 1024)", convert=_positive_int),
-    _Option("--max-preroll-ms", "max_preroll_ms", "longest time the first audio of a response "
-            "is held back so that playback does not run dry when synthesis is slower than real "
-            "time; 0 sends audio at once (default 1500)", convert=_non_negative_int),
+    _Option("--max-preroll-ms", "max_preroll_ms", "longest silence one hold may add when "
+            "synthesis is slower than real time: each piece (sentence) is held until it can "
+            "play through without a pause inside it; the first audio is never held past 2.5 s "
+            "after synthesis started; 0 sends audio at once (default 8000)",
+            convert=_non_negative_int),
     _Option("--max-concurrent", "max_concurrent", "syntheses running at once; others wait "
             "(default 1)", convert=_positive_int),
     _Option("--no-streaming", "streaming", "do not advertise streaming text input "

@@ -17,7 +17,8 @@ import pytest
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
 from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias
-from wyoming_cosyvoice3.engine.flow.chunked import cacheable_prompt_frames, schedule_key
+from wyoming_cosyvoice3.engine.flow.chunked import cacheable_prompt_frames
+from wyoming_cosyvoice3.engine.flow.euler import EulerSchedule
 from wyoming_cosyvoice3.engine.flow_streaming import first_hop_tokens
 from wyoming_cosyvoice3.engine.options import PRESETS
 from wyoming_cosyvoice3.synthetic.audio import write_clip
@@ -46,8 +47,8 @@ def test_first_hop_is_padded_to_the_25_token_grid() -> None:
 
 
 def test_cache_geometry() -> None:
-    assert schedule_key(4, 0.7, 2) == (1, 1, 0, 0)
-    assert schedule_key(3, 0.0, None) == (0, 0, 0)
+    assert EulerSchedule(4, 0.7, 2).key == (1, 1, 0, 0)
+    assert EulerSchedule(3, 0.0, None).key == (0, 0, 0)
     assert cacheable_prompt_frames(125) == 200  # 250 frames, the last 6 wait for new tokens
 
 

@@ -24,7 +24,8 @@ import numpy.typing as npt
 
 from . import constants as C
 from . import graphs
-from .flow.solver import FlowRunner, SpeedResampler
+from .flow.melops import SpeedResampler
+from .flow.solver import FlowRunner
 from .flow_streaming import (
     ChunkedFlows,
     chunk_causal_mel,

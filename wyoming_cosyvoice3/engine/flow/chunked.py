@@ -41,10 +41,10 @@ import numpy.typing as npt
 
 from .. import constants as C
 from ..chunkmask import CHUNK_FRAMES, chunk_attention_bias
-from ..errors import SynthesisCancelled
 from ..options import StageTimes
 from ..types import ShouldStop, VoiceFeatures
-from .solver import FlowRunner, cfg_combine, cosine_t_schedule
+from .euler import EulerSchedule, solve_euler
+from .solver import FlowRunner
 
 logger = logging.getLogger(__name__)
 
@@ -113,14 +113,6 @@ class KvCache:
         return sum(s.nbytes for s in self.steps)
 
 
-def schedule_key(steps: int, cfg_rate: float, cfg_steps: int | None) -> tuple[int, ...]:
-    """Which steps use CFG (1) or not (0), with the step count: the prompt cache's key part."""
-    n_guided = steps if cfg_steps is None else max(0, min(cfg_steps, steps))
-    if cfg_rate == 0.0:
-        n_guided = 0
-    return tuple(int(k < n_guided) for k in range(steps))
-
-
 def features_digest(voice: VoiceFeatures) -> str:
     """Content hash of the flow's voice features (tokens, prompt mel, embedding)."""
     h = hashlib.sha1()
@@ -171,7 +163,7 @@ class ChunkedFlow:
     def prompt_cache(self, voice: VoiceFeatures, steps: int, cfg_rate: float,
                      cfg_steps: int | None, should_stop: ShouldStop | None = None) -> KvCache:
         """The voice's prompt cache for this Euler schedule (computed once, kept in memory)."""
-        key = (features_digest(voice), schedule_key(steps, cfg_rate, cfg_steps), cfg_rate)
+        key = (features_digest(voice), EulerSchedule(steps, cfg_rate, cfg_steps).key, cfg_rate)
         with self._lock:
             hit = self._prompts.get(key)
             if hit is not None:
@@ -212,7 +204,7 @@ class ChunkedFlow:
 
     def new_history(self, steps: int, cfg_rate: float, cfg_steps: int | None) -> KvCache:
         """An empty history cache for one piece (batch per step from the CFG schedule)."""
-        return KvCache([StepKv() for _ in schedule_key(steps, cfg_rate, cfg_steps)])
+        return KvCache([StepKv() for _ in range(steps)])
 
     # -- solver -----------------------------------------------------------------------------
     def _solve(
@@ -234,16 +226,12 @@ class ChunkedFlow:
         """Euler/CFG solve of new frames ``start ..`` (float32 [80, n] each); appends their
         keys/values to ``history`` (unless ``store`` is False: a piece's final chunk), keeping
         at most ``left_context_frames`` when given. flow_matching.py ``solve_euler`` with
-        cached attention."""
-        t_span = cosine_t_schedule(steps)
-        guided_steps = schedule_key(steps, cfg_rate, cfg_steps)
+        cached attention; the loop is :func:`.euler.solve_euler`, the estimator call is the
+        streaming graph's on the new frames."""
         n = x0.shape[1]
-        x = np.array(x0, dtype=np.float32, copy=True)
         zeros, zspk = np.zeros_like(mu), np.zeros_like(spks)
-        for k in range(steps):
-            if should_stop is not None and should_stop():
-                raise SynthesisCancelled("synthesis cancelled during the flow (Euler step)")
-            guided = bool(guided_steps[k])
+
+        def rows(x: FloatArray, k: int, t: float, guided: bool) -> FloatArray:
             if guided:
                 frames = {"x": np.stack([x, x]), "mu": np.stack([mu, zeros]),
                           "cond": np.stack([cond, zeros]), "spks": np.stack([spks, zspk])}
@@ -256,15 +244,14 @@ class ChunkedFlow:
             cached = (pre.frames if kv_prompt is not None and pre is not None else 0) + (
                 hist.frames if kv_hist is not None else 0)
             conv = hist.conv if hist.frames else (pre.conv if pre is not None else None)
-            out = self.estimator.run(frames, float(t_span[k]), start,
-                                     chunk_attention_bias(start, n, cached), conv,
-                                     kv_prompt, kv_hist, keep=store)
-            v = out.velocity
-            vel = cfg_combine(v[0], v[1], cfg_rate) if guided else v[0]
+            out = self.estimator.run(frames, t, start, chunk_attention_bias(start, n, cached),
+                                     conv, kv_prompt, kv_hist, keep=store)
             if store:
                 hist.append(out.new, (out.conv1_next, out.conv2_next), left_context_frames)
-            x += (t_span[k + 1] - t_span[k]) * vel
-        return x
+            velocity: FloatArray = out.velocity
+            return velocity
+
+        return solve_euler(x0, EulerSchedule(steps, cfg_rate, cfg_steps), rows, should_stop)
 
     def chunk_mel(
         self,

@@ -1,10 +1,8 @@
 """Mel-side helpers of the flow stage: speed resampling.
 
-Split out of :mod:`.flow` (which re-exports these names). Sources (FunAudioLLM/CosyVoice,
-commit ace7c47): ``cosyvoice/cli/model.py`` ``CosyVoice3Model.token2wav`` (``speed`` resamples
-the mel with ``F.interpolate(mode="linear")`` to ``int(frames / speed)`` frames);
-``cosyvoice/flow/flow_matching.py`` ``CausalConditionalCFM.rand_noise`` (one fixed noise
-buffer per utterance).
+Source (FunAudioLLM/CosyVoice, commit ace7c47): ``cosyvoice/cli/model.py``
+``CosyVoice3Model.token2wav`` (``speed`` resamples the mel with ``F.interpolate(mode="linear")``
+to ``int(frames / speed)`` frames).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The graphs ``flow_encoder.onnx`` (token embedding, pre-lookahead convolution, 2x upsampling,
 speaker projection) and ``flow.decoder.estimator.fp32.onnx`` (the DiT velocity field) are run
-from here; the Euler ODE solver with classifier-free guidance (CFG) runs in numpy.
+from here; the Euler steps with classifier-free guidance (CFG) are :func:`.euler.solve_euler`.
 
 Sources (FunAudioLLM/CosyVoice, commit ace7c47):
 
@@ -30,26 +30,14 @@ import numpy.typing as npt
 
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed
-from ..noise import GrowingNoise
 from ..options import StageTimes
-from ..schedule import cosine_t_schedule
 from ..types import ShouldStop, VoiceFeatures
-from .melops import SpeedResampler, resample_mel_linear
+from .euler import EulerSchedule, solve_euler
 
 if TYPE_CHECKING:
     from ..model import CosyVoice3Model
 
 logger = logging.getLogger(__name__)
-
-__all__ = [
-    "FlowRunner",
-    "GrowingNoise",
-    "SpeedResampler",
-    "cfg_combine",
-    "cosine_t_schedule",
-    "l2_normalise",
-    "resample_mel_linear",
-]
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -57,16 +45,6 @@ _ESTIMATOR_INPUTS = ("x", "mask", "mu", "t", "spks", "cond")
 """Estimator input names (cosyvoice/bin/export_onnx.py ``input_names``)."""
 _ENCODER_INPUTS = ("token", "embedding")
 _ENCODER_OUTPUTS = ("mu", "spks")
-
-
-def cfg_combine(v_cond: FloatArray, v_uncond: FloatArray, rate: float) -> FloatArray:
-    """Classifier-free guidance: ``(1 + rate) * v_cond - rate * v_uncond``.
-
-    (flow_matching.py ``solve_euler``; rate 0.7 upstream). Shapes of both inputs are equal;
-    the result has the same shape, float32.
-    """
-    out = (1.0 + rate) * v_cond - rate * v_uncond
-    return np.asarray(out, dtype=np.float32)
 
 
 def l2_normalise(embedding: npt.NDArray[np.floating]) -> FloatArray:
@@ -172,7 +150,7 @@ class FlowRunner:
         spks = np.asarray(out["spks"], dtype=np.float32).reshape(-1)
         return mu, spks
 
-    def _velocity(
+    def _velocity_rows(
         self,
         x: FloatArray,
         mu: FloatArray,
@@ -180,11 +158,11 @@ class FlowRunner:
         cond: FloatArray,
         t: float,
         guided: bool,
-        cfg_rate: float,
-        estimator: Any = None,
+        estimator: Any,
     ) -> FloatArray:
-        """Velocity at time t: CFG batch 2 when ``guided``, otherwise conditional only."""
-        estimator = self.estimator if estimator is None else estimator
+        """One Euler step's estimator rows, float32 [B, 80, F]: B = 2 (conditional,
+        unconditional) when ``guided``; unguided steps run batch 1 when the graph takes it,
+        else batch 2 with both rows conditional."""
         n_frames = x.shape[1]
         batch1 = self._batch1_state(estimator)
         if not guided and batch1 is not False:
@@ -205,7 +183,7 @@ class FlowRunner:
                 self._batch1_ok[id(estimator)] = False
             else:
                 self._batch1_ok[id(estimator)] = True
-                return np.asarray(v, dtype=np.float32)[0]
+                return np.asarray(v, dtype=np.float32)
         zeros = np.zeros_like(mu)
         feeds = {
             "x": np.stack([x, x]),
@@ -216,8 +194,7 @@ class FlowRunner:
             "cond": np.stack([cond, zeros if guided else cond]),
         }
         v2 = np.asarray(estimator.run(feeds, [self._velocity_name])[self._velocity_name])
-        v2 = v2.astype(np.float32, copy=False)
-        return cfg_combine(v2[0], v2[1], cfg_rate) if guided else v2[0]
+        return v2.astype(np.float32, copy=False)
 
     # -- solver -----------------------------------------------------------------------------
     def solve(
@@ -232,7 +209,8 @@ class FlowRunner:
         should_stop: ShouldStop | None = None,
         precision: str | None = None,
     ) -> FloatArray:
-        """Euler ODE solve from noise to mel (flow_matching.py ``solve_euler``).
+        """Euler ODE solve from noise to mel with the full-attention estimator
+        (flow_matching.py ``solve_euler``; the loop is :func:`.euler.solve_euler`).
 
         Args:
             x0: float32 [80, F], the start noise.
@@ -248,20 +226,13 @@ class FlowRunner:
         Raises:
             SynthesisCancelled: ``should_stop()`` returned True.
         """
-        t_span = cosine_t_schedule(steps)
-        n_guided = steps if cfg_steps is None else max(0, min(cfg_steps, steps))
-        if cfg_rate == 0.0:
-            n_guided = 0  # (1 + 0) v_cond - 0 v_uncond == v_cond
         estimator = self.estimator_for(precision)
-        x = np.array(x0, dtype=np.float32, copy=True)
-        for k in range(steps):
-            if should_stop is not None and should_stop():
-                raise SynthesisCancelled("synthesis cancelled during the flow (Euler step)")
-            t = float(t_span[k])
-            dt = t_span[k + 1] - t_span[k]
-            v = self._velocity(x, mu, spks, cond, t, k < n_guided, cfg_rate, estimator)
-            x += dt * v
-        return x
+
+        def rows(x: FloatArray, _k: int, t: float, guided: bool) -> FloatArray:
+            return self._velocity_rows(x, mu, spks, cond, t, guided, estimator)
+
+        schedule = EulerSchedule(steps, cfg_rate, cfg_steps)
+        return solve_euler(x0, schedule, rows, should_stop)
 
     def mel_for_tokens(
         self,

@@ -19,7 +19,7 @@ from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
 from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias
 from wyoming_cosyvoice3.engine.flow.chunked import cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.euler import EulerSchedule
-from wyoming_cosyvoice3.engine.flow_streaming import first_hop_tokens
+from wyoming_cosyvoice3.engine.flow.stream import first_hop_tokens
 from wyoming_cosyvoice3.engine.options import PRESETS
 from wyoming_cosyvoice3.synthetic.audio import write_clip
 

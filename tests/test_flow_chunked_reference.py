@@ -45,7 +45,7 @@ from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
     ensure_streaming_estimator,
 )
 from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, KvCache, cacheable_prompt_frames
-from wyoming_cosyvoice3.engine.flow_streaming import prompt_noise
+from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.options import PRESETS
 from wyoming_cosyvoice3.engine.types import VoiceFeatures, VoicePrompt
 
@@ -286,8 +286,6 @@ def test_balanced_preset_streams_every_flow_call_chunk_causally(
     history, the last 100 prompt tokens, a 100-frame (50-token) left context and the hop
     schedule 10, 20, 40, then the rest; no full-attention pass runs. The audio covers
     exactly the mel frames those calls returned (480 samples per frame)."""
-    from wyoming_cosyvoice3.engine import pipeline
-
     opts = PRESETS["balanced"]
     assert opts.flow_precision == "int8" and opts.flow_final_chunk_causal
     rng = np.random.default_rng(7)
@@ -304,7 +302,7 @@ def test_balanced_preset_streams_every_flow_call_chunk_causally(
     def no_full_attention(*_a: object, **_k: object) -> np.ndarray:
         raise AssertionError("balanced ran a full-attention flow pass")
 
-    monkeypatch.setattr(pipeline, "full_attention_mel", no_full_attention)
+    monkeypatch.setattr(engine.flow, "mel_for_tokens", no_full_attention)
     flow = engine.chunked.get("int8")
     assert flow is not None and engine.chunked.loaded() == {"int8": True}
     assert flow.estimator.path is not None and "int8" in flow.estimator.path.name

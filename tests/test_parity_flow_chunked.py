@@ -47,7 +47,7 @@ from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
 )
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, cacheable_prompt_frames
-from wyoming_cosyvoice3.engine.flow_streaming import prompt_noise
+from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.options import SynthesisOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.request import RequestState
@@ -60,7 +60,7 @@ TEXT = "Hello."
 """Any one-piece speakable text: the LLM is replaced, so only the piece count matters."""
 PROMPT_SEED = 0
 """The convention under test: chunk-causal prompt frames use the seed-0 request's flow noise
-(engine/flow_streaming.py ``PROMPT_NOISE_SEED``; stated here, not read from the engine)."""
+(engine/flow/stream.py ``PROMPT_NOISE_SEED``; stated here, not read from the engine)."""
 
 
 @pytest.fixture(scope="module")
@@ -388,7 +388,7 @@ def test_parity_other_seed_draws_new_frames_over_the_seed0_prompt_noise(
 
 
 def test_parity_quality_preset_pads_the_first_hop_to_the_chunk_grid(parity: Parity) -> None:
-    from wyoming_cosyvoice3.engine.flow_streaming import first_hop_tokens
+    from wyoming_cosyvoice3.engine.flow.stream import first_hop_tokens
     from wyoming_cosyvoice3.engine.options import PRESETS
 
     quality = PRESETS["quality"]

@@ -36,7 +36,7 @@ from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
 )
 from wyoming_cosyvoice3.engine.flow import chunked
 from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, StepKv
-from wyoming_cosyvoice3.engine.flow_streaming import prompt_noise
+from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.types import VoiceFeatures, VoicePrompt
 

@@ -18,8 +18,8 @@ from wyoming_cosyvoice3.engine import (
     SynthesisOptions,
     VoicePrompt,
 )
+from wyoming_cosyvoice3.engine.flow.stream import flow_prompt_features
 from wyoming_cosyvoice3.engine.options import PRESETS
-from wyoming_cosyvoice3.engine.request import flow_prompt_features
 from wyoming_cosyvoice3.engine.types import VoiceFeatures
 from wyoming_cosyvoice3.synthetic.audio import write_clip
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -111,31 +112,40 @@ def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
     """Without the streaming DiT, ``balanced`` runs full attention with its fallback bounds
     (25 prompt tokens, 10 of history) instead of the 100 / 50 it caches when chunk-causal."""
     from wyoming_cosyvoice3.engine import pipeline
+    from wyoming_cosyvoice3.engine.flow.stream import MelStream
 
     engine = _engine(tiny_model_dir, tmp_path / "cache", True)
     assert engine.chunked.get("int8") is None
     prompts: list[int] = []
-    starts: list[tuple[int, int]] = []
-    real_features, real_mel = pipeline.flow_prompt_features, pipeline.full_attention_mel
+    starts: list[int] = []
+    offsets: list[int] = []
+    real_features, real_mel = pipeline.flow_prompt_features, engine.flow.mel_for_tokens
+    real_next_mel = MelStream.next_mel
 
     def features(voice: object, tokens: int) -> object:
         prompts.append(tokens)
         return real_features(voice, tokens)  # type: ignore[arg-type]
 
-    def mel(*args: object) -> object:
-        starts.append((int(args[5]), int(args[6])))  # type: ignore[call-overload]
-        return real_mel(*args)  # type: ignore[arg-type]
+    def mel(*args: Any, **kwargs: Any) -> np.ndarray:
+        starts.append(int(kwargs["generated_offset_tokens"]))
+        return real_mel(*args, **kwargs)
+
+    def next_mel(self: MelStream, *args: Any, **kwargs: Any) -> np.ndarray:
+        offsets.append(self.offset_tokens)
+        return real_next_mel(self, *args, **kwargs)
 
     monkeypatch.setattr(pipeline, "flow_prompt_features", features)
-    monkeypatch.setattr(pipeline, "full_attention_mel", mel)
+    monkeypatch.setattr(engine.flow, "mel_for_tokens", mel)
+    monkeypatch.setattr(MelStream, "next_mel", next_mel)
     voice = engine.prepare_voice(tiny_model_dir / "voices" / "en-male.wav", "A test voice.")
     options = PRESETS["balanced"].replace(fixed_tokens_per_char=4.0, vocoder_defer=False)
     chunks = list(engine.synthesize(TEXT, voice, options))
     assert chunks and chunks[-1].is_last
     assert prompts == [25]
-    assert len(starts) >= 3 and starts[0] == (0, 0)
-    assert all(start == max(0, offset - 10) for start, offset in starts)
-    assert any(start > 0 for start, _ in starts)  # history really was cut
+    pairs = list(zip(starts, offsets, strict=True))  # one full-attention pass per chunk
+    assert len(pairs) >= 3 and pairs[0] == (0, 0)
+    assert all(start == max(0, offset - 10) for start, offset in pairs)
+    assert any(start > 0 for start, _ in pairs)  # history really was cut
     assert PRESETS["balanced"].fallback().flow_chunk_causal is False
     assert PRESETS["quality"].fallback() == PRESETS["quality"].replace(flow_chunk_causal=False)
 
@@ -234,26 +244,24 @@ def test_quality_frees_the_history_before_its_full_attention_final_chunk(
     import gc
     import weakref
 
-    from wyoming_cosyvoice3.engine import pipeline
-
     engine = engines[0]
     flow = engine.chunked.get("fp32")
     assert flow is not None
     histories: list[weakref.ref[object]] = []
     alive_at_final: list[bool] = []
-    chunk_mel, full_mel = flow.chunk_mel, pipeline.full_attention_mel
+    chunk_mel, full_mel = flow.chunk_mel, engine.flow.mel_for_tokens
 
     def recording(*args: object, **kwargs: object) -> np.ndarray:
         histories.append(weakref.ref(args[3]))
         return chunk_mel(*args, **kwargs)  # type: ignore[arg-type]
 
-    def final(*args: object) -> object:
+    def final(*args: Any, **kwargs: Any) -> np.ndarray:
         gc.collect()
         alive_at_final.append(any(ref() is not None for ref in histories))
-        return full_mel(*args)  # type: ignore[arg-type]
+        return full_mel(*args, **kwargs)
 
     monkeypatch.setattr(flow, "chunk_mel", recording)
-    monkeypatch.setattr(pipeline, "full_attention_mel", final)
+    monkeypatch.setattr(engine.flow, "mel_for_tokens", final)
     voice = engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav", "A test voice.")
     options = PRESETS["quality"].replace(euler_steps=2, vocoder_defer=False,
                                          fixed_tokens_per_char=3.0)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.flow_streaming import GRID_TOKENS, prompt_noise
+from wyoming_cosyvoice3.engine.flow.stream import GRID_TOKENS, prompt_noise
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.types import VoiceFeatures

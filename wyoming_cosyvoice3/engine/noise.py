@@ -11,7 +11,12 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from . import constants as C
+
 FloatArray = npt.NDArray[np.float32]
+
+FLOW_NOISE_BLOCK_FRAMES = 1000
+VOCODER_NOISE_BLOCK_SAMPLES = 480 * 500
 
 
 class GrowingNoise:
@@ -53,3 +58,26 @@ class GrowingNoise:
                     blocks.append(self._rng.random(shape, dtype=np.float32))
             self._data = np.concatenate(blocks, axis=0)
         return self._data[:n_frames]
+
+
+def request_streams(seed: int) -> tuple[np.random.Generator, GrowingNoise, GrowingNoise]:
+    """The three independent random streams of a request with ``seed``: the RAS sampling
+    generator, the flow noise (N(0,1), 80 mel bins per frame) and the vocoder source noise
+    (U[0,1), 9 harmonic channels per sample), spawned from one ``SeedSequence(seed)``.
+
+    Separate streams let the LLM decode in its own thread (it draws only from the first)
+    while the flow and the vocoder draw from theirs, so every stream's draws stay the same.
+    """
+    sampling_seq, flow_seq, voc_seq = np.random.SeedSequence(seed).spawn(3)
+    return (
+        np.random.default_rng(sampling_seq),
+        GrowingNoise(
+            np.random.default_rng(flow_seq), C.MEL_BINS, "normal", FLOW_NOISE_BLOCK_FRAMES
+        ),
+        GrowingNoise(
+            np.random.default_rng(voc_seq),
+            C.HARMONIC_CHANNELS,
+            "uniform",
+            VOCODER_NOISE_BLOCK_SAMPLES,
+        ),
+    )

@@ -1,15 +1,14 @@
 """The public engine: text + voice -> streamed 24 kHz audio (spec sections 4-7).
 
-Per text piece: LLM decoding (KV cache, RAS) yields speech tokens; the silent-run filter
-thins them; every ``hop`` tokens (+ 3 lookahead tokens) the flow turns prompt ++ all tokens so
-far into mel frames, the new frames go through the speed resampler and the streaming vocoder,
-and the samples that became final are yielded. The hop doubles after each chunk up to
-``max_hop_tokens`` (model.py ``CosyVoice2Model.tts``: ``token_hop_len``,
-``stream_scale_factor``, ``token_max_hop_len``); the last chunk of a piece flushes everything.
+The pipeline only wires the stages: text -> pieces and LLM prompts (:mod:`.text`) -> speech
+tokens (:mod:`.llm.tokens`) -> per piece, the silent-run filter and a mel stream
+(:class:`.flow.stream.MelStream`: chunk schedule, chunk-causal or full-attention flow) -> the
+speed resampler and the streaming vocoder (:mod:`.vocoder`) -> the samples that became final
+are yielded.
 
-All per-request state (random generators, noise buffers, hop, offsets, emitted samples) lives
-in :class:`_Request` / :class:`_Piece` objects created per call; the engine's graphs and
-helpers are shared and may serve several threads at once.
+Per-request state lives in a :class:`.request.RequestState` and per-piece state in a
+:class:`.piece.PieceState` (which holds the piece's mel stream), both created per call; the
+engine's graphs and helpers are shared and may serve several threads at once.
 """
 
 from __future__ import annotations
@@ -26,24 +25,19 @@ from . import constants as C
 from . import graphs
 from .flow.melops import SpeedResampler
 from .flow.solver import FlowRunner
-from .flow_streaming import (
-    ChunkedFlows,
-    chunk_causal_mel,
-    first_hop_tokens,
-    full_attention_mel,
-)
+from .flow.stream import ChunkedFlows, MelStream, MelStreamOptions, flow_prompt_features
 from .llm.decoder import LlmDecoder
-from .llm.producer import TokenProducer
+from .llm.tokens import request_tokens
 from .memory import return_freed_memory
 from .model import CosyVoice3Model
 from .options import EngineOptions, SynthesisOptions
-from .request import PieceState, RequestState, flow_prompt_features, token_stream
+from .piece import PieceState
+from .request import RequestState
 from .text.frontend import TextFrontend
 from .types import (
     AudioChunk,
     ShouldStop,
     SynthesisResult,
-    VoiceFeatures,
     VoicePrompt,
 )
 from .vocoder.hift import HiftRunner, VocoderStream
@@ -101,7 +95,8 @@ class CosyVoice3Engine:
         instruction: str | None = None,
         name: str = "voice",
     ) -> VoicePrompt:
-        """Compute (or load from the cache) the features of a reference clip; see voice.py."""
+        """Compute (or load from the cache) the features of a reference clip
+        (:meth:`.voice.prepare.VoiceFeatureExtractor.prepare`)."""
         started = time.perf_counter()
         voice = self.voices.prepare(Path(clip_path), transcript, instruction, name)
         if self.options.observer is not None:
@@ -234,47 +229,40 @@ class CosyVoice3Engine:
         fixed = req.options.fixed_tokens_per_char
         fixed_tokens = [None if fixed is None else max(1, round(fixed * len(p))) for p in pieces]
         flow_voice = flow_prompt_features(voice.features, req.options.flow_prompt_tokens)
-        req.flow_noise_skip_frames = int(voice.features.prompt_mel.shape[0]) - int(
+        # the trimmed prompt's frames and every generated frame read the noise columns they
+        # read with the whole prompt
+        noise_skip_frames = int(voice.features.prompt_mel.shape[0]) - int(
             flow_voice.prompt_mel.shape[0]
         )
-        producer: TokenProducer[tuple[int, int | None]] | None = None
-        if req.options.overlap_decoding:
-            producer = TokenProducer(
-                lambda stop: token_stream(self.llm, prompts, fixed_tokens, req, stop)
-            ).start()
-            stream: Iterator[tuple[int, int | None]] = iter(producer)
-        else:
-            stream = token_stream(self.llm, prompts, fixed_tokens, req, None)
-        try:
+        flow_options = MelStreamOptions.of(req.options)
+        with request_tokens(self.llm, prompts, fixed_tokens, req) as stream:
             piece: PieceState | None = None
             for index, token in stream:
                 if piece is None:
-                    piece = self._new_piece(index, req, len(flow_voice.speech_tokens))
+                    mel = MelStream(self.chunked, flow_voice, flow_options, req.flow_noise,
+                                    noise_skip_frames)
+                    piece = self._new_piece(index, req, mel)
                     logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
                 if token is not None:
-                    samples = self._accept(piece, token, flow_voice, req)
+                    samples = self._accept(piece, token, req)
                     final = False
                 else:  # end of the piece: flush every remaining token
-                    samples = self._flush(piece, flow_voice, req)
+                    samples = self._flush(piece, req)
                     final, piece = True, None
                 if samples is not None:
                     is_last = final and index == len(pieces) - 1
                     chunk = self._chunk(samples, req, index, is_last)
                     if chunk is not None:
                         yield chunk
-        finally:
-            if producer is not None:
-                producer.close()
         if req.chunks_out and not req.last_sent:
             # the last piece produced no audio: close the stream with an empty last chunk
             yield self._make_chunk(np.zeros(0, dtype=np.float32), req, len(pieces) - 1, True)
 
-    def _new_piece(self, index: int, req: RequestState, prompt_tokens: int) -> PieceState:
+    def _new_piece(self, index: int, req: RequestState, mel: MelStream) -> PieceState:
         return PieceState(
             last_chunk_s=req.now(),
             index=index,
-            hop_tokens=first_hop_tokens(req.options, prompt_tokens),
-            base_hop_tokens=req.options.first_hop_tokens,
+            mel=mel,
             resampler=SpeedResampler(req.options.speed),
             vocoder=VocoderStream(
                 self.hift, req.vocoder_noise, window_frames=req.options.vocoder_window_frames
@@ -282,70 +270,30 @@ class CosyVoice3Engine:
         )
 
     def _accept(
-        self, piece: PieceState, token: int, voice: VoiceFeatures, req: RequestState
+        self, piece: PieceState, token: int, req: RequestState
     ) -> npt.NDArray[np.float32] | None:
         """Take one LLM token (silent-run filter); run a chunk once hop + lookahead are in."""
         if not piece.silent_filter.accept(token):
             return None
-        piece.tokens.append(token)
-        pending = len(piece.tokens) - piece.offset_tokens
-        if req.options.streaming and pending >= piece.hop_tokens + C.PRE_LOOKAHEAD_TOKENS:
-            return self._advance(piece, voice, req, final=False)
+        if piece.mel.push(token):
+            return self._advance(piece, req, final=False)
         return None
 
-    def _flush(
-        self, piece: PieceState, voice: VoiceFeatures, req: RequestState
-    ) -> npt.NDArray[np.float32] | None:
+    def _flush(self, piece: PieceState, req: RequestState) -> npt.NDArray[np.float32] | None:
         """The piece's last chunk (None when the LLM produced no speech tokens)."""
-        if not piece.tokens:
+        if not piece.mel.tokens:
             logger.debug("piece %d: no speech tokens; flow and vocoder skipped", piece.index)
             return None
-        return self._advance(piece, voice, req, final=True)
+        return self._advance(piece, req, final=True)
 
     def _advance(
-        self, piece: PieceState, features: VoiceFeatures, req: RequestState, final: bool
+        self, piece: PieceState, req: RequestState, final: bool
     ) -> npt.NDArray[np.float32]:
-        """Run the flow for the next chunk of ``piece`` and the vocoder on the new frames.
-
-        Non-final: the chunk covers ``hop`` tokens and the flow also sees the next 3
-        (lookahead), whose 6 mu frames are dropped. Final: every remaining token.
-        ``features`` are the flow's voice features (``flow_prompt_tokens`` applied).
-        """
-        opts = req.options
-        offset = piece.offset_tokens
-        if final:
-            end, drop, advance = len(piece.tokens), 0, len(piece.tokens) - offset
-        else:
-            end = offset + piece.hop_tokens + C.PRE_LOOKAHEAD_TOKENS
-            drop = C.TOKEN_MEL_RATIO * C.PRE_LOOKAHEAD_TOKENS
-            advance = piece.hop_tokens
-        causal = opts.flow_chunk_causal and (not final or opts.flow_final_chunk_causal)
-        chunked = self.chunked.get(opts.flow_precision) if causal else None
-        left = opts.flow_left_context_tokens
-        start = max(0, offset - left) if left > 0 and chunked is None else 0
-        flow_tokens = np.concatenate(
-            [
-                np.asarray(features.speech_tokens, dtype=np.int64).reshape(-1),
-                np.asarray(piece.tokens[start:end], dtype=np.int64),
-            ]
-        )
-        skip = req.flow_noise_skip_frames
-        noise_frames = skip + int(features.prompt_mel.shape[0]) + C.TOKEN_MEL_RATIO * end
+        """The piece's next chunk: its mel frames, then the vocoder on them."""
+        offset = piece.mel.offset_tokens
         began = req.now()
-        noise = req.flow_noise.take(noise_frames)[skip:].T
-        if chunked is not None:  # chunk mask; prompt and history keys/values cached
-            new_mel = chunk_causal_mel(chunked, piece, features, flow_tokens, noise, drop, req)
-        else:
-            # a full-attention pass never reads the chunk-causal history: free it first (up
-            # to 3.6 MB per generated frame for quality's final chunk, which is the largest
-            # pass of the piece)
-            piece.flow_history = None
-            new_mel = full_attention_mel(self.flow, flow_tokens, features, noise, drop,
-                                         start, offset, req)
+        new_mel = piece.mel.next_mel(final, req.check, req.times)
         req.event("flow", began)
-        piece.offset_tokens = offset + advance
-        piece.base_hop_tokens = min(opts.max_hop_tokens, piece.base_hop_tokens * 2)
-        piece.hop_tokens = piece.base_hop_tokens
         resampled = piece.resampler.push(new_mel, final)
         began = req.now()
         calls = req.times.vocoder_calls
@@ -357,7 +305,7 @@ class CosyVoice3Engine:
             "piece %d chunk: tokens %d..%d%s -> %d mel frames -> %d samples",
             piece.index,
             offset,
-            piece.offset_tokens,
+            piece.mel.offset_tokens,
             " (final)" if final else "",
             new_mel.shape[1],
             len(samples),

@@ -1,7 +1,9 @@
 """Flow stage: speech tokens -> mel frames (50 Hz, 80 bins).
 
-The flow encoder and the cosine-schedule Euler solver with CFG over the DiT estimator
-(:mod:`.solver`), speed resampling of the mel (:mod:`.melops`). Imports the top engine
-modules and no other stage; derived estimators reach it through the model
-(:mod:`..model`).
+One text piece's flow is a :class:`.stream.MelStream` (chunk schedule, chunk-causal or
+full-attention choice, per-piece history); the full-attention flow (flow encoder, exported
+DiT) is :mod:`.solver`, the chunk-causal flow with its prompt and history key/value caches
+:mod:`.chunked`; both integrate with the one Euler/CFG solver of :mod:`.euler`. Speed
+resampling of the mel is :mod:`.melops`. Imports the top engine modules and no other stage;
+derived estimators reach it through the model (:mod:`..model`).
 """

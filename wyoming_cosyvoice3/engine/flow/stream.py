@@ -1,0 +1,340 @@
+"""The flow stage of one text piece: speech tokens in, the next chunk's mel frames out.
+
+A :class:`MelStream` is opened when a piece starts. It decides once whether the piece runs
+the chunk-causal flow (:class:`.chunked.ChunkedFlow`: upstream's ``streaming=True`` with the
+static chunk mask, prompt and history keys/values cached) or full attention
+(:class:`.solver.FlowRunner`: prompt ++ every token so far through the exported estimator),
+and owns what the piece's flow carries from chunk to chunk: the tokens, the offset of the
+next chunk, the hop schedule and the key/value history.
+
+Chunk schedule (cosyvoice/cli/model.py ``CosyVoice2Model.tts``): a streamed chunk covers
+``hop`` tokens and the flow also sees the next 3 (``pre_lookahead_len``), whose 6 mu frames are
+dropped; the hop doubles after every chunk up to ``max_hop_tokens`` (``token_hop_len``,
+``stream_scale_factor``, ``token_max_hop_len``); the piece's last chunk covers every remaining
+token.
+
+The streaming estimator of a precision is derived from the model directory once
+(``derive/streaming_estimator.py``) and opened by the model, at start with
+``EngineOptions.flow_chunk_causal``, else on first use; when that fails (a graph without
+upstream's DiT structure, such as the tiny test model; out of memory; a failed validation)
+the model logs one warning and the piece runs full attention.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import constants as C
+from ..chunkmask import CHUNK_FRAMES
+from ..noise import GrowingNoise, request_streams
+from ..options import EngineOptions, StageTimes, SynthesisOptions
+from ..types import ShouldStop, VoiceFeatures
+from .chunked import ChunkedFlow, KvCache
+from .euler import EulerSchedule
+from .solver import FlowRunner
+
+logger = logging.getLogger(__name__)
+
+FloatArray = npt.NDArray[np.float32]
+
+PROMPT_NOISE_SEED = 0
+"""The prompt frames of chunk-causal streaming use the flow noise of this request seed (the
+default seed, so a default request sees exactly its own noise there, as upstream does)."""
+GRID_TOKENS = CHUNK_FRAMES // C.TOKEN_MEL_RATIO
+"""25 speech tokens per static chunk (model.py ``token_hop_len`` = static_chunk_size / 2)."""
+
+
+def prompt_noise(frames: int) -> FloatArray:
+    """float32 [80, frames]: the first frames of the flow noise of a request with seed
+    :data:`PROMPT_NOISE_SEED` (:func:`..noise.request_streams`)."""
+    noise = request_streams(PROMPT_NOISE_SEED)[1]
+    return np.ascontiguousarray(noise.take(frames).T)
+
+
+class HopOptions(Protocol):
+    """The options the first hop depends on (:class:`~..options.SynthesisOptions` or
+    :class:`MelStreamOptions`)."""
+
+    @property
+    def first_hop_tokens(self) -> int: ...
+
+    @property
+    def first_hop_on_chunk_grid(self) -> bool: ...
+
+
+def first_hop_tokens(options: HopOptions, prompt_tokens: int) -> int:
+    """Tokens of a piece's first streamed chunk.
+
+    With ``first_hop_on_chunk_grid`` the hop is padded so that prompt + first hop end on the
+    25-token grid (model.py ``CosyVoice2Model.tts``: ``prompt_token_pad = ceil(P / 25) * 25
+    - P``, first hop ``token_hop_len + prompt_token_pad``); otherwise ``first_hop_tokens``.
+    """
+    hop = options.first_hop_tokens
+    if options.first_hop_on_chunk_grid:
+        hop += -(-prompt_tokens // GRID_TOKENS) * GRID_TOKENS - prompt_tokens
+    return hop
+
+
+def flow_prompt_features(features: VoiceFeatures, prompt_tokens: int) -> VoiceFeatures:
+    """The voice features the flow sees with ``SynthesisOptions.flow_prompt_tokens``.
+
+    ``prompt_tokens`` <= 0 or >= the voice's L tokens: ``features`` unchanged (spec-exact).
+    Otherwise the last ``prompt_tokens`` speech tokens and the last ``2 * prompt_tokens``
+    prompt-mel frames (they stay aligned: the prompt mel has exactly 2L frames, spec section
+    2d); the speaker embedding is unchanged. The DiT runs on every prompt frame in every Euler
+    step (spec section 7), so this bounds the fixed cost of each chunk.
+    """
+    tokens = np.asarray(features.speech_tokens, dtype=np.int64).reshape(-1)
+    if prompt_tokens <= 0 or prompt_tokens >= len(tokens):
+        return features
+    frames = C.TOKEN_MEL_RATIO * prompt_tokens
+    return VoiceFeatures(
+        speech_tokens=tokens[-prompt_tokens:],
+        speaker_embedding=features.speaker_embedding,
+        prompt_mel=np.asarray(features.prompt_mel, dtype=np.float32)[-frames:],
+    )
+
+
+class ChunkedFlows:
+    """The engine's flows: the full-attention runner and, per DiT precision, the lazily
+    derived chunk-causal flow (thread-safe).
+
+    Args:
+        runner: the engine's full-attention flow runner.
+        model: the loaded model (``streaming_estimator(precision)`` is asked once per
+            precision).
+        options: engine options (``voice_cache_dir`` holds the prompt key/value caches).
+    """
+
+    def __init__(self, runner: FlowRunner, model: Any, options: EngineOptions) -> None:
+        self.runner = runner
+        self.model = model
+        self.options = options
+        self._flows: dict[str, ChunkedFlow | None] = {}
+        self._lock = threading.Lock()
+
+    def get(self, precision: str) -> ChunkedFlow | None:
+        """The chunked flow for ``precision``, or None (full attention; the model warned
+        once, :meth:`~..model.CosyVoice3Model.streaming_estimator`)."""
+        with self._lock:
+            if precision not in self._flows:
+                est = self.model.streaming_estimator(precision)
+                self._flows[precision] = None if est is None else self._flow(precision, est)
+            return self._flows[precision]
+
+    def _flow(self, precision: str, est: Any) -> ChunkedFlow:
+        tag = precision if est.path is None else f"{precision}-{est.path.stem.rsplit('-', 2)[-2]}"
+        return ChunkedFlow(self.runner, est, prompt_noise, self.options.voice_cache_dir, tag)
+
+    def loaded(self) -> dict[str, bool]:
+        """Precision -> whether its chunked flow is available (only precisions asked for)."""
+        with self._lock:
+            return {k: v is not None for k, v in self._flows.items()}
+
+
+@dataclass(frozen=True)
+class MelStreamOptions:
+    """What the flow of one piece needs from the request's options.
+
+    Attributes:
+        precision: DiT precision ("fp32", "int8").
+        schedule: Euler steps and CFG (``euler_steps``, ``cfg_rate``, ``cfg_steps``).
+        streaming: emit chunks while tokens arrive (False: one chunk at the piece's end).
+        chunk_causal: run the chunk-causal flow when its estimator is available.
+        final_chunk_causal: the piece's last chunk too (else it runs full attention).
+        left_context_tokens: generated tokens before a chunk the flow attends to (0 = all).
+        first_hop_tokens, first_hop_on_chunk_grid: the first chunk's tokens
+            (:func:`first_hop_tokens`).
+        max_hop_tokens: the hop doubles after every chunk up to this.
+    """
+
+    precision: str
+    schedule: EulerSchedule
+    streaming: bool
+    chunk_causal: bool
+    final_chunk_causal: bool
+    left_context_tokens: int
+    first_hop_tokens: int
+    first_hop_on_chunk_grid: bool
+    max_hop_tokens: int
+
+    @classmethod
+    def of(cls, options: SynthesisOptions) -> MelStreamOptions:
+        """The flow's part of validated request ``options`` (fallback already applied)."""
+        return cls(
+            precision=options.flow_precision,
+            schedule=EulerSchedule(options.euler_steps, options.cfg_rate, options.cfg_steps),
+            streaming=options.streaming,
+            chunk_causal=options.flow_chunk_causal,
+            final_chunk_causal=options.flow_final_chunk_causal,
+            left_context_tokens=options.flow_left_context_tokens,
+            first_hop_tokens=options.first_hop_tokens,
+            first_hop_on_chunk_grid=options.first_hop_on_chunk_grid,
+            max_hop_tokens=options.max_hop_tokens,
+        )
+
+
+class MelStream:
+    """The flow of one text piece: fed speech tokens, asked for each chunk's new mel frames.
+
+    Args:
+        flows: the engine's flows (the chunk-causal one of ``options.precision`` is looked up
+            once, here).
+        voice: the flow's voice features (:func:`flow_prompt_features` applied).
+        options: the piece's flow options.
+        noise: the request's flow noise (N(0,1), 80 bins per frame).
+        noise_skip_frames: noise frames before the flow's prompt (the prompt frames that
+            ``flow_prompt_features`` cut): every frame reads the noise column it reads with
+            the whole prompt.
+
+    Attributes:
+        tokens: the piece's speech tokens so far.
+        offset_tokens: the first token of the next chunk (earlier frames were returned).
+        hop_tokens: tokens of the next streamed chunk.
+    """
+
+    def __init__(
+        self,
+        flows: ChunkedFlows,
+        voice: VoiceFeatures,
+        options: MelStreamOptions,
+        noise: GrowingNoise,
+        noise_skip_frames: int,
+    ) -> None:
+        self.options = options
+        self._runner = flows.runner
+        self._chunked = flows.get(options.precision) if options.chunk_causal else None
+        self._voice = voice
+        self._prompt_tokens = np.asarray(voice.speech_tokens, dtype=np.int64).reshape(-1)
+        self._noise = noise
+        self._noise_skip_frames = noise_skip_frames
+        self._history: KvCache | None = None
+        self.tokens: list[int] = []
+        self.offset_tokens = 0
+        self.hop_tokens = first_hop_tokens(options, len(self._prompt_tokens))
+        # the hop before the first chunk's grid padding doubles (model.py token_hop_len)
+        self._base_hop_tokens = options.first_hop_tokens
+
+    def push(self, token: int) -> bool:
+        """Append a speech token; True when a streamed chunk is due (``hop`` tokens and the
+        3 lookahead tokens after them are in)."""
+        self.tokens.append(token)
+        pending = len(self.tokens) - self.offset_tokens
+        return self.options.streaming and pending >= self.hop_tokens + C.PRE_LOOKAHEAD_TOKENS
+
+    def next_mel(self, final: bool, should_stop: ShouldStop, times: StageTimes) -> FloatArray:
+        """The next chunk's new mel frames, then the offset and the hop move on.
+
+        Args:
+            final: the piece's last chunk (every remaining token; the LLM has ended the
+                piece). Otherwise ``hop`` tokens, with the 3 lookahead tokens seen and their
+                frames dropped.
+            should_stop: checked before the encoder and every Euler step.
+            times: ``flow_s`` and ``flow_calls`` are added to.
+
+        Returns:
+            float32 [80, 2 x (tokens of the chunk)] (spec section 7, model.py ``token2wav``).
+
+        Raises:
+            SynthesisCancelled: ``should_stop()`` returned True.
+            SynthesisFailed: a graph failed.
+        """
+        opts = self.options
+        offset = self.offset_tokens
+        if final:
+            end, drop, advance = len(self.tokens), 0, len(self.tokens) - offset
+        else:
+            end = offset + self.hop_tokens + C.PRE_LOOKAHEAD_TOKENS
+            drop = C.TOKEN_MEL_RATIO * C.PRE_LOOKAHEAD_TOKENS
+            advance = self.hop_tokens
+        chunked = self._chunked if not final or opts.final_chunk_causal else None
+        left = opts.left_context_tokens
+        start = max(0, offset - left) if left > 0 and chunked is None else 0
+        flow_tokens = np.concatenate(
+            [self._prompt_tokens, np.asarray(self.tokens[start:end], dtype=np.int64)]
+        )
+        skip = self._noise_skip_frames
+        noise_frames = skip + int(self._voice.prompt_mel.shape[0]) + C.TOKEN_MEL_RATIO * end
+        noise = self._noise.take(noise_frames)[skip:].T
+        if chunked is not None:  # chunk mask; prompt and history keys/values cached
+            mel = self._chunk_causal(chunked, flow_tokens, noise, drop, should_stop, times)
+        else:
+            # a full-attention pass never reads the chunk-causal history: free it first (up
+            # to 3.6 MB per generated frame for quality's final chunk, which is the largest
+            # pass of the piece)
+            self._history = None
+            mel = self._full_attention(flow_tokens, noise, drop, start, offset, should_stop, times)
+        self.offset_tokens = offset + advance
+        self._base_hop_tokens = min(opts.max_hop_tokens, self._base_hop_tokens * 2)
+        self.hop_tokens = self._base_hop_tokens
+        return mel
+
+    def _chunk_causal(
+        self,
+        flow: ChunkedFlow,
+        tokens: npt.NDArray[np.int64],
+        noise: FloatArray,
+        drop_frames: int,
+        should_stop: ShouldStop,
+        times: StageTimes,
+    ) -> FloatArray:
+        """New mel frames [80, n] under the chunk mask.
+
+        ``tokens`` = the flow prompt tokens ++ every token of the piece so far (3 lookahead
+        tokens included in a non-final chunk, whose ``drop_frames`` = 6 mu frames are dropped;
+        0 for a final chunk under ``final_chunk_causal``); ``noise`` float32 [80, N], column =
+        frame. The history cache is created on the first chunk; ``left_context_tokens`` > 0
+        bounds the attended and stored history.
+        """
+        sched, left = self.options.schedule, self.options.left_context_tokens
+        if self._history is None:
+            self._history = flow.new_history(sched.steps, sched.cfg_rate, sched.cfg_steps)
+        return flow.chunk_mel(
+            tokens,
+            self._voice,
+            noise,
+            self._history,
+            sched.steps,
+            sched.cfg_rate,
+            sched.cfg_steps,
+            drop_frames,
+            should_stop,
+            C.TOKEN_MEL_RATIO * left if left > 0 else None,
+            times,
+            store_history=drop_frames > 0,  # a final chunk's keys/values are never attended
+        )
+
+    def _full_attention(
+        self,
+        tokens: npt.NDArray[np.int64],
+        noise: FloatArray,
+        drop_frames: int,
+        start: int,
+        offset: int,
+        should_stop: ShouldStop,
+        times: StageTimes,
+    ) -> FloatArray:
+        """New mel frames [80, 2 x (offset..end tokens)] with the exported (full-attention)
+        estimator: the flow runs on prompt ++ tokens ``start..end`` (``start`` > 0 with a
+        bounded left context) and the frames before ``offset`` are dropped."""
+        sched = self.options.schedule
+        mel = self._runner.mel_for_tokens(
+            tokens,
+            self._voice,
+            noise,
+            steps=sched.steps,
+            cfg_rate=sched.cfg_rate,
+            cfg_steps=sched.cfg_steps,
+            drop_lookahead_frames=drop_frames,
+            should_stop=should_stop,
+            times=times,
+            generated_offset_tokens=start,
+            precision=self.options.precision,
+        )
+        return np.asarray(mel[:, C.TOKEN_MEL_RATIO * (offset - start) :], dtype=np.float32)

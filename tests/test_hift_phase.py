@@ -167,7 +167,7 @@ def _engine_audio(model_dir: Path, cache: Path, phase_vocoder: bool, window: int
     from wyoming_cosyvoice3.engine.options import SynthesisOptions
     from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 
-    options = EngineOptions(cache_dir=cache, phase_vocoder=phase_vocoder)
+    options = EngineOptions(cache_dir=cache, phase_vocoder=phase_vocoder, stream_vocoder=False)
     engine = CosyVoice3Engine.load(model_dir, options)
     assert (engine.model.hift_phase_period is not None) == phase_vocoder
     voice = engine.prepare_voice(model_dir / "voices" / "en-male.wav", "A test voice.")

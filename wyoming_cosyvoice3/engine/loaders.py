@@ -19,6 +19,7 @@ from .derive.streaming_full import FullAttentionDiT
 from .errors import ModelLoadError
 from .graphs import ESTIMATOR, HIFT, TEXT_EMBEDDING, Graph, load_llm, open_session
 from .options import LLM_FILES, PRESETS, EngineOptions
+from .vocoder.hift import StreamedHift
 
 log = logging.getLogger(__name__)
 
@@ -163,3 +164,25 @@ def load_hift(model_dir: Path, options: EngineOptions) -> tuple[Graph, float | N
             if loaded is not None:
                 return loaded[0], loaded[1].period
     return Graph(source, HIFT, threads, providers, spin_wait=spin), None
+
+
+def load_hift_stream(model_dir: Path, options: EngineOptions) -> StreamedHift | None:
+    """The streamed vocoder (:mod:`.derive.hift_stream`), or None (option off, or not
+    derivable: one warning, streaming keeps the windowed vocoder)."""
+    if not _wanted(options.stream_vocoder, options):
+        return None
+    from .derive.files import derived_files_dir
+    from .derive.hift_stream import load_stream_hift
+
+    try:
+        cache = derived_files_dir(model_dir, options.cache_dir)
+    except ModelLoadError as exc:
+        log.warning("streamed vocoder not used (%s)", exc)
+        return None
+    loaded = load_stream_hift(model_dir / HIFT.file, cache, options.threads, options.providers,
+                              options.spin_wait)
+    if loaded is None:
+        return None
+    graph, report = loaded
+    return StreamedHift(graph, tuple(tuple(s) for s in report.state_shapes),
+                        report.lookahead_frames, report.min_first_frames)

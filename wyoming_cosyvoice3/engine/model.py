@@ -40,6 +40,7 @@ from .loaders import (
     Estimator,
     load_estimator,
     load_hift,
+    load_hift_stream,
     load_llm_graph,
     load_streaming,
     load_text_table,
@@ -47,6 +48,7 @@ from .loaders import (
 from .memory import return_freed_memory
 from .options import LLM_FILES, EngineOptions, FlowPrecision
 from .text.tokenizer_load import read_tokenizer
+from .vocoder.hift import StreamedHift
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +230,9 @@ class CosyVoice3Model:
         self.hift_phase_period = hift_phase_period
         """Source-phase period of a phase-carrying ``hift`` (:mod:`.derive.hift_phase`), or
         None for the published graph."""
+        self.hift_stream: StreamedHift | None = None
+        """The streamed vocoder (:mod:`.derive.hift_stream`), or None: streaming then runs
+        ``hift`` over all mel or a window per call."""
         self.dims = read_dims(self.llm, self.flow_encoder, self.hift)
         self._voice_lock = threading.Lock()
         self._voice_encoders: tuple[Graph, Graph] | None = None
@@ -265,6 +270,7 @@ class CosyVoice3Model:
 
         speech_embedding = graph(SPEECH_EMBEDDING)
         hift, hift_phase_period = load_hift(model_dir, options)
+        hift_stream = load_hift_stream(model_dir, options)
         precision = options.flow_precision
         streaming: dict[str, Any] = {}
         if options.flow_chunk_causal:
@@ -281,6 +287,7 @@ class CosyVoice3Model:
         }
         graphs["text_embedding"] = load_text_table(model_dir, options) or graph(TEXT_EMBEDDING)
         model = cls(model_dir, options, tokenizer, eop, graphs, hift_phase_period, streaming)
+        model.hift_stream = hift_stream
         if model.dims.speech_vocab_rows <= C.FILL_TOKEN:
             raise GraphSignatureMismatch(
                 f"{model.llm.spec.file}: logits have {model.dims.speech_vocab_rows} columns, "

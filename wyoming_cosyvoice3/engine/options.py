@@ -82,6 +82,12 @@ class EngineOptions:
             harmonic source's phase instead of restarting it, so windowed audio matches the
             one-call audio. ``None`` = on when ``cache_dir`` is set. Not derivable:
             hift.onnx, with one warning.
+        stream_vocoder: derive once (into ``cache_dir``) the streamed form of hift.onnx
+            (:mod:`.derive.hift_stream`): convolution context, delay lines and the source
+            phase carried as state, so streaming runs each mel frame once (about one call's
+            cost) and equals one call up to float rounding (validated when derived). It
+            replaces ``SynthesisOptions.vocoder_window_frames``. ``None`` = on when
+            ``cache_dir`` is set. Not derivable: the windowed vocoder, with one warning.
         observer: callbacks the engine makes while it works (:mod:`.hooks`; the benchmark's
             recorder); ``None`` = nobody watches.
     """
@@ -102,6 +108,7 @@ class EngineOptions:
     observer: EngineObserver | None = field(default=None, compare=False)
     llm_graph: LlmGraph = "published"
     phase_vocoder: bool | None = None
+    stream_vocoder: bool | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value is out of range."""

@@ -66,7 +66,7 @@ class CosyVoice3Engine:
         self.llm = LlmDecoder(model)
         self.flow = FlowRunner(model)
         self.chunked = ChunkedFlows(self.flow, model, options)
-        self.hift = HiftRunner(model.hift, model.hift_phase_period)
+        self.hift = HiftRunner(model.hift, model.hift_phase_period, model.hift_stream)
         worker = worker_for(model.model_dir, options, model.dims.speaker_dim)
         self.voices = VoiceFeatureExtractor(model, options.voice_cache_dir, worker=worker)
 

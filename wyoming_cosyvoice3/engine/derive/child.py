@@ -6,7 +6,8 @@ TIME_OUT`` (the chunk-causal streaming estimator, :mod:`.streaming_estimator`) o
 ``... table SOURCE TABLE_NPY DTYPE_FILE`` (the text embedding table, :mod:`.embedding_table`)
 or ``... llm fused|fused-q4 SOURCE DATA REPORT GRAPH [EMBEDS_NPY]`` (the fused-operator LLM
 decode graph, :mod:`.llm_fused`) or ``... hift SOURCE GRAPH REPORT`` (the phase-carrying
-vocoder, :mod:`.hift_phase`).
+vocoder, :mod:`.hift_phase`) or ``... hift-stream SOURCE GRAPH REPORT`` (the streamed
+vocoder, :mod:`.hift_stream`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from .embedding_table import extract_table
 from .estimator_split import SPLIT_TAGS, derive_split
 from .hift_phase import write_phase_hift
+from .hift_stream import write_stream_hift
 from .llm_fused import FUSED_TAGS, write_fused_files
 from .quantize import quantize_estimator
 from .streaming_estimator import STREAM_TAGS, derive_streaming
@@ -45,13 +47,17 @@ def main(argv: list[str] | None = None) -> int:
         data, report, graph = (Path(a) for a in args[3:6])
         write_fused_files(Path(args[2]), args[1], data, report, graph, embeds)
         return 0
+    if len(args) == 4 and args[0] == "hift-stream":
+        write_stream_hift(Path(args[1]), Path(args[2]), Path(args[3]))
+        return 0
     if len(args) == 4 and args[0] == "hift":
         write_phase_hift(Path(args[1]), Path(args[2]), Path(args[3]))
         return 0
     print(
         "usage: python -m wyoming_cosyvoice3.engine.derive.child int8 SOURCE TARGET | "
         "split|stream fp32|int8 SOURCE MAIN_OUT TIME_OUT | table SOURCE TABLE_NPY DTYPE_FILE | "
-        "llm fused|fused-q4 SOURCE DATA REPORT GRAPH [EMBEDS_NPY] | hift SOURCE GRAPH REPORT",
+        "llm fused|fused-q4 SOURCE DATA REPORT GRAPH [EMBEDS_NPY] | "
+        "hift|hift-stream SOURCE GRAPH REPORT",
         file=sys.stderr,
     )
     return 2

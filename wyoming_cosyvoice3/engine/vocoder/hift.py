@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -57,6 +58,11 @@ _HIFT_OUTPUTS = ("magnitude", "phase")
 _CARRY_INPUT = "phase_carry"
 _PHASE_OUTPUT = "source_phase"
 """The phase-carrying graph's extra input and output (:mod:`..derive.hift_phase`)."""
+_FIRST_INPUT, _FINAL_INPUT = "stream_first", "stream_final"
+_STATE_IN, _STATE_OUT = "stream_state_in.", "stream_state_out."
+"""The streamed graph's extra inputs and outputs (:mod:`..derive.hift_stream`)."""
+_ISTFT_KEEP_FRAMES = 4
+"""STFT frames kept between calls: a sample needs the 4 frames whose windows cover it."""
 CROSSFADE_MS = 20.0
 """Seam cross-fade of the windowed vocoder (only with ``window_frames`` > 0)."""
 
@@ -77,6 +83,57 @@ def fade_in_gain(start_sample: int, n_samples: int, fade_samples: int) -> FloatA
     return ramp.astype(np.float32)
 
 
+@dataclass(frozen=True)
+class StreamedHift:
+    """The streamed vocoder graph (:mod:`..derive.hift_stream`) and what its report says.
+
+    Attributes:
+        graph: inputs ``speech_feat``, ``noise``, ``stream_first``, ``stream_final`` and
+            ``stream_state_in.<i>``; outputs ``magnitude``, ``phase``, ``stream_state_out.<i>``.
+        state_shapes: per state, its dims with -1 on the time axis (each starts empty).
+        lookahead_frames: mel frames a non-final call holds back (4 upstream).
+        min_first_frames: fewest mel frames of the first non-final call.
+    """
+
+    graph: Graph
+    state_shapes: tuple[tuple[int, ...], ...]
+    lookahead_frames: int
+    min_first_frames: int
+
+    def initial_states(self) -> list[FloatArray]:
+        """Empty states (time length 0) for a new utterance."""
+        return [np.zeros([0 if d < 0 else d for d in shape], np.float32)
+                for shape in self.state_shapes]
+
+    def step(
+        self, mel: FloatArray, noise: FloatArray, states: list[FloatArray], first: bool,
+        final: bool,
+    ) -> tuple[FloatArray, FloatArray, list[FloatArray]]:
+        """One call: the next magnitude and phase frames and the new states.
+
+        Args:
+            mel: float32 [80, n] new mel frames (n >= 1).
+            noise: float32 [480 n, 9] their source noise rows.
+            states: from :meth:`initial_states` or the previous call.
+            first, final: the utterance's first / last call.
+
+        Returns:
+            (magnitude float32 [9, k] clipped at 100, phase float32 [9, k], states).
+        """
+        feeds: dict[str, npt.NDArray[np.generic]] = {
+            "speech_feat": np.ascontiguousarray(mel, dtype=np.float32)[None],
+            "noise": np.ascontiguousarray(noise, dtype=np.float32)[None],
+            _FIRST_INPUT: np.array([int(first)], np.int64),
+            _FINAL_INPUT: np.array([int(final)], np.int64),
+        }
+        feeds.update({f"{_STATE_IN}{i}": state for i, state in enumerate(states)})
+        names = ["magnitude", "phase"] + [f"{_STATE_OUT}{i}" for i in range(len(states))]
+        out = self.graph.run(feeds, names)
+        magnitude = np.minimum(np.asarray(out["magnitude"], np.float32)[0], C.MAGNITUDE_CLIP)
+        phase = np.asarray(out["phase"], np.float32)[0]
+        return magnitude, phase, [np.asarray(out[n], np.float32) for n in names[2:]]
+
+
 class HiftRunner:
     """Runs ``hift.onnx`` plus the host-side iSTFT for one model; holds no request state.
 
@@ -85,12 +142,16 @@ class HiftRunner:
             ``phase``; the phase-carrying form also ``phase_carry`` / ``source_phase``).
         phase_period: with the phase-carrying form, the source phase's period in its units
             (:attr:`..derive.hift_phase.PhaseCarryReport.period`); None for ``hift.onnx``.
+        stream: the streamed graph (:class:`StreamedHift`): streaming runs each mel frame
+            once; None: streaming re-runs the whole mel or a window.
 
     Raises:
         GraphSignatureMismatch: the graph lacks those names.
     """
 
-    def __init__(self, hift: Graph, phase_period: float | None = None) -> None:
+    def __init__(
+        self, hift: Graph, phase_period: float | None = None, stream: StreamedHift | None = None
+    ) -> None:
         names_in, names_out = set(hift.spec.inputs), set(hift.spec.outputs)
         wanted_in, wanted_out = set(_HIFT_INPUTS), set(_HIFT_OUTPUTS)
         if phase_period is not None:
@@ -104,6 +165,7 @@ class HiftRunner:
             )
         self.graph = hift
         self.phase_period = phase_period
+        self.stream = stream
 
     @property
     def carries_phase(self) -> bool:
@@ -195,6 +257,18 @@ class VocoderStream:
         """Source phase of the last ``window_frames`` emitted frames, the first of them frame
         ``_phase_first`` (phase-carrying graph, windowed calls only)."""
         self._phase_first = 0
+        self._streamed = runner.stream
+        """The streamed graph, when the model has one: each frame runs once (then
+        ``window_frames`` is not used)."""
+        self._sent_frames = 0
+        """Mel frames given to the streamed graph so far."""
+        self._states: list[FloatArray] = (
+            self._streamed.initial_states() if self._streamed is not None else []
+        )
+        self._stft_frames = np.zeros((2, C.ISTFT_N_FFT // 2 + 1, 0), dtype=np.float32)
+        """The last STFT frames (magnitude, phase) of the streamed graph, the first of them
+        frame ``_stft_first``: the next samples overlap them."""
+        self._stft_first = 0
         self.emitted_samples = 0
         self.frames_run = 0
         """Mel frames the graph ran over, summed over calls (re-run frames count again)."""
@@ -208,6 +282,8 @@ class VocoderStream:
     def frames_for_call(self, extra_frames: int) -> int:
         """Mel frames a call would run after ``extra_frames`` more frames were pushed."""
         total = self.mel_frames + extra_frames
+        if self._streamed is not None:
+            return total - self._sent_frames
         if self.window_frames == 0:
             return total
         emitted_frames = self.emitted_samples // C.SAMPLES_PER_MEL_FRAME
@@ -255,6 +331,8 @@ class VocoderStream:
         self.finished = final
         if defer and not final:
             return np.zeros(0, dtype=np.float32)
+        if self._streamed is not None:
+            return self._push_streamed(self._streamed, final, should_stop, times)
         n_frames = self.mel_frames
         held = 0 if final else C.VOCODER_RIGHT_CONTEXT_FRAMES
         end = C.SAMPLES_PER_MEL_FRAME * max(n_frames - held, 0)
@@ -299,3 +377,57 @@ class VocoderStream:
             " (final)" if final else "",
         )
         return out
+
+    def _push_streamed(
+        self,
+        streamed: StreamedHift,
+        final: bool,
+        should_stop: ShouldStop | None,
+        times: StageTimes | None,
+    ) -> FloatArray:
+        """:meth:`push` with the streamed graph: the unsent frames run once.
+
+        A non-final call keeps its last frame back (so the final call always has one) and
+        waits for ``min_first_frames`` + 1 frames at the start; it emits the samples whose 4
+        STFT frames are out: ``480 (sent - lookahead) - 4`` (spec section 6: 480 (M - 8)).
+        """
+        spf, hop = C.SAMPLES_PER_MEL_FRAME, C.ISTFT_HOP
+        first = self._sent_frames == 0
+        keep = 0 if final else 1
+        count = self.mel_frames - self._sent_frames - keep
+        if count <= 0 or (first and not final and count < streamed.min_first_frames):
+            return np.zeros(0, dtype=np.float32)
+        if should_stop is not None and should_stop():
+            raise SynthesisCancelled("synthesis cancelled before the vocoder")
+        start = time.perf_counter()
+        begin, end_frame = self._sent_frames, self._sent_frames + count
+        noise = self.noise.take(spf * end_frame)[spf * begin :]
+        magnitude, phase, self._states = streamed.step(
+            self._mel[:, begin:end_frame], noise, self._states, first, final
+        )
+        self._sent_frames = end_frame
+        self.frames_run += count
+        frames = np.concatenate([self._stft_frames, np.stack([magnitude, phase])], axis=2)
+        total = self._stft_first + frames.shape[2]
+        # sample n needs STFT frames up to (n + 8) // 4: the last 2 hops wait for the next
+        end = spf * end_frame if final else max(0, hop * total - C.ISTFT_N_FFT // 2)
+        out = np.zeros(0, dtype=np.float32)
+        if end > self.emitted_samples:
+            samples = np.asarray(istft(frames[0], frames[1]), dtype=np.float32).reshape(-1)
+            base = hop * self._stft_first  # absolute index of samples[0]
+            out = np.clip(samples[self.emitted_samples - base : end - base],
+                          -C.AUDIO_LIMIT, C.AUDIO_LIMIT)
+            if self.emitted_samples < self.fade_samples:
+                out = out * fade_in_gain(self.emitted_samples, len(out), self.fade_samples)
+            self.emitted_samples = end
+        keep_from = max(0, min(total - _ISTFT_KEEP_FRAMES, self.emitted_samples // hop - 2))
+        self._stft_frames = frames[:, :, keep_from - self._stft_first :]
+        self._stft_first = keep_from
+        elapsed = time.perf_counter() - start
+        if times is not None:
+            times.vocoder_s += elapsed
+            times.vocoder_calls += 1
+            times.vocoder_frames += count
+        logger.debug("vocoder (streamed): %d mel frames -> %d new samples in %.3f s%s",
+                     count, len(out), elapsed, " (final)" if final else "")
+        return np.asarray(out, dtype=np.float32)

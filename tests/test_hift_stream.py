@@ -1,0 +1,193 @@
+"""The streamed vocoder graph (engine/derive/hift_stream.py) and VocoderStream on it: streamed
+audio equals one call over the same mel, on the tiny synthetic model and on the parity model
+exported from upstream's classes; a graph without the structure falls back with one warning;
+a dropped state is caught."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine.derive import hift_stream
+from wyoming_cosyvoice3.engine.derive.files import validation_session
+from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
+from wyoming_cosyvoice3.engine.noise import GrowingNoise
+from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, StreamedHift, VocoderStream
+
+PARITY_HIFT = Path(__file__).resolve().parents[2] / "shared" / "parity" / "model" / HIFT.file
+MAX_ABS_AUDIO = 1e-4
+FRAMES = 90
+
+
+@pytest.fixture(scope="module")
+def tiny_hift(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from wyoming_cosyvoice3.synthetic.build import build_synthetic_model
+
+    out = tmp_path_factory.mktemp("tinydit")
+    build_synthetic_model(out, size="tiny-dit")
+    return out / HIFT.file
+
+
+def _sources(tiny: Path) -> list[Path]:
+    return [tiny, PARITY_HIFT] if PARITY_HIFT.is_file() else [tiny]
+
+
+@pytest.fixture(scope="module", params=["tiny-dit", "parity"])
+def derived(
+    request: pytest.FixtureRequest, tiny_hift: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, hift_stream.StreamReport]:
+    if request.param == "parity":
+        if not PARITY_HIFT.is_file():
+            pytest.skip(f"parity model absent ({PARITY_HIFT})")
+        source = PARITY_HIFT
+    else:
+        source = tiny_hift
+    path, report = hift_stream.ensure_stream_hift(
+        source, tmp_path_factory.mktemp("stream"), in_process=True
+    )
+    return source, path, report
+
+
+def _inputs(seed: int = 3) -> tuple[np.ndarray, GrowingNoise]:
+    rng = np.random.default_rng(seed)
+    mel = (rng.standard_normal((C.MEL_BINS, FRAMES)) - 5.0).astype(np.float32)
+    return mel, GrowingNoise(np.random.default_rng(seed + 1), C.HARMONIC_CHANNELS, "uniform")
+
+
+def _one_call(source: Path, mel: np.ndarray, noise: GrowingNoise) -> np.ndarray:
+    runner = HiftRunner(Graph(source, HIFT, threads=1, spin_wait=False))
+    stream = VocoderStream(runner, noise, fade_in_ms=0.0)
+    return stream.push(mel, final=True)
+
+
+def _streamed_runner(path: Path, report: hift_stream.StreamReport) -> HiftRunner:
+    spec = hift_stream.stream_spec(len(report.state_shapes))
+    graph = Graph(path, spec, threads=1, spin_wait=False)
+    streamed = StreamedHift(graph, tuple(tuple(s) for s in report.state_shapes),
+                            report.lookahead_frames, report.min_first_frames)
+    return HiftRunner(Graph(path.parent / path.name, spec, threads=1, spin_wait=False), None,
+                      streamed)
+
+
+def _rounding_floor(source: Path, mel: np.ndarray, noise: GrowingNoise) -> float:
+    """One call over a prefix against one call over the whole mel (onnxruntime's rounding)."""
+    whole = _one_call(source, mel, noise)
+    worst = 0.0
+    for n in (30, 45, 60):
+        part = _one_call(source, mel[:, :n], noise)
+        m = C.SAMPLES_PER_MEL_FRAME * (n - 8)
+        worst = max(worst, float(np.abs(part[:m] - whole[:m]).max()))
+    return worst
+
+
+SPLITS = {
+    "random": [7, 13, 2, 19, 11, 5, 23, 10],
+    "one-frame": [6] + [1] * 20 + [64],
+    "inside-lookahead": [6, 82, 2],
+    "final-one": [89, 1],
+}
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+def test_streamed_equals_one_call(
+    derived: tuple[Path, Path, hift_stream.StreamReport], split: str
+) -> None:
+    source, path, report = derived
+    assert sum(SPLITS[split]) == FRAMES
+    mel, noise = _inputs()
+    reference = _one_call(source, mel, noise)
+    stream = VocoderStream(_streamed_runner(path, report), noise, fade_in_ms=0.0)
+    parts, start = [], 0
+    for i, n in enumerate(SPLITS[split]):
+        final = i == len(SPLITS[split]) - 1
+        parts.append(stream.push(mel[:, start : start + n], final=final))
+        start += n
+        if not final:  # emitted as soon as the look-ahead allows (spec 6: 480 (M - 8))
+            assert stream.emitted_samples >= C.SAMPLES_PER_MEL_FRAME * (start - 8) or start < 9
+    audio = np.concatenate(parts)
+    assert audio.shape == reference.shape
+    error = float(np.abs(audio - reference).max())
+    allowed = max(MAX_ABS_AUDIO, hift_stream.FLOOR_FACTOR * _rounding_floor(source, mel, noise))
+    print(f"{source.parent.name} {split}: max abs {error:.3g} (allowed {allowed:.3g})")
+    assert error <= allowed
+    assert stream.frames_run == FRAMES  # every frame ran once
+
+
+def test_tiny_streamed_within_1e4(tiny_hift: Path, tmp_path: Path) -> None:
+    path, report = hift_stream.ensure_stream_hift(tiny_hift, tmp_path, in_process=True)
+    mel, noise = _inputs()
+    reference = _one_call(tiny_hift, mel, noise)
+    stream = VocoderStream(_streamed_runner(path, report), noise, fade_in_ms=0.0)
+    audio = np.concatenate([stream.push(mel[:, :10], False), stream.push(mel[:, 10:], True)])
+    assert float(np.abs(audio - reference).max()) <= MAX_ABS_AUDIO
+
+
+def test_structure_missing_falls_back_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from onnx import TensorProto, helper
+
+    # a graph with the contract's names but no padded convolution
+    nodes = [
+        helper.make_node("ReduceMean", ["speech_feat"], ["m"], keepdims=1, axes=[1]),
+        helper.make_node("Concat", ["m"] * 9, ["magnitude"], axis=1),
+        helper.make_node("Identity", ["magnitude"], ["phase"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "no-structure",
+        [helper.make_tensor_value_info("speech_feat", TensorProto.FLOAT, [1, 80, "F"]),
+         helper.make_tensor_value_info("noise", TensorProto.FLOAT, [1, "T", 9])],
+        [helper.make_tensor_value_info("magnitude", TensorProto.FLOAT, [1, 9, "F"]),
+         helper.make_tensor_value_info("phase", TensorProto.FLOAT, [1, 9, "F"])],
+    )
+    source = tmp_path / HIFT.file
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    with caplog.at_level(logging.WARNING):
+        assert hift_stream.load_stream_hift(source, tmp_path, 1, ("CPUExecutionProvider",),
+                                            False) is None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "streamed vocoder not used" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("kind", ["conv", "delay", "phase"])
+def test_dropped_state_fails_validation(
+    tiny_hift: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Break one line: the state of one site is not carried (fed back empty every call)."""
+    model, plan, states = hift_stream.add_stream_state(onnx.load(str(tiny_hift)))
+    index = [k for _, _, k in states].index(kind)
+    real = hift_stream.stream_run
+
+    def forgetful(session, mel, noise, splits, shapes, axes):  # type: ignore[no-untyped-def]
+        class Forget:
+            def run(self, names, feeds):  # type: ignore[no-untyped-def]
+                name = f"{hift_stream.STATE_IN}{index}"
+                shape = [0 if d < 0 else d for d in shapes[index]]
+                if feeds[hift_stream.FIRST_INPUT][0] == 0:
+                    feeds = {**feeds, name: np.zeros(shape, np.float32)}
+                return session.run(names, feeds)
+
+        return real(Forget(), mel, noise, splits, shapes, axes)
+
+    monkeypatch.setattr(hift_stream, "stream_run", forgetful)
+    with pytest.raises(hift_stream.ModelLoadError):
+        hift_stream.validate(tiny_hift, model, states, plan)
+
+
+def test_derived_graph_without_streaming_is_the_published_graph(
+    derived: tuple[Path, Path, hift_stream.StreamReport],
+) -> None:
+    """First and final call at once: exactly the published graph's computation."""
+    source, path, report = derived
+    rng = np.random.default_rng(5)
+    mel = (rng.standard_normal((1, C.MEL_BINS, 20)) - 5.0).astype(np.float32)
+    noise = rng.random((1, C.SAMPLES_PER_MEL_FRAME * 20, 9), dtype=np.float32)
+    expected = validation_session(source).run(["magnitude"], {"speech_feat": mel, "noise": noise})
+    got, _ = hift_stream.stream_run(validation_session(path), mel, noise, [20],
+                                    report.state_shapes, report.state_axes)
+    assert np.array_equal(got, expected[0])

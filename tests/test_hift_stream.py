@@ -192,3 +192,25 @@ def test_derived_graph_without_streaming_is_the_published_graph(
     got, _ = hift_stream.stream_run(validation_session(path), mel, noise, [20],
                                     report.state_shapes, report.state_axes)
     assert np.array_equal(got, expected[0])
+
+
+def test_streamed_buffer_stays_bounded(tiny_hift: Path, tmp_path: Path) -> None:
+    """A long answer in small chunks: the stream keeps only the mel it has not run (the
+    states hold the context), and the audio is still the one call's."""
+    path, report = hift_stream.ensure_stream_hift(tiny_hift, tmp_path, in_process=True)
+    rng = np.random.default_rng(7)
+    total, chunk = 600, 5
+    mel = (rng.standard_normal((C.MEL_BINS, total)) - 5.0).astype(np.float32)
+    noise = GrowingNoise(np.random.default_rng(8), C.HARMONIC_CHANNELS, "uniform")
+    stream = VocoderStream(_streamed_runner(path, report), noise, fade_in_ms=0.0)
+    parts, most = [], 0
+    for start in range(0, total, chunk):
+        final = start + chunk >= total
+        parts.append(stream.push(mel[:, start : start + chunk], final=final))
+        most = max(most, stream.buffered_frames)
+    # a non-final call keeps its last frame back (module doc), the first waits for
+    # min_first_frames + 1: nothing else stays
+    assert most <= max(chunk + 1, report.min_first_frames + 1)
+    assert stream.mel_frames == total
+    reference = _one_call(tiny_hift, mel, noise)
+    assert float(np.abs(np.concatenate(parts) - reference).max()) <= MAX_ABS_AUDIO

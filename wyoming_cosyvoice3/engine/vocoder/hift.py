@@ -224,8 +224,9 @@ class HiftRunner:
 class VocoderStream:
     """Per-request, per-utterance streaming vocoder state.
 
-    Holds all mel so far and the number of samples already emitted; the first
-    ``FADE_IN_MS`` of the utterance are faded in.
+    Holds the mel not yet final (all mel so far without the streamed graph; with it only the
+    frames not run yet) and the number of samples already emitted; the first ``FADE_IN_MS``
+    of the utterance are faded in.
 
     Args:
         runner: the model's :class:`HiftRunner` (shared, stateless).
@@ -252,6 +253,10 @@ class VocoderStream:
         self.window_frames = window_frames
         self.crossfade_samples = round(crossfade_ms * C.OUTPUT_SAMPLE_RATE_HZ / 1000.0)
         self._mel = np.zeros((C.MEL_BINS, 0), dtype=np.float32)
+        self._mel_first = 0
+        """Absolute index of ``_mel[:, 0]``: the streamed graph drops the frames it has run
+        (its states hold the context), so a long answer keeps a bounded buffer; the other
+        paths re-read earlier frames and keep them all (0)."""
         self._tail = np.zeros(0, dtype=np.float32)
         self._phase = np.zeros((0, C.HARMONIC_CHANNELS), dtype=np.float64)
         """Source phase of the last ``window_frames`` emitted frames, the first of them frame
@@ -277,6 +282,11 @@ class VocoderStream:
     @property
     def mel_frames(self) -> int:
         """Mel frames received so far."""
+        return self._mel_first + int(self._mel.shape[1])
+
+    @property
+    def buffered_frames(self) -> int:
+        """Mel frames held in memory (with the streamed graph: the ones not run yet)."""
         return int(self._mel.shape[1])
 
     def frames_for_call(self, extra_frames: int) -> int:
@@ -402,10 +412,14 @@ class VocoderStream:
         start = time.perf_counter()
         begin, end_frame = self._sent_frames, self._sent_frames + count
         noise = self.noise.take(spf * end_frame)[spf * begin :]
+        local = slice(begin - self._mel_first, end_frame - self._mel_first)
         magnitude, phase, self._states = streamed.step(
-            self._mel[:, begin:end_frame], noise, self._states, first, final
+            self._mel[:, local], noise, self._states, first, final
         )
         self._sent_frames = end_frame
+        # the states carry all context the next calls need: run frames are not read again
+        self._mel = self._mel[:, local.stop :].copy()
+        self._mel_first = end_frame
         self.frames_run += count
         frames = np.concatenate([self._stft_frames, np.stack([magnitude, phase])], axis=2)
         total = self._stft_first + frames.shape[2]

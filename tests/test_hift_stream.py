@@ -1,16 +1,19 @@
 """The streamed vocoder graph (engine/derive/hift_stream.py) and VocoderStream on it: streamed
 audio equals one call over the same mel, on the tiny synthetic model and on the parity model
-exported from upstream's classes; a graph without the structure falls back with one warning;
-a dropped state is caught."""
+exported from upstream's classes (the fixture set tests/parity_support.py finds); a graph
+without the structure falls back with one warning; a dropped state is caught; the streamed
+path's mel buffer stays bounded."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
+from parity_support import load_parity
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.derive import hift_stream
@@ -19,34 +22,23 @@ from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
 from wyoming_cosyvoice3.engine.noise import GrowingNoise
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, StreamedHift, VocoderStream
 
-PARITY_HIFT = Path(__file__).resolve().parents[2] / "shared" / "parity" / "model" / HIFT.file
 MAX_ABS_AUDIO = 1e-4
 FRAMES = 90
+_REAL_PUSH = VocoderStream.push
+"""Not patched (tests wrap it; a second wrapper must not wrap the first)."""
 
 
 @pytest.fixture(scope="module")
-def tiny_hift(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from wyoming_cosyvoice3.synthetic.build import build_synthetic_model
-
-    out = tmp_path_factory.mktemp("tinydit")
-    build_synthetic_model(out, size="tiny-dit")
-    return out / HIFT.file
-
-
-def _sources(tiny: Path) -> list[Path]:
-    return [tiny, PARITY_HIFT] if PARITY_HIFT.is_file() else [tiny]
+def tiny_hift(tiny_dit_model_dir: Path) -> Path:
+    return tiny_dit_model_dir / HIFT.file
 
 
 @pytest.fixture(scope="module", params=["tiny-dit", "parity"])
 def derived(
     request: pytest.FixtureRequest, tiny_hift: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, Path, hift_stream.StreamReport]:
-    if request.param == "parity":
-        if not PARITY_HIFT.is_file():
-            pytest.skip(f"parity model absent ({PARITY_HIFT})")
-        source = PARITY_HIFT
-    else:
-        source = tiny_hift
+    # the parity set: skips, or fails in CI, without one (tests/parity_support.py)
+    source = load_parity().model_dir / HIFT.file if request.param == "parity" else tiny_hift
     path, report = hift_stream.ensure_stream_hift(
         source, tmp_path_factory.mktemp("stream"), in_process=True
     )
@@ -214,3 +206,102 @@ def test_streamed_buffer_stays_bounded(tiny_hift: Path, tmp_path: Path) -> None:
     assert stream.mel_frames == total
     reference = _one_call(tiny_hift, mel, noise)
     assert float(np.abs(np.concatenate(parts) - reference).max()) <= MAX_ABS_AUDIO
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> dict[bool, Any]:
+    """tiny-dit engines with the streamed vocoder on and off (the exact whole-mel stream)."""
+    from wyoming_cosyvoice3.engine.options import EngineOptions
+    from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
+
+    out = {}
+    for on in (True, False):
+        options = EngineOptions(cache_dir=tiny_dit_cache_dir, stream_vocoder=on)
+        out[on] = CosyVoice3Engine.load(tiny_dit_model_dir, options)
+        assert (out[on].model.hift_stream is not None) == on
+    return out
+
+
+def _engine_run(
+    engine: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch, last: str
+) -> tuple[np.ndarray, list[tuple[int, int, bool]], np.ndarray, VocoderStream]:
+    """Synthesize one sentence with every flow chunk sent to the vocoder; ``last`` re-cuts
+    the final push: ``as-is``, ``final-1`` (its last mel frame alone) or ``final-0`` (all
+    frames non-final, then an empty final push: the streamed graph's final call runs the one
+    frame a non-final call keeps back).
+
+    Returns:
+        (audio float32 [N], per push (mel frames so far, samples emitted so far, final),
+        the mel pushed float32 [80, M], the utterance's VocoderStream).
+    """
+    from wyoming_cosyvoice3.engine.options import SynthesisOptions
+
+    log: list[tuple[int, int, bool]] = []
+    mels: list[np.ndarray] = []
+    streams: list[VocoderStream] = []
+
+    def push(self: VocoderStream, new_mel: np.ndarray, final: bool, *args: Any,
+             **kwargs: Any) -> np.ndarray:
+        def one(mel: np.ndarray, fin: bool) -> np.ndarray:
+            mels.append(np.array(mel))
+            out = _REAL_PUSH(self, mel, fin, *args, **kwargs)
+            log.append((self.mel_frames, self.emitted_samples, fin))
+            return out
+
+        if self not in streams:
+            streams.append(self)
+        cut = {"as-is": new_mel.shape[1], "final-1": new_mel.shape[1] - 1,
+               "final-0": new_mel.shape[1]}[last]
+        if not final or last == "as-is" or cut < 0:
+            return one(new_mel, final)
+        return np.concatenate([one(new_mel[:, :cut], False), one(new_mel[:, cut:], True)])
+
+    monkeypatch.setattr(VocoderStream, "push", push)
+    voice = engine.prepare_voice(model_dir / "voices" / "en-male.wav", "A test voice.")
+    request = SynthesisOptions(seed=3, first_hop_tokens=5, max_hop_tokens=20,
+                               vocoder_window_frames=0, vocoder_defer=False,
+                               fixed_tokens_per_char=2.0)
+    chunks = list(engine.synthesize("The lights in the kitchen are off.", voice, request))
+    assert len(streams) == 1  # one text piece
+    return (np.concatenate([c.samples for c in chunks]), log, np.concatenate(mels, axis=1),
+            streams[0])
+
+
+@pytest.mark.parametrize("last", ["as-is", "final-1", "final-0"])
+def test_engine_streamed_vocoder_equals_one_call(
+    engines: dict[bool, Any], tiny_dit_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    last: str,
+) -> None:
+    """Through ``synthesize`` (tiny-dit, 5-token first hop, a vocoder call per flow chunk):
+    the streamed vocoder's audio equals one call of the published vocoder over the same mel
+    (and noise) within 1e-4, as the exact whole-mel stream does; a non-final push emits up to
+    ``480 (M - 1 - lookahead) - 4`` samples (its last frame kept back, the iSTFT's 2 hops
+    waiting for the next frame; at least the exact stream's ``480 (M - 8)``), the final push
+    all ``480 M``; every mel frame runs once."""
+    from wyoming_cosyvoice3.engine.vocoder.hift import fade_in_gain
+
+    audio, log, mel, stream = _engine_run(engines[True], tiny_dit_model_dir, monkeypatch, last)
+    exact, exact_log, exact_mel, _ = _engine_run(engines[False], tiny_dit_model_dir,
+                                                 monkeypatch, last)
+    np.testing.assert_array_equal(mel, exact_mel)  # the same flow output
+    frames, spf = mel.shape[1], C.SAMPLES_PER_MEL_FRAME
+    assert frames > 60 and len(log) >= 4
+    if last != "as-is":
+        assert log[-1][2] and log[-1][0] - log[-2][0] == (1 if last == "final-1" else 0)
+    one_call = HiftRunner(Graph(tiny_dit_model_dir / HIFT.file, HIFT, threads=1,
+                                spin_wait=False)).waveform(mel, stream.noise.take(spf * frames))
+    one_call = one_call * fade_in_gain(0, len(one_call), stream.fade_samples)
+    assert audio.shape == exact.shape == one_call.shape == (spf * frames,)
+    error, exact_error = (float(np.abs(a - one_call).max()) for a in (audio, exact))
+    print(f"engine {last}: streamed {error:.3g}, exact stream {exact_error:.3g} off one call")
+    assert error <= MAX_ABS_AUDIO and exact_error <= MAX_ABS_AUDIO
+    streamed = engines[True].model.hift_stream
+    for (m, emitted, final), (m_exact, emitted_exact, _) in zip(log, exact_log, strict=True):
+        assert m == m_exact
+        if final:
+            assert emitted == emitted_exact == spf * m
+            continue
+        ran = m - 1 >= streamed.min_first_frames
+        assert emitted == (max(0, spf * (m - 1 - streamed.lookahead_frames) - 4) if ran else 0)
+        assert emitted_exact == spf * max(0, m - C.VOCODER_RIGHT_CONTEXT_FRAMES) <= emitted
+    assert stream.frames_run == frames

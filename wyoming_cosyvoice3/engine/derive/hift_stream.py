@@ -97,8 +97,9 @@ FLOOR_FACTOR = 2.0
 """Accepted multiple of the one-call rounding floor: the larger of (a) one call over a prefix
 against one call over the whole mel and (b) the audio change from one float32 step of the
 accumulated source phase (:func:`_phase_step_floor`). Measured streamed / floor (audio, 90
-frames, seed 1): tiny-dit 1.4e-5 (under :data:`MAX_ABS`; floor 2.4e-3); parity model (upstream
-classes, f0 weights x4000) 4.2e-4 / 5.2e-4 (0.81); full-size synthetic 1.25e-3 / 5.7e-3
+frames, seed 1): tiny-dit 1.4e-5 (under :data:`MAX_ABS`; floor 2.4e-3); parity models
+(upstream classes, f0 weights x4000): ../shared/parity 4.2e-4 / 5.2e-4 (0.81), the committed
+tests/fixtures/parity 2.4e-4 / 3.4e-4 (0.69); full-size synthetic 1.25e-3 / 5.7e-3
 (0.22); tests/test_hift_stream.py's mel (seed 3) on the parity model 5.5e-4 / 5.2e-4 (1.05).
 2 leaves margin for other splits and inputs; a wrong or missing state gives errors of
 order 0.1 to 1 (tests/test_hift_stream.py ``test_dropped_state_fails_validation``)."""

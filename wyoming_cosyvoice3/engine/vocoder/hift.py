@@ -329,6 +329,9 @@ class VocoderStream:
         Returns:
             float32 [n] samples at 24 kHz: ``[emitted, 480 (M - 8))`` or, when ``final``,
             ``[emitted, 480 M)``; empty when nothing new is ready (the graph is not run).
+            With the streamed graph a non-final push emits more, up to
+            ``480 (M - 1 - lookahead) - 4`` (:meth:`_push_streamed`; lookahead 4 upstream),
+            once the first call has its ``min_first_frames``.
 
         Raises:
             SynthesisCancelled: ``should_stop()`` returned True.

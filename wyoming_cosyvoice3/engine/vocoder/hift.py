@@ -329,9 +329,8 @@ class VocoderStream:
         Returns:
             float32 [n] samples at 24 kHz: ``[emitted, 480 (M - 8))`` or, when ``final``,
             ``[emitted, 480 M)``; empty when nothing new is ready (the graph is not run).
-            With the streamed graph a non-final push emits more, up to
-            ``480 (M - 1 - lookahead) - 4`` (:meth:`_push_streamed`; lookahead 4 upstream),
-            once the first call has its ``min_first_frames``.
+            The streamed graph keeps these bounds (:meth:`_push_streamed`) once its first
+            call has ``min_first_frames``.
 
         Raises:
             SynthesisCancelled: ``should_stop()`` returned True.
@@ -402,7 +401,10 @@ class VocoderStream:
 
         A non-final call keeps its last frame back (so the final call always has one) and
         waits for ``min_first_frames`` + 1 frames at the start; it emits the samples whose 4
-        STFT frames are out: ``480 (sent - lookahead) - 4`` (spec section 6: 480 (M - 8)).
+        STFT frames are out, ``480 (sent - lookahead) - 4``, but not past the spec's
+        ``480 (M - 8)`` (section 6): the chunk bounds stay those of the exact whole-mel
+        stream and of upstream (the parity tests compare them), at up to 3 frames of
+        latency the streamed graph could save (lookahead 4 upstream).
         """
         spf, hop = C.SAMPLES_PER_MEL_FRAME, C.ISTFT_HOP
         first = self._sent_frames == 0
@@ -426,8 +428,11 @@ class VocoderStream:
         self.frames_run += count
         frames = np.concatenate([self._stft_frames, np.stack([magnitude, phase])], axis=2)
         total = self._stft_first + frames.shape[2]
-        # sample n needs STFT frames up to (n + 8) // 4: the last 2 hops wait for the next
-        end = spf * end_frame if final else max(0, hop * total - C.ISTFT_N_FFT // 2)
+        # sample n needs STFT frames up to (n + 8) // 4: the last 2 hops wait for the next;
+        # and no further than the spec's 480 (M - 8), so the chunk bounds stay upstream's
+        ready = max(0, hop * total - C.ISTFT_N_FFT // 2)
+        spec_end = spf * max(0, self.mel_frames - C.VOCODER_RIGHT_CONTEXT_FRAMES)
+        end = spf * end_frame if final else min(ready, spec_end)
         out = np.zeros(0, dtype=np.float32)
         if end > self.emitted_samples:
             samples = np.asarray(istft(frames[0], frames[1]), dtype=np.float32).reshape(-1)

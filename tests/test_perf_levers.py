@@ -273,6 +273,7 @@ class _LevelRunner:
     which noise it read: ``mel[0, 0] + 1e-3 * noise[:, 0]`` for the whole call."""
 
     carries_phase = False  # as hift.onnx: windowed calls restart the source phase
+    stream = None  # no streamed graph (HiftRunner.stream): the windowed calls under test
 
     def waveform(self, mel: np.ndarray, noise: np.ndarray) -> np.ndarray:
         n = 480 * mel.shape[1]

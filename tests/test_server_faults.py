@@ -351,8 +351,11 @@ async def test_sigterm_with_streaming_and_queued_requests(tiny_model_dir: Path,
     """SIGTERM while one stream is being spoken and a one-shot request waits for the single
     worker: both clients get ``cancelled`` and their proper ends, the process exits 0."""
     port = free_port()
+    # --max-preroll-ms 0: no holds, so the first sentence is not cut into a first clause of
+    # its own (a separate engine request, after which the queued request could take the
+    # worker before the rest of the stream)
     process = server_process(port, tiny_model_dir, tmp_path / "data", "--no-warm-up",
-                             "--max-concurrent", "1")
+                             "--max-concurrent", "1", "--max-preroll-ms", "0")
     # one sentence of 379 characters: a single synthesis that holds the only worker for
     # seconds (about 7 s on 2 cores; its first chunk comes after about 0.3 s)
     sentence = ", ".join(["the lights in the living room are on"] * 10) + ". "

@@ -138,9 +138,10 @@ def test_estimator_without_per_frame_matmuls_stays_fp32(
     tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # the tiny estimator is convolutional: nothing to quantise -> one warning, fp32 graph
-    opts = EngineOptions(  # the tiny vocoder has no harmonic source either: not asked for
+    opts = EngineOptions(  # the tiny vocoder has neither a harmonic source nor causal
+        # convolutions: its derived forms are not asked for
         threads=1, cache_dir=tmp_path, flow_precision="int8", split_estimator=False,
-        phase_vocoder=False,
+        phase_vocoder=False, stream_vocoder=False,
     )
     for _ in range(2):  # the second load reads the failure marker: again one warning
         caplog.clear()
@@ -243,9 +244,10 @@ def test_int8_failure_falls_back_to_the_fp32_estimator(
         raise ModelLoadError("quantiser ran out of memory")
 
     monkeypatch.setattr(quantize, "ensure_int8_estimator", fail)
-    opts = EngineOptions(  # the tiny vocoder has no harmonic source either: not asked for
+    opts = EngineOptions(  # the tiny vocoder has neither a harmonic source nor causal
+        # convolutions: its derived forms are not asked for
         threads=1, cache_dir=tmp_path, flow_precision="int8", split_estimator=False,
-        phase_vocoder=False,
+        phase_vocoder=False, stream_vocoder=False,
     )
     model = CosyVoice3Model.load(tiny_model_dir, opts)
     assert model.estimator.path == tiny_model_dir / EST

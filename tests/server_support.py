@@ -83,6 +83,22 @@ async def read(cl: AsyncTcpClient, timeout_s: float = READ_TIMEOUT_S) -> Event:
     return event
 
 
+async def audio_arrivals(cl: AsyncTcpClient, stop_type: str, t0: float | None = None,
+                         max_events: int = 10000) -> list[tuple[float, float]]:
+    """(arrival s after ``t0`` (default: now), duration s) of every ``audio-chunk`` read from
+    ``cl`` until an event of ``stop_type``; 16-bit mono at the chunk's own rate."""
+    start = time.monotonic() if t0 is None else t0
+    arrivals: list[tuple[float, float]] = []
+    for _ in range(max_events):
+        event = await read(cl)
+        if AudioChunk.is_type(event.type):
+            chunk = AudioChunk.from_event(event)
+            arrivals.append((time.monotonic() - start, len(chunk.audio) / 2 / chunk.rate))
+        elif event.type == stop_type:
+            return arrivals
+    raise AssertionError(f"no {stop_type} within {max_events} events")
+
+
 @dataclass
 class Response:
     """Events of one response with arrival times (``time.monotonic()``)."""

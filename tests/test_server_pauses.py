@@ -19,7 +19,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_support import FaultyEngine, client, fake_model_dir, make_settings, read, running_server
+from server_support import (
+    FaultyEngine,
+    audio_arrivals,
+    client,
+    fake_model_dir,
+    make_settings,
+    running_server,
+)
 from wyoming.audio import AudioChunk
 from wyoming.event import Event
 from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop
@@ -286,15 +293,7 @@ async def _stream_arrivals(server, deltas: list[str]) -> list[tuple[float, float
         for delta in deltas:
             await cl.write_event(SynthesizeChunk(text=delta).event())
         await cl.write_event(SynthesizeStop().event())
-        arrivals: list[tuple[float, float]] = []
-        for _ in range(10000):
-            event = await read(cl)
-            if AudioChunk.is_type(event.type):
-                chunk = AudioChunk.from_event(event)
-                arrivals.append((time.monotonic() - t0, len(chunk.audio) / 2 / RATE_HZ))
-            elif event.type == "synthesize-stopped":
-                return arrivals
-    raise AssertionError("no synthesize-stopped")
+        return await audio_arrivals(cl, "synthesize-stopped", t0)
 
 
 async def test_streamed_answer_opening_with_a_long_sentence_starts_early(
@@ -332,15 +331,7 @@ async def test_server_pauses_fall_between_pieces_over_tcp(
         await cl.write_event(SynthesizeStart().event())
         await cl.write_event(SynthesizeChunk(text=text).event())
         await cl.write_event(SynthesizeStop().event())
-        t0 = time.monotonic()
-        arrivals: list[tuple[float, float]] = []
-        for _ in range(1000):
-            event = await read(cl)
-            if AudioChunk.is_type(event.type):
-                chunk = AudioChunk.from_event(event)
-                arrivals.append((time.monotonic() - t0, len(chunk.audio) / 2 / RATE_HZ))
-            elif event.type == "synthesize-stopped":
-                break
+        arrivals = await audio_arrivals(cl, "synthesize-stopped")
     counts = [round(length / CHUNK_S) for length in lengths]
     assert sum(d for _, d in arrivals) == pytest.approx(CHUNK_S * sum(counts))
     starts = [CHUNK_S * sum(counts[:k]) for k in range(len(counts))]

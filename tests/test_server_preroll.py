@@ -21,13 +21,12 @@ import numpy as np
 import pytest
 from server_support import (
     FaultyEngine,
+    audio_arrivals,
     client,
     fake_model_dir,
     make_settings,
-    read,
     running_server,
 )
-from wyoming.audio import AudioChunk
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from wyoming_cosyvoice3.bench.player import simulate_playback
@@ -63,24 +62,10 @@ def paced_factory(model_dir: Path, options: EngineOptions) -> Engine:
     return PacedEngine(model_dir, options)
 
 
-async def _arrivals(cl, stop_type: str) -> list[tuple[float, float]]:
-    """(arrival s after now, duration s) of every audio-chunk until ``stop_type``."""
-    t0 = time.monotonic()
-    arrivals: list[tuple[float, float]] = []
-    for _ in range(1000):
-        event = await read(cl)
-        if AudioChunk.is_type(event.type):
-            chunk = AudioChunk.from_event(event)
-            arrivals.append((time.monotonic() - t0, len(chunk.audio) / 2 / 24000))
-        elif event.type == stop_type:
-            return arrivals
-    raise AssertionError("no end event")
-
-
 async def _one_shot(server) -> list[tuple[float, float]]:
     async with client(server) as cl:
         await cl.write_event(Synthesize(text=TEXT).event())
-        return await _arrivals(cl, "audio-stop")
+        return await audio_arrivals(cl, "audio-stop")
 
 
 async def _stream(server) -> list[tuple[float, float]]:
@@ -88,7 +73,7 @@ async def _stream(server) -> list[tuple[float, float]]:
         await cl.write_event(SynthesizeStart().event())
         await cl.write_event(SynthesizeChunk(text=TEXT[:20]).event())
         await cl.write_event(SynthesizeChunk(text=TEXT[20:]).event())
-        task = asyncio.ensure_future(_arrivals(cl, "synthesize-stopped"))
+        task = asyncio.ensure_future(audio_arrivals(cl, "synthesize-stopped"))
         await cl.write_event(SynthesizeStop().event())
         return await task
 

@@ -31,9 +31,10 @@ def test_no_observer_by_default() -> None:
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "abc", "nan"])
-def test_bad_tokens_per_char_flag_is_refused(raw: str) -> None:
+def test_bad_tokens_per_char_flag_is_refused(raw: str, tmp_path: Path) -> None:
     with pytest.raises((SettingsError, SystemExit)):
-        resolve_settings(["--data-dir", "/tmp/x", "--bench-tokens-per-char", raw], environ={})
+        resolve_settings(["--data-dir", str(tmp_path), "--bench-tokens-per-char", raw],
+                         environ={})
 
 
 def test_bench_flags_reach_the_settings(tmp_path: Path) -> None:
@@ -65,9 +66,10 @@ def test_bench_synthesis_options_change_the_preset(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("raw", ["no_such_field=1", "euler_steps", "euler_steps=0",
                                  "flow_precision=int4"])
-def test_bad_bench_synthesis_options_are_refused(raw: str) -> None:
+def test_bad_bench_synthesis_options_are_refused(raw: str, tmp_path: Path) -> None:
     with pytest.raises((SettingsError, SystemExit)):
-        resolve_settings(["--data-dir", "/tmp/x", "--bench-synthesis-options", raw], environ={})
+        resolve_settings(["--data-dir", str(tmp_path), "--bench-synthesis-options", raw],
+                         environ={})
 
 
 def test_fixed_length_and_records(tiny_model_dir: Path, make_clip, tmp_path: Path,

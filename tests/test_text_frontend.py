@@ -342,3 +342,47 @@ def test_split_pieces_terminates_on_any_text(frontend: TextFrontend, text: str) 
             user_ids = user_ids[len(frontend.system_prompt_ids) :]
         assert user_ids
         assert not set(user_ids) & added
+
+
+# --- sentence pieces (a small ``max_tokens``: the server's bound on a slow machine) ----------
+
+_MORNING = (
+    "Good morning! It is seven degrees outside with light rain, so take an umbrella. "
+    "Your first meeting starts at nine thirty in the small conference room. "
+    "The dishwasher finished its cycle an hour ago and the washing machine will be done "
+    "in twenty minutes. "
+    "I turned the heating up to twenty one degrees in the living room and the kitchen."
+)
+
+
+def test_small_bound_gives_sentences_clauses_and_conjunction_cuts(
+    frontend: TextFrontend,
+) -> None:
+    # upstream's bound packs the whole text into one LLM pass
+    assert frontend.split_pieces(_MORNING) == [_MORNING]
+    assert frontend.split_pieces(_MORNING, None, 15) == [
+        # two sentences, the first two words short of the merge threshold (7 tokens)
+        "Good morning! It is seven degrees outside with light rain, so take an umbrella.",
+        "Your first meeting starts at nine thirty in the small conference room.",
+        # longer than the bound, no comma: cut once before "and", read as a clause
+        "The dishwasher finished its cycle an hour ago,",
+        "and the washing machine will be done in twenty minutes.",
+        # "and the kitchen" is too short to be a clause: the sentence stays whole
+        "I turned the heating up to twenty one degrees in the living room and the kitchen.",
+    ]
+
+
+def test_small_bound_cuts_words_only_beyond_the_upstream_bound(
+    frontend: TextFrontend,
+) -> None:
+    # a clause without commas or conjunctions stays whole up to max_piece_tokens (80) ...
+    clause = "Seven " + " ".join(["green"] * 30) + " bottles."
+    pieces = frontend.split_pieces(clause, None, 10)
+    assert pieces == [clause]
+    # ... and only beyond it is cut between words, then into pieces within the small bound
+    long_clause = "Seven " + " ".join(["green"] * 120) + " bottles."
+    assert frontend.text_token_count(long_clause) > 80
+    pieces = frontend.split_pieces(long_clause, None, 10)
+    counts = [frontend.text_token_count(p.rstrip(".")) for p in pieces]
+    assert len(pieces) > 8 and max(counts) <= 10 + 5  # bound + merged tail (10 // 2)
+    assert [w for p in pieces for w in p.rstrip(".").split()] == long_clause[:-1].split()

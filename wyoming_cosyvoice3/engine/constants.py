@@ -57,6 +57,10 @@ RAS_WINDOW_TOKENS = 10
 RAS_TAU_R = 0.1
 MIN_TOKEN_TEXT_RATIO = 2.0
 """Minimum speech tokens per tts-text token (llm.py inference ``min_token_text_ratio``)."""
+DEFAULT_MAX_PIECE_TOKENS = 80
+"""Upper piece size in text tokens (utils/frontend_utils.py split_paragraph ``token_max_n``)."""
+DEFAULT_MERGE_TOKENS = 20
+"""Pieces and tails shorter than this are merged (split_paragraph ``merge_len``)."""
 MAX_TOKEN_TEXT_RATIO = 20.0
 """Maximum speech tokens per tts-text token (llm.py inference ``max_token_text_ratio``)."""
 SILENT_TOKENS = frozenset({1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323})

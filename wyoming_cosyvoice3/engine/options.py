@@ -198,6 +198,13 @@ class SynthesisOptions:
             streamed sentence such as "Kitchen, 21 °C." reads its numbers as the whole
             answer would (:func:`.text.normalize.normalize_text`); None: digits without a
             cue stay digits.
+        max_piece_tokens: upper size of a text piece in LLM text tokens (upstream
+            ``split_paragraph`` ``token_max_n`` = 80, which packs several sentences into one
+            LLM pass). A smaller bound gives a piece per sentence (a long sentence is cut at
+            its commas, then between words), and the short-piece merge threshold shrinks with
+            it (:meth:`.text.frontend.TextFrontend.split_pieces`): the server asks for this
+            when synthesis runs slower than playback, so that each piece's audio can be held
+            until it plays through without a pause inside it.
         fixed_tokens_per_char: benchmarks only: decode exactly ``max(1, round(rate x
             characters))`` speech tokens per text piece, ignoring the stop token (random
             weights never stop sensibly); ``None`` (default) decodes normally. The server
@@ -228,6 +235,7 @@ class SynthesisOptions:
     output_dtype: Literal["float32", "int16"] = "float32"
     language_hint: str | None = None
     fixed_tokens_per_char: float | None = None
+    max_piece_tokens: int = C.DEFAULT_MAX_PIECE_TOKENS
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value is out of range."""
@@ -252,6 +260,8 @@ class SynthesisOptions:
             raise ValueError("max_decode_tokens and max_request_s must be positive")
         if self.fixed_tokens_per_char is not None and not self.fixed_tokens_per_char > 0:
             raise ValueError("fixed_tokens_per_char must be None or > 0")
+        if self.max_piece_tokens < 1:
+            raise ValueError(f"max_piece_tokens must be >= 1, got {self.max_piece_tokens}")
         if self.output_dtype not in ("float32", "int16"):
             raise ValueError(f"output_dtype must be float32 or int16, got {self.output_dtype!r}")
 

@@ -219,7 +219,8 @@ class CosyVoice3Engine:
 
     def _run(self, text: str, voice: VoicePrompt, req: RequestState) -> Iterator[AudioChunk]:
         started = req.now()
-        pieces = self.frontend.split_pieces(text, req.options.language_hint)
+        pieces = self.frontend.split_pieces(text, req.options.language_hint,
+                                              req.options.max_piece_tokens)
         prompts = [self.frontend.build_prompt(piece, voice) for piece in pieces]
         req.times.frontend_s += req.now() - started
         req.event("frontend", started)

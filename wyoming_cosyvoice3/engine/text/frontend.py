@@ -34,7 +34,13 @@ import logging
 import numpy as np
 import tokenizers
 
-from ..constants import END_OF_PROMPT, INSTRUCT_PREFIX, SYSTEM_PROMPT
+from ..constants import (
+    DEFAULT_MAX_PIECE_TOKENS,
+    DEFAULT_MERGE_TOKENS,
+    END_OF_PROMPT,
+    INSTRUCT_PREFIX,
+    SYSTEM_PROMPT,
+)
 from ..errors import EmptyText, ModelLoadError
 from ..types import LlmPrompt, PromptMode, VoicePrompt
 from .normalize import normalize_text
@@ -43,10 +49,6 @@ from .split import is_speakable, split_text
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_PIECE_TOKENS = 80
-"""Upper piece size in text tokens (utils/frontend_utils.py split_paragraph ``token_max_n``)."""
-DEFAULT_MERGE_TOKENS = 20
-"""Pieces and tails shorter than this are merged (split_paragraph ``merge_len``)."""
 
 
 class TextFrontend:
@@ -135,13 +137,21 @@ class TextFrontend:
         return parts
 
     # --- pieces --------------------------------------------------------------------------
-    def split_pieces(self, text: str, language: str | None = None) -> list[str]:
+    def split_pieces(
+        self, text: str, language: str | None = None, max_tokens: int | None = None
+    ) -> list[str]:
         """Normalise ``text`` and split it into pieces of about 60-80 text tokens.
 
         Args:
             text: user text, untrusted.
             language: optional language hint for the normaliser (e.g. "en_US"); used only
                 when the text gives no cue.
+            max_tokens: upper piece size for this call instead of ``max_piece_tokens``
+                (``SynthesisOptions.max_piece_tokens``); pieces shorter than
+                ``min(merge_tokens, max_tokens // 2)`` are then merged, so a small bound
+                gives about one sentence per piece instead of merging sentences up to
+                ``merge_tokens``; a longer sentence is cut after its commas, and a clause
+                is cut between words only beyond ``max_piece_tokens``.
 
         Returns:
             Pieces in order; ``[]`` when nothing is speakable ("", "。", "?!", emoji...).
@@ -149,13 +159,15 @@ class TextFrontend:
         Raises:
             TextError: ``text`` is not a ``str``.
         """
+        limit = self.max_piece_tokens if max_tokens is None else max_tokens
         normalized = normalize_text(text, language)
         pieces = split_text(
             normalized,
             self.text_token_count,
             self._hard_cut,
-            max_tokens=self.max_piece_tokens,
-            merge_tokens=self.merge_tokens,
+            max_tokens=limit,
+            merge_tokens=min(self.merge_tokens, limit // 2),
+            clause_max_tokens=max(limit, self.max_piece_tokens),
         )
         logger.debug("text of %d chars -> %d piece(s)", len(text), len(pieces))
         return pieces

@@ -102,10 +102,36 @@ def cut_after_marks(text: str, marks: frozenset[str]) -> list[str]:
     return segments
 
 
+MIN_CLAUSE_TOKENS = 6
+"""Shortest part, in text tokens, that a cut before a conjunction may leave (a short clause of
+about five words): "and" or "or" before a shorter tail usually joins two nouns ("the living
+room and the kitchen"), not two clauses."""
+
+
+def _conjunction_halves(clause: str, count: TokenCounter) -> list[tuple[str, int]] | None:
+    """``clause`` cut once before a :data:`CONJUNCTIONS` word, as evenly as the words allow
+    (both parts at least :data:`MIN_CLAUSE_TOKENS`); the head ends in a comma so that it is
+    read as a clause, not as a sentence of its own. None when there is no such word."""
+    best: tuple[int, list[tuple[str, int]]] | None = None
+    for match in re.finditer(r"(?<=\s)(\w+)\b", clause):
+        if match.group(1).lower() not in CONJUNCTIONS:
+            continue
+        head, tail = clause[:match.start()].rstrip() + ",", clause[match.start():]
+        head_tokens, tail_tokens = count(head), count(tail)
+        if min(head_tokens, tail_tokens) < MIN_CLAUSE_TOKENS:
+            continue
+        longer = max(head_tokens, tail_tokens)
+        if best is None or longer < best[0]:
+            best = (longer, [(head + " ", head_tokens), (tail, tail_tokens)])
+    return None if best is None else best[1]
+
+
 def _fit(
-    segment: str, count: TokenCounter, cut: HardCutter, max_tokens: int
+    segment: str, count: TokenCounter, cut: HardCutter, max_tokens: int, clause_max_tokens: int
 ) -> list[tuple[str, int]]:
-    """Units of at most ``max_tokens`` (commas, then blanks, then hard cuts)."""
+    """Units of at most ``max_tokens``: a longer segment is cut after its commas; a clause
+    still longer is cut once before a conjunction when it is at most ``clause_max_tokens``
+    (>= ``max_tokens``) long, else before blanks, then hard."""
     tokens = count(segment)
     if tokens <= max_tokens:
         return [(segment, tokens)]
@@ -115,12 +141,15 @@ def _fit(
         if clause_tokens <= max_tokens:
             units.append((clause, clause_tokens))
             continue
+        if clause_tokens <= clause_max_tokens:
+            units.extend(_conjunction_halves(clause, count) or [(clause, clause_tokens)])
+            continue
         for word in _WORD_SPLIT.findall(clause) or [clause]:
             word_tokens = count(word)
-            if word_tokens <= max_tokens:
+            if word_tokens <= clause_max_tokens:
                 units.append((word, word_tokens))
                 continue
-            units.extend((part, count(part)) for part in cut(word, max_tokens))
+            units.extend((part, count(part)) for part in cut(word, clause_max_tokens))
     return units
 
 
@@ -150,6 +179,7 @@ def split_text(
     cut: HardCutter,
     max_tokens: int = 80,
     merge_tokens: int = 20,
+    clause_max_tokens: int | None = None,
 ) -> list[str]:
     """Split normalised text into pieces for one LLM pass each (see the module docstring).
 
@@ -160,6 +190,11 @@ def split_text(
             neither commas nor blanks.
         max_tokens: target upper size of a piece (upstream ``token_max_n`` = 80).
         merge_tokens: pieces and tails shorter than this are merged (upstream ``merge_len``).
+        clause_max_tokens: a clause (cut after commas) longer than ``max_tokens`` but at
+            most this long is cut only before a conjunction (or stays whole); longer ones are
+            cut between words. ``None`` = ``max_tokens``. A bound of a few seconds of speech
+            (sentence pieces) keeps phrases whole this way: a cut between any two words
+            would break one, and the piece would end in an added full stop.
 
     Returns:
         Stripped pieces, each holding a letter or digit, in text order; ``[]`` when nothing
@@ -170,9 +205,10 @@ def split_text(
                          f"{merge_tokens}")
     if not is_speakable(text):
         return []
+    clause_max = max_tokens if clause_max_tokens is None else max(clause_max_tokens, max_tokens)
     units: list[tuple[str, int]] = []
     for sentence in cut_after_marks(text, SENTENCE_MARKS):
-        units.extend(_fit(sentence, count, cut, max_tokens))
+        units.extend(_fit(sentence, count, cut, max_tokens, clause_max))
     pieces = (piece.strip() for piece, _ in _pack(units, max_tokens, merge_tokens))
     return [_with_full_stop(piece) for piece in pieces if is_speakable(piece)]
 

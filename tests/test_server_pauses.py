@@ -29,7 +29,7 @@ from server_support import (
 )
 from wyoming.audio import AudioChunk
 from wyoming.event import Event
-from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from wyoming_cosyvoice3.bench.player import simulate_playback
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
@@ -45,8 +45,10 @@ from wyoming_cosyvoice3.server.preroll import (
     ProductionHistory,
     expected_speech_s,
     needed_hold_s,
+    piece_limit_s,
 )
 from wyoming_cosyvoice3.server.runtime import Engine
+from wyoming_cosyvoice3.server.speech import MIN_PIECE_TOKENS, _plan_pieces
 
 MakeClip = Callable[..., Path]
 RATE_HZ = 24000
@@ -339,3 +341,113 @@ async def test_server_pauses_fall_between_pieces_over_tcp(
     assert report.inside_stalls == 0, (report.gaps, report.gap_between)
     assert report.between_stalls is not None and report.between_stalls >= 1
     assert report.start_s is not None and report.start_s < FIRST_AUDIO_LIMIT_S + JITTER_S
+
+
+# --- pieces sized for the hold on a slow machine ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("max_hold_s", "rate", "expected"),
+    [
+        (8.0, 0.5, 0.7 * 8.0 * 1.0),  # r / (1 - r) = 1
+        (8.0, None, 0.7 * 8.0 * 1.0),  # before any measurement: assumed r = 0.5
+        (10.0, 0.25, 0.7 * 10.0 / 3.0),
+        (8.0, 0.8, 0.7 * 8.0 * 4.0),
+        (8.0, 1.0, None),  # keeps up: pieces as upstream cuts them
+        (0.0, 0.3, None),  # nothing is ever held
+    ],
+)
+def test_piece_limit_keeps_a_pieces_hold_within_the_bound(
+    max_hold_s: float, rate: float | None, expected: float | None
+) -> None:
+    limit = piece_limit_s(max_hold_s, rate)
+    if expected is None:
+        assert limit is None
+    else:
+        assert limit == pytest.approx(expected)
+        # a piece of that length, produced at r from nothing in hand, needs this much hold
+        assert needed_hold_s(limit, rate or 0.5) == pytest.approx(0.7 * max_hold_s)
+
+
+class WordFrontend:
+    """A text front end whose tokens are words; records the bound of every split."""
+
+    def __init__(self) -> None:
+        self.bounds: list[int | None] = []
+
+    def text_token_count(self, text: str) -> int:
+        return len(text.split())
+
+    def split_pieces(self, text: str, language: str | None = None,
+                     max_tokens: int | None = None) -> list[str]:
+        self.bounds.append(max_tokens)
+        limit = 80 if max_tokens is None else max_tokens
+        pieces: list[str] = []
+        for sentence in re.split(r"(?<=[.])\s+", text.strip()):
+            if pieces and len((pieces[-1] + " " + sentence).split()) <= limit:
+                pieces[-1] += " " + sentence
+            else:
+                pieces.append(sentence)
+        return pieces
+
+
+def test_plan_bounds_pieces_by_the_texts_own_tokens_per_second() -> None:
+    # 10 sentences of 8 words (33 non-blank characters: 33/14 s of expected speech, 8 tokens
+    # each): 80 tokens per 330/14 s; 5.6 s of limit x 3.39 tokens/s = 19 tokens
+    sentence = _sentence(8)
+    text = " ".join([sentence] * 10)
+    frontend = WordFrontend()
+    limit_s = piece_limit_s(8.0, 0.5)
+    assert limit_s is not None
+    max_tokens, expected = _plan_pieces(frontend, text, None, limit_s)
+    tokens_per_s = 80 / expected_speech_s(text)
+    assert max_tokens == int(limit_s * tokens_per_s) == 19
+    assert frontend.bounds == [19]
+    # the front end packs two sentences (16 tokens) per piece under the 19-token bound
+    assert expected == [pytest.approx(expected_speech_s(f"{sentence} {sentence}"))] * 5
+    # no bound: upstream's packing (80 tokens: all ten sentences in one piece)
+    max_tokens, expected = _plan_pieces(frontend, text, None, None)
+    assert max_tokens is None and expected == [pytest.approx(expected_speech_s(text))]
+    # a text shorter than the limit is not bounded
+    assert _plan_pieces(frontend, sentence, None, limit_s)[0] is None
+
+
+def test_plan_bound_has_a_floor() -> None:
+    text = " ".join([_sentence(8)] * 10)
+    max_tokens, _ = _plan_pieces(WordFrontend(), text, None, 0.1)
+    assert max_tokens == MIN_PIECE_TOKENS
+
+
+class RecordingPacedEngine(PiecePacedEngine):
+    """The paced engine with a word-token front end; records each request's piece bound."""
+
+    def __init__(self, model_dir: Path, options: EngineOptions) -> None:
+        super().__init__(model_dir, options)
+        self.frontend = WordFrontend()
+        self.max_piece_tokens: list[int] = []
+
+    def synthesize(self, text, voice, options=None, should_stop=None, result=None):  # type: ignore[no-untyped-def]
+        assert options is not None
+        self.max_piece_tokens.append(options.max_piece_tokens)
+        return super().synthesize(text, voice, options, should_stop, result)
+
+
+@pytest.mark.parametrize(("max_preroll_ms", "bounded"), [(8000, True), (0, False)])
+async def test_slow_server_asks_the_engine_for_sentence_pieces(
+    tmp_path: Path, make_clip: MakeClip, max_preroll_ms: int, bounded: bool
+) -> None:
+    # a fresh server (no measured rate: assumed slow) with holds allowed bounds the pieces of
+    # a long answer; with holds off (--max-preroll-ms 0) the engine cuts as upstream does
+    text = " ".join([_sentence(8)] * 6)
+    model_dir = fake_model_dir(tmp_path, make_clip)
+    settings_ = make_settings(model_dir, tmp_path / "data", max_preroll_ms=max_preroll_ms)
+    async with running_server(settings_, RecordingPacedEngine) as server, client(server) as cl:
+        await cl.write_event(Synthesize(text=text).event())
+        await audio_arrivals(cl, "audio-stop")
+        engine = server.runtime.engine
+        assert isinstance(engine, RecordingPacedEngine)
+    if bounded:
+        assert engine.max_piece_tokens and all(n < 80 for n in engine.max_piece_tokens)
+        assert engine.frontend.bounds[-1] == engine.max_piece_tokens[-1]
+    else:
+        assert engine.max_piece_tokens == [80]

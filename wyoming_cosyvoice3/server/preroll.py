@@ -81,6 +81,15 @@ measurement (which dominates after about one sentence)."""
 HISTORY_DECAY = 0.5
 """Weight of the history against each new response: recent responses count most (the
 machine's load changes)."""
+PIECE_HOLD_SHARE = 0.7
+"""Share of one hold's bound (``--max-preroll-ms``) that a piece's planned hold may take
+(:func:`piece_limit_s`): the rest covers a chunk longer than planned, the length margin and a
+rate that drops within the piece."""
+ASSUMED_SLOW_RATE = 0.5
+"""Production rate (audio seconds per second) assumed for sizing pieces before anything was
+measured: about ``balanced`` on the 2-core reference machine (RTF 1.9-2.2, BENCHMARKS.md), so a
+fresh server on a slow machine cuts its first answer into sentences too; a fast machine's
+measured rate lifts the bound from its next engine request on."""
 MIN_PIECE_FOR_RATIO_S = 0.5
 """Pieces with less expected speech than this do not update the length ratio (too noisy)."""
 
@@ -116,6 +125,30 @@ def needed_hold_s(remaining_s: float, rate: float, chunk_s: float = 0.0) -> floa
     if rate >= 1.0 or remaining_s <= 0.0:
         return 0.0
     return remaining_s * (1.0 / rate - 1.0) + chunk_s
+
+
+def piece_limit_s(max_hold_s: float, rate: float | None) -> float | None:
+    """Longest expected speech of a piece whose hold stays within ``max_hold_s`` at ``rate``.
+
+    A piece of ``L`` seconds made at ``r`` < 1 can play through once about ``L (1 - r)``
+    seconds of it are in hand, i.e. after ``L (1 / r - 1)`` seconds of audible hold
+    (:func:`needed_hold_s` with nothing queued); keeping that within
+    :data:`PIECE_HOLD_SHARE` of the bound gives ``L <= share x max_hold_s x r / (1 - r)``.
+
+    Args:
+        max_hold_s: the bound of one hold, seconds; 0 = audio is never held.
+        rate: measured production rate ``r`` (audio seconds per second), or None before any
+            measurement (then :data:`ASSUMED_SLOW_RATE`).
+
+    Returns:
+        Seconds, or None when pieces need no bound (nothing is held, or ``r >= 1``).
+    """
+    if max_hold_s <= 0:
+        return None
+    r = ASSUMED_SLOW_RATE if rate is None else rate
+    if r >= 1.0:
+        return None
+    return PIECE_HOLD_SHARE * max_hold_s * r / (1.0 - max(r, 0.0))
 
 
 class ProductionHistory:

@@ -23,7 +23,7 @@ import numpy as np
 from wyoming.audio import AudioChunk as WyomingAudioChunk
 from wyoming.audio import AudioStart, AudioStop
 
-from ..engine.constants import OUTPUT_SAMPLE_RATE_HZ
+from ..engine.constants import DEFAULT_MAX_PIECE_TOKENS, OUTPUT_SAMPLE_RATE_HZ
 from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, SynthesisTimeout
 from ..engine.text.markdown import markdown_to_speech
 from ..engine.text.split import split_first_clause
@@ -34,6 +34,7 @@ from .preroll import (
     FIRST_PIECE_MIN_S,
     PieceGate,
     expected_speech_s,
+    piece_limit_s,
 )
 from .requests import SpeakRequest, VoiceRequest, select_voice
 from .runtime import ServerRuntime, VoiceSlot
@@ -151,7 +152,10 @@ async def speak(
     if slot.prompt is None:
         raise CosyVoiceError(f"voice {slot.entry.name!r} is not prepared")
     if gate is not None:
-        gate.begin_text(await piece_expectations(runtime, text, options.language_hint))
+        max_tokens, expected = await plan_pieces(runtime, gate, text, options.language_hint)
+        if max_tokens is not None:
+            options = options.replace(max_piece_tokens=max_tokens)
+        gate.begin_text(expected)
     try:
         try:
             stats.compute_s += await runtime.run_synthesis(text, slot.prompt, options, stop,
@@ -176,24 +180,54 @@ async def speak(
         raise
 
 
-async def piece_expectations(runtime: ServerRuntime, text: str,
-                             language_hint: str | None) -> list[float]:
-    """Expected seconds of speech of each piece the engine will make of ``text``.
+MIN_PIECE_TOKENS = 8
+"""Smallest piece bound in text tokens (about two to three words of English with the release's
+tokenizer): on a very slow machine a shorter piece would not shorten the pause before it by
+much and would leave single words for the LLM to speak alone."""
 
-    The real engine's text front end (``engine.frontend.split_pieces``: normalised pieces, as
-    the engine cuts them) when the engine has one, in a worker thread (about 1 ms per 100
-    characters); else the whole text as one piece (test stand-ins). ``[0.0]`` when nothing
-    is speakable.
-    """
-    frontend = getattr(runtime.engine, "frontend", None)
+
+def _plan_pieces(frontend: object, text: str, language_hint: str | None,
+                 limit_s: float | None) -> tuple[int | None, list[float]]:
+    """The piece bound in text tokens for ``limit_s`` seconds of speech (None: no bound) and
+    the expected seconds of each piece the engine will cut with it (worker thread)."""
     split = getattr(frontend, "split_pieces", None)
+    count = getattr(frontend, "text_token_count", None)
     if not callable(split):
-        return [expected_speech_s(text)]
+        return None, [expected_speech_s(text)]
+    max_tokens: int | None = None
+    speech_s = expected_speech_s(text)
+    if limit_s is not None and callable(count) and speech_s > limit_s:
+        tokens_per_s = count(text) / speech_s
+        max_tokens = min(max(int(limit_s * tokens_per_s), MIN_PIECE_TOKENS),
+                         DEFAULT_MAX_PIECE_TOKENS)
+    pieces = split(text, language_hint, max_tokens)
+    return max_tokens, [expected_speech_s(str(piece)) for piece in pieces] or [0.0]
+
+
+async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
+                      language_hint: str | None) -> tuple[int | None, list[float]]:
+    """How the engine should cut ``text`` into pieces for ``gate``, and what to expect.
+
+    When synthesis is (or, before any measurement, may be) slower than playback, pieces are
+    bounded to what one hold can cover (:func:`.preroll.piece_limit_s`, converted to text
+    tokens with this text's own tokens per second of expected speech): about one sentence
+    each instead of upstream's 80-token packs, so the pauses fall between sentences.
+
+    Returns:
+        ``(max_piece_tokens or None, expected seconds of speech of each piece)``: the real
+        engine's text front end (``engine.frontend``: normalised pieces, as the engine cuts
+        them), in a worker thread (about 1 ms per 100 characters); else no bound and the
+        whole text as one piece (test stand-ins). ``[0.0]`` when nothing is speakable.
+    """
+    history = runtime.production
+    limit_s = piece_limit_s(gate.max_hold_s, history.rate())
+    if limit_s is not None:  # in seconds of expected_speech_s, as the pieces are measured
+        limit_s /= history.length_ratio()
+    frontend = getattr(runtime.engine, "frontend", None)
     try:
-        pieces = await asyncio.to_thread(split, text, language_hint)
+        return await asyncio.to_thread(_plan_pieces, frontend, text, language_hint, limit_s)
     except CosyVoiceError:  # the engine reports it itself
-        return [expected_speech_s(text)]
-    return [expected_speech_s(str(piece)) for piece in pieces] or [0.0]
+        return None, [expected_speech_s(text)]
 
 
 def first_pieces(runtime: ServerRuntime, gate: PieceGate | None, text: str) -> list[str]:

@@ -30,6 +30,7 @@ from . import client, report
 from .analysis import analyse
 from .costmodel import load_cost_models
 from .run_helpers import (
+    LONG_FIRST,
     PARAGRAPH,
     SENTENCE,
     STAND_IN_TRANSCRIPT,
@@ -43,7 +44,7 @@ from .stats import RunTrace
 from .throughput import measure
 
 _LOGGER = logging.getLogger("benchmarks")
-WORKLOADS = {"sentence": SENTENCE, "paragraph": PARAGRAPH}
+WORKLOADS = {"sentence": SENTENCE, "paragraph": PARAGRAPH, "long-first": LONG_FIRST}
 MODES = ("one-shot", "streaming")
 
 
@@ -62,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cross-lingual", action="store_true", help="no transcript")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output directory")
     p.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="sentence,paragraph")
+    p.add_argument("--workloads", default="sentence,paragraph",
+                   help="comma-separated, of sentence, paragraph, long-first (an answer "
+                        "opening with a 200-character sentence)")
     p.add_argument("--modes", default=",".join(MODES), help="one-shot,streaming")
     p.add_argument("--skip-cells", default="",
                    help="WORKLOAD:MODE pairs left out, comma-separated (e.g. "

@@ -27,6 +27,13 @@ PARAGRAPH = (
     "you there on time. Have a nice day."
 )
 """450 characters of English in six sentences (about 30 s of speech at 15 characters/s)."""
+LONG_FIRST = (
+    "Here is the weather for the whole day, it will be sunny in the morning with temperatures "
+    "around twenty degrees, clouds will move in during the afternoon and light rain follows "
+    "in the evening and at night. Have a nice day."
+)
+"""An answer that opens with a 200-character sentence (issue 26: its first audio must come
+within about 5 s, when Home Assistant's Voice PE satellite gives up)."""
 STAND_IN_TRANSCRIPT = (
     "This is a short recording of my voice, used as a prompt for speech synthesis."
 )

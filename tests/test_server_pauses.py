@@ -71,6 +71,7 @@ async def _produce(
     pieces_s: list[float], rate: float, chunk_s: float, overhead_s: float,
     max_hold_s: float = 60.0, history: ProductionHistory | None = None,
     first_audio_limit_s: float = FIRST_AUDIO_LIMIT_S, expected_factor: float = 1.0,
+    origin_s: float | None = None,
 ) -> tuple[list[tuple[float, float]], list[float], list[float]]:
     """One engine request of ``pieces_s`` through a gate on a fake clock.
 
@@ -86,6 +87,7 @@ async def _produce(
 
     gate = PieceGate(send, max_hold_s, history or ProductionHistory(), clock=clock,
                      first_audio_limit_s=first_audio_limit_s)
+    gate.first_audio_from = origin_s
     produced = []
     counts = [max(1, round(length_s / chunk_s)) for length_s in pieces_s]
     gate.begin_text([n * chunk_s * expected_factor for n in counts])  # whole chunks
@@ -186,6 +188,18 @@ async def test_first_piece_hold_is_capped() -> None:
     inside = [g for g, between in zip(report.gaps, report.gap_between, strict=True)
               if not between]
     assert inside and all(end <= sent[0][0] + 6.0 * (1 / 0.4) + 1.0 for _, end in inside)
+
+
+@pytest.mark.parametrize(("origin_s", "due_s"), [(None, FIRST_AUDIO_LIMIT_S), (-0.5, 2.0)])
+async def test_first_audio_limit_counts_from_the_answers_start(
+    origin_s: float | None, due_s: float
+) -> None:
+    # the engine request starts at 0; the answer began at origin_s (the request arrived, or
+    # a stream's first text came, before its first sentence was complete): the limit of a
+    # long first piece counts from there
+    sent, _, _ = await _produce([6.0], rate=0.4, chunk_s=0.1, overhead_s=0.5,
+                                origin_s=origin_s)
+    assert due_s <= sent[0][0] < due_s + 0.1 / 0.4 + 1e-9
 
 
 async def test_bound_limits_a_hold_between_pieces() -> None:

@@ -26,11 +26,11 @@ piece is also released when it is complete (the next piece starts, the engine re
 when production stops (end of the text, waiting for streamed text, an error), and at the bound:
 ``max_hold_s`` (``--max-preroll-ms``) after the hold became audible (the piece's first audio
 was ready and the client had played everything before it), and for a response's first piece
-no later than :data:`FIRST_AUDIO_LIMIT_S` after its synthesis started (Home Assistant's
-Voice PE gives up at about 5 s without audio). On a machine faster than playback ``r >= 1``
-and nothing is held. Before any chunk-to-chunk measurement (the first chunk of a fresh
-server's first response) ``r`` is the response's audio per second of work so far, start-up
-included, which errs slow.
+no later than :data:`FIRST_AUDIO_LIMIT_S` after the answer began for the listener (the
+one-shot request arrived, the stream's first text came; Home Assistant's Voice PE gives up at
+about 5 s without audio). On a machine faster than playback ``r >= 1`` and nothing is held.
+Before any chunk-to-chunk measurement (the first chunk of a fresh server's first response)
+``r`` is the response's audio per second of work so far, start-up included, which errs slow.
 
 The expected length of a piece is the speech of its text (:func:`expected_speech_s`) times
 the ratio measured on earlier pieces (:meth:`ProductionHistory.length_ratio`) times
@@ -60,9 +60,9 @@ CJK_CHARS_PER_S = 4.0
 """Han, kana and hangul characters per second of speech (read Mandarin: about 4-5 syllables/s,
 one character each), on the slow side for the same reason."""
 FIRST_AUDIO_LIMIT_S = 2.5
-"""Latest first audio after a response's synthesis started, seconds, unless the first chunk
-itself comes later: issue 26's target for a 60-character sentence (the Voice PE satellite
-gives up at about 5 s without audio, shared spec ``wyoming.md``)."""
+"""Latest first audio after a response began (request or first streamed text), seconds,
+unless the first chunk itself comes later: issue 26's target for a 60-character sentence
+(the Voice PE satellite gives up at about 5 s without audio, shared spec ``wyoming.md``)."""
 FIRST_PIECE_MAX_S = 2.5
 """Longest expected speech of a response's first piece when synthesis is slower than
 playback, seconds (35 Latin / 10 CJK characters): with ``r`` about 0.5 such a piece is safe
@@ -250,6 +250,10 @@ class PieceGate:
         self._piece: _Piece | None = None
         self._work_since: float | None = None
         self.started_at: float | None = None
+        self.first_audio_from: float | None = None
+        """``clock()`` when the listener's answer began (the one-shot request arrived, the
+        stream's first text came), set by the caller; the first audio is due
+        ``first_audio_limit_s`` after it. None: after the first engine request began."""
         self.first_audio_at: float | None = None
         self.first_sent_at: float | None = None
         self.produced_s = 0.0
@@ -367,8 +371,9 @@ class PieceGate:
         expected = self._expected[index] * self.history.length_ratio() * LENGTH_MARGIN
         queued_end = self.play_end if self.play_end is not None else now
         deadline = max(now, queued_end) + self.max_hold_s
-        if self.first_sent_at is None and self.started_at is not None:
-            deadline = min(deadline, max(now, self.started_at + self.first_audio_limit_s))
+        origin = self.first_audio_from if self.first_audio_from is not None else self.started_at
+        if self.first_sent_at is None and origin is not None:
+            deadline = min(deadline, max(now, origin + self.first_audio_limit_s))
         return _Piece(key, expected, now, deadline, last_chunk_at=now,
                       released=self.max_hold_s == 0)
 

@@ -301,6 +301,7 @@ async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRe
     await sink.send(audio_start().event())
     outcome = "done"
     gate = piece_gate(runtime, sink)
+    gate.first_audio_from = request.received
     try:
         try:
             text = await speech_text(request.text)

@@ -97,6 +97,9 @@ class StreamRequest:
     markdown: MarkdownSpeech = field(default_factory=MarkdownSpeech)
     received_chars: int = 0
     """Characters of ``synthesize-chunk`` text received (the limit counts these)."""
+    first_text_at: float | None = None
+    """``time.monotonic()`` when the first non-empty ``synthesize-chunk`` arrived: the answer
+    has started for the listener, and the first audio limit counts from here."""
     _converting: bool = False
     failed: bool = False
     finished: bool = False
@@ -173,6 +176,8 @@ class StreamRequest:
                              "dropped (raise --max-text-chars)")
             return
         self.received_chars += len(text)
+        if text and self.first_text_at is None:
+            self.first_text_at = time.monotonic()
         self._converting = True
         try:
             if len(text) <= INLINE_CHUNK_CHARS:
@@ -284,6 +289,8 @@ async def _speak_items(
         stats.chars += len(item.text)  # counted even when not spoken: the log shows the input
         if failed or slot is None:
             continue
+        if gate.first_audio_from is None:
+            gate.first_audio_from = stream.first_text_at or item.queued_at
         try:
             hint = stream.language_hint(item.text)
             for part in first_pieces(runtime, gate, item.text):  # a long first sentence: 2

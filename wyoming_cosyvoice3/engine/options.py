@@ -283,26 +283,19 @@ class SynthesisOptions:
 
 
 PRESETS: dict[str, SynthesisOptions] = {
-    # Exactly upstream's PyTorch streaming: fp32 DiT, 10 Euler steps with CFG 0.7 in every
-    # step, the whole prompt and history, non-final chunks chunk-causal (50-frame static chunk
-    # mask, prompt and history keys/values cached), the final chunk with full attention,
-    # upstream's schedule (first hop 25 + padding to the 25-token grid, then 50, 100), exact
-    # (whole-utterance) vocoder. One-shot requests use full attention (streaming=False).
+    # Exactly upstream's PyTorch streaming (fp32 DiT, 10 Euler steps with CFG in each, whole
+    # prompt and history, chunk-causal non-final chunks, upstream's hop schedule, whole-utterance
+    # vocoder), so that parity with upstream can be tested. One-shot requests: full attention.
     "quality": SynthesisOptions(
         first_hop_tokens=25, first_hop_on_chunk_grid=True, flow_chunk_causal=True
     ),
-    # The default. int8 DiT (per-frame MatMuls only), 4 Euler steps, chunk-causal flow
-    # (``flow_chunk_causal``: each chunk runs only its new frames against the cached
-    # keys/values of the last 4 s of the prompt and 2 s of history; the final chunk too,
-    # ``flow_final_chunk_causal``), first chunk after 10 tokens, vocoder with 24 frames of left
-    # context (phase carried: waveform SNR 49 dB from the one-call audio). Against the
-    # bounded-context full-attention flow it replaced (the last 25 prompt tokens and 10 tokens
-    # of history run again in every chunk): mel SNR from the exact path 23.4 dB instead of
-    # 12.4 dB, the streamed paragraph in 0.90x the time (RTF 2.85 against 3.19), steady RSS
-    # 1.45 GB against 1.10 GB (target 1.5; BENCHMARKS.md "`balanced` made chunk-causal").
-    # Without the derived streaming DiT (one warning) the flow runs with full attention and
-    # the bounds of the preset this one replaced (25 prompt tokens, 10 of history) instead
-    # of 100 and 50, which would be several times the DiT work there.
+    # The default. Each lever is one that cuts work per chunk at the smallest measured
+    # deviation from the exact path (BENCHMARKS.md "Levers"): int8 DiT, 4 Euler steps, and a
+    # chunk-causal flow whose bounded prompt and history are cached, never run again. Without
+    # the derived streaming DiT, full attention runs that context again in every chunk, so the
+    # fallback bounds are smaller. The vocoder window applies only when the streamed vocoder
+    # cannot be derived; 24 frames is where the phase-carrying window stops gaining accuracy.
+    # Measurements behind these choices: docs/history/benchmarks-2026.md.
     "balanced": SynthesisOptions(
         flow_precision="int8",
         euler_steps=4,
@@ -315,14 +308,10 @@ PRESETS: dict[str, SynthesisOptions] = {
         first_hop_tokens=10,
         vocoder_window_frames=24,
     ),
-    # Lowest latency: 2 Euler steps (audible loss on real weights: the MNN port measured
-    # mel SNR 14 dB for an undistilled 10 -> 2 steps), chunk-causal flow like `balanced` over
-    # the last 15 prompt tokens and 5 tokens of history (cached, never run again: 0.72x the
-    # flow time per chunk of the full-attention form it replaced, which ran those 20 tokens
-    # again in every chunk; steady RSS 1.15-1.19 GB, target 1.2; 50 prompt tokens and 25 of history
-    # measured 1.20 GB and no faster, BENCHMARKS.md "`fast` made chunk-causal"), first chunk
-    # after 8 tokens, 16 frames of vocoder context (8 frames fall inside the generator's
-    # receptive field: 22-31 dB instead of 43-59 dB with the phase carried).
+    # Lowest latency: 2 Euler steps (a published port measured an audible loss for this on
+    # real weights) and the shortest cached flow context; a longer one was no faster and used
+    # more memory. The fallback vocoder window of 16 frames still covers the generator's
+    # receptive field on the upstream-exported parity model; 8 does not.
     "fast": SynthesisOptions(
         flow_precision="int8",
         euler_steps=2,

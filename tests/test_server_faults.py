@@ -217,7 +217,7 @@ async def _read_until(reader: asyncio.StreamReader, event_type: str) -> None:
 @pytest.mark.parametrize("reset", [False, True], ids=["close", "reset"])
 async def test_disconnect_stops_the_synthesis_in_time(tmp_path: Path, make_clip: MakeClip,
                                                       reset: bool) -> None:
-    """When the synthesis stops after the client leaves, measured from the hang-up (README,
+    """When the synthesis stops after the client leaves, measured from the hang-up (DEVELOPMENT.md,
     "Protocol behaviour"). The stand-in engine's steps: 10 ms per chunk; before the first
     chunk of a ``HOLD`` sentence, a wait that checks the stop flag every 0.1 s.
 

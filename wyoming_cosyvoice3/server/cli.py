@@ -35,7 +35,7 @@ _LOGGER = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 4.5
 """Seconds the whole stop may take after SIGTERM: syntheses stopping, clients getting their
 last events, connections closing. What is still running then is abandoned and the process
-exits, so that it ends within 5 s of the signal (README, "Protocol behaviour";
+exits, so that it ends within 5 s of the signal (DEVELOPMENT.md, "Protocol behaviour";
 ``tests/test_server_faults.py::test_sigterm_exits_within_5_s_while_a_model_step_runs``)."""
 
 

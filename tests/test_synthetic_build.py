@@ -9,6 +9,8 @@ import onnxruntime as ort
 import pytest
 import soundfile
 
+from synthetic import build_synthetic_model
+from synthetic.cli import main as cli_main
 from wyoming_cosyvoice3.engine.graphs import (
     CAMPPLUS,
     ESTIMATOR,
@@ -21,8 +23,6 @@ from wyoming_cosyvoice3.engine.graphs import (
     llm_spec,
 )
 from wyoming_cosyvoice3.engine.model import BUILT_IN_VOICE_FILES, required_files
-from wyoming_cosyvoice3.synthetic import build_synthetic_model
-from wyoming_cosyvoice3.synthetic.cli import main as cli_main
 
 # Static dims of the contract (model card of the ONNX export); None = dynamic axis.
 CONTRACT_SHAPES: dict[str, dict[str, list[int | None]]] = {

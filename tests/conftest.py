@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from wyoming_cosyvoice3.synthetic.audio import write_clip
-from wyoming_cosyvoice3.synthetic.build import build_synthetic_model
+from synthetic.audio import write_clip
+from synthetic.build import build_synthetic_model
 
 MakeClip = Callable[..., Path]
 

@@ -1,5 +1,6 @@
 """The package's shape: no import cycles between modules, the import-linter contracts of
-pyproject.toml hold, and the engine reads no environment variables."""
+pyproject.toml hold, the product package imports neither the benchmark (``bench/``) nor the
+synthetic-model builder (``synthetic/``), and the engine reads no environment variables."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import grimp
 import pytest
 
 PACKAGE = "wyoming_cosyvoice3"
+TOOLS = ("bench", "synthetic")
+"""The repository's top-level tool packages beside the product (not in the wheel)."""
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -36,14 +39,39 @@ def test_module_cycles_are_found() -> None:
     assert ("pkg.a", "pkg.b", "pkg.c", "pkg.a") in module_cycles(graph)
 
 
-def test_no_import_cycle() -> None:
-    graph = grimp.build_graph(PACKAGE, exclude_type_checking_imports=False)
+@pytest.fixture(scope="module")
+def graph() -> grimp.ImportGraph:
+    """Imports among the product and the tool packages; imports inside functions and under
+    ``if TYPE_CHECKING:`` count."""
+    return grimp.build_graph(PACKAGE, *TOOLS, exclude_type_checking_imports=False)
+
+
+def test_no_import_cycle(graph: grimp.ImportGraph) -> None:
+    assert {m.split(".")[0] for m in graph.modules} == {PACKAGE, *TOOLS}
     assert module_cycles(graph) == []
 
 
+def test_server_does_not_import_the_benchmark(graph: grimp.ImportGraph) -> None:
+    """The benchmark plugs into the server's hooks (server/hooks.py); no chain of imports,
+    direct or through other modules, leads from the server to it."""
+    assert {"bench.recorder", f"{PACKAGE}.server.runtime"} <= graph.modules
+    assert graph.find_shortest_chains(importer=f"{PACKAGE}.server", imported="bench") == set()
+    # the benchmark does use the server (the guard would be empty otherwise)
+    assert graph.find_shortest_chains(importer="bench", imported=f"{PACKAGE}.server")
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_product_imports_no_tool_package(graph: grimp.ImportGraph, tool: str) -> None:
+    """Nothing in the installed package imports bench/ or synthetic/ (they are not in the
+    wheel: such an import fails for every user)."""
+    assert graph.find_shortest_chains(importer=PACKAGE, imported=tool) == set()
+    assert graph.find_shortest_chains(importer=tool, imported=PACKAGE)  # a real edge exists
+
+
 def test_import_contracts_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The contracts in pyproject.toml ([tool.importlinter]): the engine imports no server,
-    bench, synthetic or download code; engine stages never import each other."""
+    """The contracts in pyproject.toml ([tool.importlinter]): the product imports neither
+    bench nor synthetic; the server not the benchmark; the engine no server, bench, synthetic
+    or download code; engine stages never import each other."""
     from importlinter import configuration
     from importlinter.application.use_cases import lint_imports
 

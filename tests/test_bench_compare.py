@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from wyoming_cosyvoice3.bench import cli
-from wyoming_cosyvoice3.bench.run_helpers import read_records
+from bench import cli
+from bench.run_helpers import read_records
+from bench.server import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,12 +32,14 @@ def _clip(path: Path, seconds: float = 3.0) -> Path:
 def test_baseline_and_variant_alternate_with_this_tree(tiny_model_dir: Path,
                                                        tmp_path: Path) -> None:
     out = tmp_path / "out"
-    # a baseline tree: this package copied, its version marked so that the log shows which
-    # tree the server imported (a server started in this repository's directory imports the
-    # repository's package first: python -m puts the working directory before PYTHONPATH)
+    # a baseline tree: this package and benchmark copied, its version marked so that the log
+    # shows which tree the server imported (a server started in this repository's directory
+    # imports the repository's package first: python -m puts the working directory before
+    # PYTHONPATH)
     baseline = tmp_path / "baseline-src"
-    shutil.copytree(REPO / "wyoming_cosyvoice3", baseline / "wyoming_cosyvoice3",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("wyoming_cosyvoice3", "bench"):
+        shutil.copytree(REPO / folder, baseline / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     init = baseline / "wyoming_cosyvoice3" / "__init__.py"
     text = init.read_text(encoding="utf-8")
     assert "__version__ = " in text
@@ -62,11 +65,20 @@ def test_baseline_and_variant_alternate_with_this_tree(tiny_model_dir: Path,
         for t in traces:
             assert t["error"] is None, label
             assert abs(sum(n for _, n in t["chunks"]) / t["sample_rate_hz"] - 4.0) < 0.05
-        # the fixed decoding length and the stats file reached every server (the baseline
-        # through COSYVOICE3_BENCH_* variables, the others through flags)
+        # the fixed decoding length and the stats file reached every server (through
+        # bench.serve's flags and the server's hooks): stage times and graph runs per request,
+        # and one pieces record per response the client received (warm-up + 2)
         records = read_records(out / server["stats_file"])
-        assert sum(r.get("kind") == "request" for r in records) >= 3, label  # warm-up + 2
-    assert "--bench-tokens-per-char" not in by_label["fast (baseline)"]["command"]
+        requests = [r for r in records if r.get("kind") == "request"]
+        assert len(requests) >= 3, label  # the server's own warm-up, the harness's, 2 runs
+        assert all(r["graph_runs"] and r["times"]["llm_tokens"] > 0 for r in requests), label
+        assert any(run[0] == "hift.onnx" for r in requests for run in r["graph_runs"]), label
+        pieces = [r for r in records if r.get("kind") == "pieces"]
+        assert len(pieces) == 3, label
+        sent = {sum(n for _, n in t["chunks"]) for t in traces}  # what the client received
+        assert all(p["starts"][0] == 0 and p["samples"] in sent for p in pieces), label
+        assert server["command"].split()[1:3] == ["-m", "bench.serve"], label
+        assert "--bench-tokens-per-char 1.66667" in server["command"], label
     assert by_label["fast (baseline)"]["source_dir"] == str(baseline)
     logs = {label: (out / Path(s["stats_file"]).with_suffix(".log").name).read_text()
             for label, s in by_label.items()}
@@ -79,3 +91,26 @@ def test_baseline_and_variant_alternate_with_this_tree(tiny_model_dir: Path,
     assert [label for _, label in starts[:3]] == labels
     assert [label for _, label in starts[3:]] == labels[1:] + labels[:1]
     json.dumps(raw)  # raw.json stays serialisable
+
+
+def test_a_tree_with_the_benchmark_inside_the_package_runs_its_own_server(
+        tmp_path: Path) -> None:
+    """A baseline checkout from before bench/ left the package (up to a5fefb8) has no
+    bench/serve.py: its server is started as ``python -m wyoming_cosyvoice3`` and reads the
+    benchmark settings from COSYVOICE3_BENCH_* (its own flags), in its own directory."""
+    old = tmp_path / "old"
+    (old / "wyoming_cosyvoice3" / "bench").mkdir(parents=True)
+    kwargs = {"model_dir": tmp_path / "m", "data_dir": tmp_path / "d", "preset": "fast",
+              "stats_file": tmp_path / "s.jsonl", "log_file": tmp_path / "s.log",
+              "tokens_per_char": 1.5, "extra_args": ["--threads", "1"]}
+    legacy = ServerProcess(source_dir=old, **kwargs)  # type: ignore[arg-type]
+    assert legacy.package_bench and legacy.tree == old.resolve()
+    command = legacy.command()
+    assert command[1:3] == ["-m", "wyoming_cosyvoice3"] and command[-2:] == ["--threads", "1"]
+    assert not any(arg.startswith("--bench") for arg in command)
+    current = ServerProcess(**kwargs)  # type: ignore[arg-type]
+    assert not current.package_bench and current.tree == REPO
+    command = current.command()
+    assert command[1:3] == ["-m", "bench.serve"] and command[-2:] == ["--threads", "1"]
+    assert command[command.index("--bench-tokens-per-char") + 1] == "1.5"
+    assert command[command.index("--bench-stats-file") + 1] == str(tmp_path / "s.jsonl")

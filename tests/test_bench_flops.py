@@ -1,4 +1,4 @@
-"""Operation counting of ONNX graphs (wyoming_cosyvoice3.bench.flops / costmodel)."""
+"""Operation counting of ONNX graphs (bench.flops / costmodel)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from wyoming_cosyvoice3.bench import flops
-from wyoming_cosyvoice3.bench.costmodel import (
+from bench import flops
+from bench.costmodel import (
     FAMILIES,
     CostModel,
     concrete_dims,
@@ -199,7 +199,7 @@ def test_streaming_dit_costs_match_the_published_estimator(
 def test_derived_llm_is_counted_as_its_source(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A fused LLM graph's shapes cannot be inferred (contrib operators); its derivation
     report names the source, whose matrix products it runs, and that is counted."""
-    from wyoming_cosyvoice3.bench.costmodel import derived_source
+    from bench.costmodel import derived_source
 
     fused = tmp_path / "llm.fused1-1-2.onnx"
     fused.write_bytes(b"not a graph onnx can read")

@@ -1,5 +1,5 @@
 """The engine's observer hooks and the benchmark's recorder (bench/recorder.py), on the tiny
-model; the server's benchmark flags."""
+model; the benchmark's server flags (bench/serve.py), which the product does not have."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from wyoming_cosyvoice3.bench.recorder import StatsRecorder
+from bench import serve
+from bench.recorder import StatsRecorder
 from wyoming_cosyvoice3.engine import EngineOptions, SynthesisOptions, graphs
 from wyoming_cosyvoice3.engine.text.frontend import TextFrontend
-from wyoming_cosyvoice3.server.settings import SettingsError, resolve_settings
+from wyoming_cosyvoice3.server.hooks import ServerHooks
+from wyoming_cosyvoice3.server.runtime import ServerRuntime
+from wyoming_cosyvoice3.server.settings import build_parser, resolve_settings
 
 
 @pytest.fixture
@@ -31,45 +34,80 @@ def test_no_observer_by_default() -> None:
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "abc", "nan"])
-def test_bad_tokens_per_char_flag_is_refused(raw: str, tmp_path: Path) -> None:
-    with pytest.raises((SettingsError, SystemExit)):
-        resolve_settings(["--data-dir", str(tmp_path), "--bench-tokens-per-char", raw],
-                         environ={})
+def test_bad_tokens_per_char_flag_is_refused(raw: str) -> None:
+    with pytest.raises(SystemExit):
+        serve.parse(["--data-dir", "/d", "--bench-tokens-per-char", raw])
 
 
-def test_bench_flags_reach_the_settings(tmp_path: Path) -> None:
-    settings = resolve_settings(["--data-dir", str(tmp_path), "--bench-tokens-per-char", "2.5",
-                                 "--bench-stats-file", str(tmp_path / "s.jsonl")], environ={})
-    assert settings.bench_tokens_per_char == 2.5
-    assert settings.bench_stats_file == tmp_path / "s.jsonl"
+def test_bench_flags_become_hooks_and_the_rest_goes_to_the_server(tmp_path: Path) -> None:
+    hooks, server_argv = serve.parse(
+        ["--data-dir", str(tmp_path), "--bench-tokens-per-char", "2.5", "--preset", "fast",
+         "--bench-stats-file", str(tmp_path / "s.jsonl")])
+    assert server_argv == ["--data-dir", str(tmp_path), "--preset", "fast"]
+    assert dict(hooks.synthesis_overrides) == {"fixed_tokens_per_char": 2.5}
+    assert isinstance(hooks.observer, StatsRecorder)
+    assert hooks.observer.path == tmp_path / "s.jsonl"
+    settings = resolve_settings(server_argv, environ={})
+    runtime = ServerRuntime(settings, hooks=hooks)
+    assert runtime.observer is hooks.observer
+    assert runtime.synthesis_options(seed=3).fixed_tokens_per_char == 2.5
+    assert ServerRuntime(settings).synthesis_options(seed=3).fixed_tokens_per_char is None
+    assert serve.parse(["--data-dir", "/d"])[0] == ServerHooks()
     with pytest.raises(ValueError):
         SynthesisOptions(fixed_tokens_per_char=0.0).validate()
 
 
+@pytest.mark.parametrize("flag", ["--bench-stats-file", "--bench-tokens-per-char",
+                                  "--bench-synthesis-options"])
+def test_the_product_has_no_benchmark_flag(flag: str, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Benchmark knobs are not settings: the server refuses them as flags, ignores them in
+    the environment, and its --help does not name them."""
+    with pytest.raises(SystemExit):
+        resolve_settings(["--data-dir", str(tmp_path), flag, "1"], environ={})
+    env = {"COSYVOICE3_" + flag.lstrip("-").replace("-", "_").upper(): "1"}
+    assert resolve_settings(["--data-dir", str(tmp_path)], environ=env) == resolve_settings(
+        ["--data-dir", str(tmp_path)], environ={})
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        resolve_settings(["--help"], environ={})
+    assert "--preset" in capsys.readouterr().out
+    assert "bench" not in build_parser().format_help().lower()
+
+
 def test_bench_synthesis_options_change_the_preset(tmp_path: Path) -> None:
     from wyoming_cosyvoice3.engine.options import PRESETS
-    from wyoming_cosyvoice3.server.runtime import ServerRuntime
 
-    settings = resolve_settings(
+    balanced = PRESETS["balanced"]
+    assert (balanced.flow_chunk_causal, balanced.flow_left_context_tokens) == (True, 50)
+    hooks, server_argv = serve.parse(
         ["--data-dir", str(tmp_path), "--preset", "balanced", "--bench-synthesis-options",
-         "flow_chunk_causal=true, flow_left_context_tokens=50,cfg_steps=none,speed=1.5"],
-        environ={})
-    assert settings.bench_synthesis_options == (
-        ("flow_chunk_causal", True), ("flow_left_context_tokens", 50), ("cfg_steps", None),
-        ("speed", 1.5))
-    options = ServerRuntime(settings).synthesis_options(seed=3)
-    assert options.flow_chunk_causal is True and options.flow_left_context_tokens == 50
-    assert options.euler_steps == PRESETS["balanced"].euler_steps  # the rest is the preset's
+         "flow_chunk_causal=false, flow_left_context_tokens=25,cfg_steps=none,speed=1.5"])
+    assert dict(hooks.synthesis_overrides) == {
+        "flow_chunk_causal": False, "flow_left_context_tokens": 25, "cfg_steps": None,
+        "speed": 1.5}
+    assert serve.synthesis_overrides("cfg_rate=0.5,language_hint=de") == {
+        "cfg_rate": 0.5, "language_hint": "de"}
+    assert hooks.observer is None
+    options = ServerRuntime(resolve_settings(server_argv, environ={}),
+                            hooks=hooks).synthesis_options(seed=3)
+    assert options.flow_chunk_causal is False and options.flow_left_context_tokens == 25
+    assert options.euler_steps == balanced.euler_steps  # the rest is the preset's
     assert options.speed == 1.0  # --speed still decides the rate
     assert options.seed == 3
 
 
 @pytest.mark.parametrize("raw", ["no_such_field=1", "euler_steps", "euler_steps=0",
                                  "flow_precision=int4"])
-def test_bad_bench_synthesis_options_are_refused(raw: str, tmp_path: Path) -> None:
-    with pytest.raises((SettingsError, SystemExit)):
-        resolve_settings(["--data-dir", str(tmp_path), "--bench-synthesis-options", raw],
-                         environ={})
+def test_bad_bench_synthesis_options_are_refused(raw: str) -> None:
+    with pytest.raises(SystemExit):
+        serve.parse(["--data-dir", "/d", "--bench-synthesis-options", raw])
+
+
+@pytest.mark.parametrize("overrides", [{"no_such_field": 1}, {"euler_steps": 0}])
+def test_server_hooks_refuse_bad_overrides(overrides: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        ServerHooks(synthesis_overrides=overrides)
 
 
 def test_fixed_length_and_records(tiny_model_dir: Path, make_clip, tmp_path: Path,

@@ -1,4 +1,4 @@
-"""Simulated real-time playback (wyoming_cosyvoice3.bench.player)."""
+"""Simulated real-time playback (bench.player)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wyoming_cosyvoice3.bench.player import simulate_playback
+from bench.player import simulate_playback
 
 
 def test_audio_arriving_faster_than_real_time_never_stalls() -> None:

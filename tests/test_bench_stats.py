@@ -6,10 +6,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from wyoming_cosyvoice3.bench import report, throughput
-from wyoming_cosyvoice3.bench.client import text_deltas
-from wyoming_cosyvoice3.bench.costmodel import CostModel
-from wyoming_cosyvoice3.bench.stats import (
+from bench import report, throughput
+from bench.client import text_deltas
+from bench.costmodel import CostModel
+from bench.stats import (
     RunTrace,
     graph_summary,
     median_run_index,
@@ -20,7 +20,7 @@ from wyoming_cosyvoice3.bench.stats import (
     run_metrics,
     stage_split,
 )
-from wyoming_cosyvoice3.bench.throughput import Throughput
+from bench.throughput import Throughput
 
 RATES = Throughput(fp32_flops=100e9, int8_ops=400e9, fp32_bytes=20e9, int8_bytes=20e9,
                    threads=2)
@@ -114,9 +114,9 @@ def test_markdown_section_is_replaced_in_place() -> None:
 
 
 def test_pauses_are_split_by_the_servers_piece_record(tmp_path) -> None:
-    from wyoming_cosyvoice3.bench.plot import pause_spans
-    from wyoming_cosyvoice3.bench.recorder import StatsRecorder
-    from wyoming_cosyvoice3.bench.run_helpers import read_records
+    from bench.plot import pause_spans
+    from bench.recorder import StatsRecorder
+    from bench.run_helpers import read_records
 
     # pieces start at 0 s and 2 s of audio; dry before the 2 s chunk (between pieces) and
     # before the 3 s chunk (inside the second piece)
@@ -183,7 +183,7 @@ def test_throughput_graphs_compute_what_they_claim() -> None:
 
 
 def test_graph_lanes_merge_close_runs_per_lane() -> None:
-    from wyoming_cosyvoice3.bench.plot import graph_lanes, lane_of
+    from bench.plot import graph_lanes, lane_of
 
     runs = [["llm_int8.onnx", {}, 10.0, 10.1], ["llm_int8.onnx", {}, 10.105, 10.2],
             ["flow.decoder.estimator.int8r2-1-2.onnx", {}, 10.15, 11.0],

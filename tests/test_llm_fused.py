@@ -15,6 +15,10 @@ import numpy as np
 import onnx
 import pytest
 
+from synthetic.full_config import FullConfig
+from synthetic.full_llm import build_llm
+from synthetic.onnx_builder import save_model
+from synthetic.quant import quantize_int8
 from wyoming_cosyvoice3.engine.derive import llm_fused
 from wyoming_cosyvoice3.engine.derive.llm_fused import (
     EXACT_MAX_ABS_LOGP,
@@ -27,10 +31,6 @@ from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions
-from wyoming_cosyvoice3.synthetic.full_config import FullConfig
-from wyoming_cosyvoice3.synthetic.full_llm import build_llm
-from wyoming_cosyvoice3.synthetic.onnx_builder import save_model
-from wyoming_cosyvoice3.synthetic.quant import quantize_int8
 
 MINI = replace(FullConfig(), llm_layers=2, llm_intermediate=256)
 

@@ -14,6 +14,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from synthetic.full_config import FullConfig
+from synthetic.full_flow import build_estimator
 from wyoming_cosyvoice3.engine.derive import quantize
 from wyoming_cosyvoice3.engine.derive.embedding_table import (
     TableEmbedding,
@@ -25,8 +27,6 @@ from wyoming_cosyvoice3.engine.errors import ModelLoadError, SynthesisFailed
 from wyoming_cosyvoice3.engine.graphs import TEXT_EMBEDDING, Graph
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions
-from wyoming_cosyvoice3.synthetic.full_config import FullConfig
-from wyoming_cosyvoice3.synthetic.full_flow import build_estimator
 
 EST = "flow.decoder.estimator.fp32.onnx"
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import (
     CosyVoice3Engine,
     EngineOptions,
@@ -21,7 +22,6 @@ from wyoming_cosyvoice3.engine import (
 from wyoming_cosyvoice3.engine.flow.stream import flow_prompt_features
 from wyoming_cosyvoice3.engine.options import PRESETS
 from wyoming_cosyvoice3.engine.types import VoiceFeatures
-from wyoming_cosyvoice3.synthetic.audio import write_clip
 
 TEXT = "The kitchen lights are on. The front door is locked for the night."
 

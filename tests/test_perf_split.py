@@ -10,6 +10,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from synthetic.audio import write_clip
+from synthetic.full_config import FullConfig
+from synthetic.full_flow import build_estimator
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
 from wyoming_cosyvoice3.engine.derive.estimator_split import (
     SplitEstimator,
@@ -18,9 +21,6 @@ from wyoming_cosyvoice3.engine.derive.estimator_split import (
     split_time_conditioning,
 )
 from wyoming_cosyvoice3.engine.graphs import Graph, open_session
-from wyoming_cosyvoice3.synthetic.audio import write_clip
-from wyoming_cosyvoice3.synthetic.full_config import FullConfig
-from wyoming_cosyvoice3.synthetic.full_flow import build_estimator
 
 EST = "flow.decoder.estimator.fp32.onnx"
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import (
     AudioChunk,
     CosyVoice3Engine,
@@ -20,7 +21,6 @@ from wyoming_cosyvoice3.engine import (
     VoicePrompt,
 )
 from wyoming_cosyvoice3.engine.llm.sampling import SilentRunFilter
-from wyoming_cosyvoice3.synthetic.audio import write_clip
 
 LONG_TEXT = (
     "The living room lights are now on, the kitchen is twenty one degrees, and the front "

@@ -3,7 +3,7 @@ split, and the real server over TCP with a slowed multi-piece engine.
 
 The fake production: each piece starts after ``overhead_s`` (LLM prefill, first hop), then
 makes ``chunk_s`` of audio every ``chunk_s / rate`` seconds. The benchmark's player model
-(:func:`~wyoming_cosyvoice3.bench.player.simulate_playback`) replays what the gate sent and
+(:func:`~bench.player.simulate_playback`) replays what the gate sent and
 splits the stalls into pauses inside a piece and between pieces.
 """
 
@@ -31,7 +31,7 @@ from wyoming.audio import AudioChunk
 from wyoming.event import Event
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
-from wyoming_cosyvoice3.bench.player import simulate_playback
+from bench.player import simulate_playback
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.engine.text.split import split_first_clause

@@ -29,7 +29,7 @@ from server_support import (
 )
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
-from wyoming_cosyvoice3.bench.player import simulate_playback
+from bench.player import simulate_playback
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.engine.types import AudioChunk as EngineChunk

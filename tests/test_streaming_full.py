@@ -152,10 +152,10 @@ def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
 
 def test_bench_dit_forms_compares_the_two_forms(tiny_dit_model_dir: Path, tmp_path: Path
                                                 ) -> None:
-    """``python -m wyoming_cosyvoice3.bench.dit_forms`` (BENCHMARKS.md) on tiny-dit."""
+    """``python -m bench.dit_forms`` (BENCHMARKS.md) on tiny-dit."""
     import json
 
-    from wyoming_cosyvoice3.bench.dit_forms import main
+    from bench.dit_forms import main
 
     out = tmp_path / "forms.json"
     assert main(["--model-dir", str(tiny_dit_model_dir), "--cache-dir", str(tmp_path / "c"),

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NOT_SOURCES = {"build", "dist", "venv", "env", "node_modules", "site-packages"}
 """Folder names that hold copies or installed packages, not this repository's code."""
-SOURCE_FOLDERS = ("tests", "wyoming_cosyvoice3")
+SOURCE_FOLDERS = ("bench", "synthetic", "tests", "wyoming_cosyvoice3")
 """Folders that must be among those scanned (a rename must update this, not drop them)."""
 
 _LITERALS = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.JoinedStr,

@@ -9,13 +9,13 @@ import pytest
 import soundfile
 from tokenizers import Tokenizer
 
-from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.graphs import CAMPPLUS, SPEECH_TOKENIZER, Graph
-from wyoming_cosyvoice3.synthetic.audio import speech_like
-from wyoming_cosyvoice3.synthetic.tokenizer import (
+from synthetic.audio import speech_like
+from synthetic.tokenizer import (
     PARALINGUISTIC_TAGS,
     cosyvoice3_added_tokens,
 )
+from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine.graphs import CAMPPLUS, SPEECH_TOKENIZER, Graph
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,28 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from synthetic.full_build import param_counts
+from synthetic.full_config import (
+    PUBLISHED_BYTES,
+    FullConfig,
+    count_params,
+    get_full_config,
+)
+from synthetic.full_flow import (
+    build_estimator,
+    build_flow_encoder,
+    estimator_flops_per_frame,
+    estimator_params,
+    flow_encoder_params,
+)
+from synthetic.full_hift import build_hift, hift_params
+from synthetic.full_llm import (
+    build_llm,
+    build_speech_embedding,
+    llm_params,
+)
+from synthetic.onnx_builder import save_model
+from synthetic.quant import quantize_int8, quantize_q4
 from wyoming_cosyvoice3.engine.graphs import (
     ESTIMATOR,
     FLOW_ENCODER,
@@ -25,28 +47,6 @@ from wyoming_cosyvoice3.engine.graphs import (
 )
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model, ModelDims
 from wyoming_cosyvoice3.engine.options import EngineOptions
-from wyoming_cosyvoice3.synthetic.full_build import param_counts
-from wyoming_cosyvoice3.synthetic.full_config import (
-    PUBLISHED_BYTES,
-    FullConfig,
-    count_params,
-    get_full_config,
-)
-from wyoming_cosyvoice3.synthetic.full_flow import (
-    build_estimator,
-    build_flow_encoder,
-    estimator_flops_per_frame,
-    estimator_params,
-    flow_encoder_params,
-)
-from wyoming_cosyvoice3.synthetic.full_hift import build_hift, hift_params
-from wyoming_cosyvoice3.synthetic.full_llm import (
-    build_llm,
-    build_speech_embedding,
-    llm_params,
-)
-from wyoming_cosyvoice3.synthetic.onnx_builder import save_model
-from wyoming_cosyvoice3.synthetic.quant import quantize_int8, quantize_q4
 
 MINI = get_full_config("full-mini")
 QWEN2_05B_PARAMS = 494_032_768

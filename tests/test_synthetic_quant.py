@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from wyoming_cosyvoice3.synthetic.quant import (
+from synthetic.quant import (
     dequantize_q4,
     pack_q4,
     quantize_int8,

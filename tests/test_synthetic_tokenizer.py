@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tokenizers
 
-from wyoming_cosyvoice3.synthetic.tokenizer import (
+from synthetic.tokenizer import (
     QWEN_VOCAB_SIZE,
     _last_merge,
     qwen2_bpe,

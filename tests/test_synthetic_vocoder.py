@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from synthetic.vocoder import hift_right_context_frames
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
-from wyoming_cosyvoice3.synthetic.vocoder import hift_right_context_frames
 
 PER_MEL = C.SAMPLES_PER_MEL_FRAME // C.ISTFT_HOP  # 120 STFT frames per mel frame
 

@@ -33,7 +33,7 @@ EOP_ID = 151646
 
 def _qwen_cosyvoice3_tokenizer() -> tokenizers.Tokenizer:
     """Real Qwen2 BPE with the CosyVoice3 added tokens from id 151646 on."""
-    from wyoming_cosyvoice3.synthetic.tokenizer import qwen2_tokenizer_data
+    from synthetic.tokenizer import qwen2_tokenizer_data
 
     data = qwen2_tokenizer_data()
     data["added_tokens"] = [t for t in data["added_tokens"] if t["id"] < EOP_ID]

@@ -27,8 +27,8 @@ import soundfile as sf
 from server_support import SpyEngine, describe, make_settings, running_server, spy_factory
 from web_support import catalog_items, delete_voice, ingress_proxy, page_url
 
+from synthetic.audio import write_clip
 from wyoming_cosyvoice3.server.cli import RunningServer
-from wyoming_cosyvoice3.synthetic.audio import write_clip
 
 
 def browser_required(environ: Mapping[str, str] = os.environ) -> str | None:

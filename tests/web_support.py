@@ -14,8 +14,8 @@ import soundfile as sf
 import yaml
 from aiohttp import web
 
+from synthetic.audio import speech_like
 from wyoming_cosyvoice3.server.cli import RunningServer
-from wyoming_cosyvoice3.synthetic.audio import speech_like
 
 CHANGE = {"X-Voice-Page": "1"}
 """The header the page sends with every change (required by the server)."""

@@ -10,7 +10,7 @@ Upstream (FunAudioLLM/CosyVoice at commit ace7c47) is imported from the checkout
 ``--upstream``; nothing of it is copied into this repository. ``tokenizer.json``,
 ``campplus.onnx``, ``speech_tokenizer_v3.onnx`` and ``model/voices/`` come from this project's
 synthetic builder (``build_synthetic_model(DIR, size="tiny", seed=SEED)``); the clips in
-``voices/`` are synthetic speech-like signals (``wyoming_cosyvoice3.synthetic.audio``).
+``voices/`` are synthetic speech-like signals (``synthetic.audio``).
 
 Environment (a separate venv, so the project's own environment stays as it is; Python 3.11)::
 
@@ -946,8 +946,10 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from wyoming_cosyvoice3.synthetic.audio import write_clip
-    from wyoming_cosyvoice3.synthetic.build import build_synthetic_model
+    # the synthetic builder is a folder of the clone, not part of the installed package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from synthetic.audio import write_clip
+    from synthetic.build import build_synthetic_model
 
     torch.set_num_threads(2)
     s = args.seed

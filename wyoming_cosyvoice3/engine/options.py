@@ -207,8 +207,8 @@ class SynthesisOptions:
             until it plays through without a pause inside it.
         fixed_tokens_per_char: benchmarks only: decode exactly ``max(1, round(rate x
             characters))`` speech tokens per text piece, ignoring the stop token (random
-            weights never stop sensibly); ``None`` (default) decodes normally. The server
-            sets it from ``--bench-tokens-per-char``.
+            weights never stop sensibly); ``None`` (default) decodes normally. The
+            benchmark sets it through the server's hooks (``ServerHooks.synthesis_overrides``).
     """
 
     speed: float = 1.0

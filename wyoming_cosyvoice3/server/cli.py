@@ -23,6 +23,7 @@ from .. import __version__
 from . import addon
 from .handler import CosyVoiceEventHandler, make_handler_factory
 from .healthcheck import write_health_uri
+from .hooks import ServerHooks
 from .preload import preload
 from .runtime import EngineFactory, ServerRuntime, default_engine_factory
 from .settings import Settings, SettingsError, resolve_settings
@@ -45,12 +46,14 @@ class RunningServer:
     Args:
         settings: resolved settings (``uri`` may use port 0 for an ephemeral port).
         engine_factory: how the engine is built from the model dir.
+        hooks: observer and option overrides of a tool that runs the server (:mod:`.hooks`).
     """
 
     def __init__(self, settings: Settings,
-                 engine_factory: EngineFactory = default_engine_factory) -> None:
+                 engine_factory: EngineFactory = default_engine_factory,
+                 hooks: ServerHooks | None = None) -> None:
         self.settings = settings
-        self.runtime = ServerRuntime(settings, engine_factory=engine_factory)
+        self.runtime = ServerRuntime(settings, engine_factory=engine_factory, hooks=hooks)
         self.server = AsyncServer.from_uri(settings.uri)
         self._zeroconf: object | None = None
         self._discovery: asyncio.Future[bool] | None = None
@@ -150,17 +153,18 @@ async def _wait_answered(connections: list[object], timeout_s: float) -> None:
 
 
 async def serve(settings: Settings,
-                engine_factory: EngineFactory = default_engine_factory) -> bool:
-    """Run the server until SIGTERM or SIGINT.
+                engine_factory: EngineFactory = default_engine_factory,
+                hooks: ServerHooks | None = None) -> bool:
+    """Run the server until SIGTERM or SIGINT (``hooks``: see :mod:`.hooks`).
 
     Returns:
         True when it stopped cleanly; False when a synthesis thread was still inside a model
         step at the end of the grace time (see :data:`SHUTDOWN_GRACE_S`).
     """
     if settings.uri.startswith("stdio://"):
-        await serve_stdio(settings)
+        await serve_stdio(settings, hooks)
         return True
-    running = RunningServer(settings, engine_factory=engine_factory)
+    running = RunningServer(settings, engine_factory=engine_factory, hooks=hooks)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -175,10 +179,10 @@ async def serve(settings: Settings,
     return clean
 
 
-async def serve_stdio(settings: Settings) -> None:
+async def serve_stdio(settings: Settings, hooks: ServerHooks | None = None) -> None:
     """One connection over stdin/stdout (logs go to stderr); ends at the end of stdin, after
     every request read so far was answered."""
-    runtime = ServerRuntime(settings)
+    runtime = ServerRuntime(settings, hooks=hooks)
     preload(settings)
     runtime.start_loading()
     reader = await async_get_stdin()
@@ -196,8 +200,10 @@ def setup_logging(settings: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None,
-         engine_factory: EngineFactory = default_engine_factory) -> int:
-    """Console entry point; returns the process exit code.
+         engine_factory: EngineFactory = default_engine_factory,
+         hooks: ServerHooks | None = None) -> int:
+    """Console entry point; returns the process exit code. ``hooks`` (:mod:`.hooks`) are
+    for a tool that runs the server in its own process; the console script passes none.
 
     When a synthesis thread is still inside a model step after the grace time, the process
     ends at once with code 0 (``os._exit`` after flushing the log): the interpreter would
@@ -210,7 +216,7 @@ def main(argv: Sequence[str] | None = None,
         return 2
     setup_logging(settings)
     try:
-        clean = asyncio.run(serve(settings, engine_factory))
+        clean = asyncio.run(serve(settings, engine_factory, hooks))
     except KeyboardInterrupt:
         clean = True
     except OSError as err:  # e.g. the port is taken

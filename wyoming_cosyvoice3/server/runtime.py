@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 from ..engine.errors import CosyVoiceError, ModelFilesMissing, ModelNotReady
-from ..engine.hooks import EngineObserver
 from ..engine.options import EngineOptions, SynthesisOptions
 from . import download_wait
 from .catalog import load_catalogs, with_model_dir
@@ -31,6 +30,7 @@ from .engine_port import (
     default_engine_factory,
     default_model_locator,
 )
+from .hooks import ServerHooks, ServerObserver
 from .limits import ConnectionCounter
 from .preroll import ProductionHistory
 from .settings import Settings
@@ -55,6 +55,8 @@ class ServerRuntime(SynthesisRunner):
         settings: the resolved settings.
         engine_factory: builds the engine from a model dir (tests pass a wrapper).
         model_locator: finds or downloads the model dir (runs in the loader thread).
+        hooks: an observer and synthesis option overrides installed by a tool that runs the
+            server in its own process (:mod:`.hooks`; the benchmark); none by default.
     """
 
     def __init__(
@@ -62,8 +64,10 @@ class ServerRuntime(SynthesisRunner):
         settings: Settings,
         engine_factory: EngineFactory = default_engine_factory,
         model_locator: ModelLocator = default_model_locator,
+        hooks: ServerHooks | None = None,
     ) -> None:
         super().__init__(settings)
+        self.hooks = hooks if hooks is not None else ServerHooks()
         self._engine_factory = engine_factory
         self._model_locator = model_locator
         self._lock = threading.Lock()
@@ -89,9 +93,10 @@ class ServerRuntime(SynthesisRunner):
         """Set once a download attempt failed and a retry is scheduled."""
         self.production = ProductionHistory()
         """Recent production rate and piece lengths (the piece gate's prior, :mod:`.preroll`)."""
-        self.bench_observer: EngineObserver | None = self._bench_observer()
-        """The benchmark's recorder (``--bench-stats-file``), else None; the server also
-        reports each response's piece boundaries to it (``response_pieces``)."""
+        self.observer: ServerObserver | None = self.hooks.observer
+        """Who watches (:attr:`ServerHooks.observer <.hooks.ServerHooks.observer>`), else
+        None; the engine gets it as its observer, and the server reports each response's
+        piece boundaries to it (``response_pieces``)."""
 
     # --- loading ------------------------------------------------------------------------
 
@@ -123,7 +128,7 @@ class ServerRuntime(SynthesisRunner):
                 flow_precision=self.synthesis_options().flow_precision,
                 # quality: one DiT graph (the streaming one) for chunks and full attention
                 flow_chunk_causal=self.synthesis_options().flow_chunk_causal,
-                observer=self.bench_observer,
+                observer=self.observer,
             )
             engine = self._built_engine = self._engine_factory(model_dir, options)
             self.phase = "preparing voices"
@@ -249,22 +254,13 @@ class ServerRuntime(SynthesisRunner):
         from ..engine.options import PRESETS
 
         base = PRESETS.get(self.settings.preset, SynthesisOptions()).replace(
-            **dict(self.settings.bench_synthesis_options))
+            **self.hooks.synthesis_overrides)
         return base.replace(
             speed=self.settings.speed,
             seed=seed if seed is not None else base.seed,
             max_request_s=self.settings.limits.max_request_s,
             output_dtype="float32",
-            fixed_tokens_per_char=self.settings.bench_tokens_per_char,
         )
-
-    def _bench_observer(self) -> EngineObserver | None:
-        """The benchmark's recorder when ``--bench-stats-file`` is set (else None)."""
-        if self.settings.bench_stats_file is None:
-            return None
-        from ..bench.recorder import StatsRecorder
-
-        return StatsRecorder(self.settings.bench_stats_file)
 
     def shutdown(self) -> None:
         """Stop loading, the worker threads (queued calls are dropped) and the engine's voice

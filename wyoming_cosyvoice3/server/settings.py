@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..engine.options import LLM_FILES, PRESETS, SynthesisOptions
+from ..engine.options import LLM_FILES, PRESETS
 from .limits import Limits
 
 _LOGGER = logging.getLogger(__name__)
@@ -63,9 +63,6 @@ class Settings:
     debug: bool = False
     log_format: str = DEFAULT_LOG_FORMAT
     options_file: Path | None = None
-    bench_stats_file: Path | None = None
-    bench_tokens_per_char: float | None = None
-    bench_synthesis_options: tuple[tuple[str, Any], ...] = ()
     http_port: int | None = None
     http_host: str = DEFAULT_HTTP_HOST
     http_allow_from: tuple[str, ...] = ()
@@ -128,36 +125,6 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise ValueError(f"must be > 0, got {value}")
     return value
-
-
-def _synthesis_overrides(text: str) -> tuple[tuple[str, Any], ...]:
-    """``FIELD=VALUE,...`` -> ((field, value), ...) for :class:`SynthesisOptions` fields;
-    values are ``true``/``false``, ``none``, numbers or text. Raises ``ValueError`` naming an
-    unknown field or a value the options refuse."""
-    known = {f.name for f in fields(SynthesisOptions)}
-    pairs: list[tuple[str, Any]] = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, raw = item.partition("=")
-        name, raw = name.strip(), raw.strip()
-        if not sep or name not in known:
-            raise ValueError(f"{item!r} is not FIELD=VALUE with a synthesis option field "
-                             f"({', '.join(sorted(known))})")
-        value: Any
-        if raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        elif raw.lower() == "none":
-            value = None
-        else:
-            try:
-                value = int(raw)
-            except ValueError:
-                try:
-                    value = float(raw)
-                except ValueError:
-                    value = raw
-        pairs.append((name, value))
-    SynthesisOptions().replace(**dict(pairs)).validate()
-    return tuple(pairs)
 
 
 def _port(text: str) -> int:
@@ -255,16 +222,6 @@ OPTIONS: tuple[_Option, ...] = (
             convert=None, kind="bool-false"),
     _Option("--debug", "debug", "log at DEBUG level", convert=None, kind="bool-true"),
     _Option("--log-format", "log_format", "logging format string"),
-    # benchmark use (BENCHMARKS.md): what the harness needs from inside the engine
-    _Option("--bench-stats-file", "bench_stats_file", "benchmarks: append one JSON line per "
-            "request and voice preparation with stage times and every graph run"),
-    _Option("--bench-tokens-per-char", "bench_tokens_per_char", "benchmarks: decode exactly "
-            "this many speech tokens per character, ignoring the stop token",
-            convert=_positive_float),
-    _Option("--bench-synthesis-options", "bench_synthesis_options", "benchmarks: change "
-            "fields of the preset's synthesis options, FIELD=VALUE,... (e.g. "
-            "euler_steps=3,flow_chunk_causal=true), to measure a lever through the server",
-            convert=_synthesis_overrides),
     _Option("--http-port", "http_port", "serve the voice page (add, preview and delete voices "
             "in a browser) on this TCP port; off by default; no authentication", convert=_port),
     _Option("--http-host", "http_host", "address the voice page listens on (default "
@@ -464,7 +421,7 @@ def resolve_settings(
     for key in ("data_dirs",):
         if key in merged:
             merged[key] = tuple(Path(p).expanduser() for p in merged[key])
-    for key in ("download_dir", "model_dir", "voices_file", "bench_stats_file"):
+    for key in ("download_dir", "model_dir", "voices_file"):
         if key in merged and merged[key] is not None:
             merged[key] = Path(merged[key]).expanduser()
     if "http_allow_from" in merged:

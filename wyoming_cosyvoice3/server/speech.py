@@ -249,10 +249,10 @@ def first_pieces(runtime: ServerRuntime, gate: PieceGate | None, text: str) -> l
 
 
 def report_pieces(runtime: ServerRuntime, gate: PieceGate) -> None:
-    """Hand the response's piece boundaries to the benchmark's recorder (when it runs)."""
-    report = getattr(runtime.bench_observer, "response_pieces", None)
-    if callable(report):
-        report(gate.piece_starts_samples, gate.sent_samples)
+    """Hand the response's piece boundaries to the installed observer, if any
+    (:meth:`.hooks.ServerObserver.response_pieces`)."""
+    if runtime.observer is not None:
+        runtime.observer.response_pieces(gate.piece_starts_samples, gate.sent_samples)
 
 
 def note_first_chunk(stats: RequestStats, gate: PieceGate | None, t0: float) -> None:
@@ -273,7 +273,7 @@ def piece_gate(runtime: ServerRuntime, sink: EventSink) -> PieceGate:
 
 async def finish_gate(runtime: ServerRuntime, gate: PieceGate, sink: EventSink) -> None:
     """Send what ``gate`` holds (unless the client is gone), stop its timer, count the
-    response in the runtime's history and report its pieces to the benchmark.
+    response in the runtime's history and report its pieces to the observer, if any.
 
     Raises:
         ClientGone: the client disconnected while the held audio was sent.

@@ -17,7 +17,7 @@ sentence has ended:
 
 Markdown is removed before this buffer (:class:`~..engine.text.markdown.MarkdownSpeech`).
 Kept over ``sentence-stream`` 1.3.0 (wyoming-piper's splitter) after
-``python -m wyoming_cosyvoice3.bench.splitters``: 19/19 labelled texts (shared/cases C2-C6,
+``python -m bench.splitters``: 19/19 labelled texts (shared/cases C2-C6,
 agent replies, CJK, Cyrillic, Devanagari, Arabic) split right against 15/19 --
 ``sentence-stream`` needs a capital after the blank ("I am Bob." and "1234. 5678" stay joined,
 "on. ok" too) and does not end a sentence at a single line break (list items run together);

@@ -34,7 +34,7 @@ single-token steps, teacher-forced on the caller's embeddings or seeded N(0, 1) 
 2. the variant written: ``fused`` must stay within ``max(EXACT_MAX_ABS_LOGP, int8_noise)`` of
    the published graph, ``fused-q4`` within ``max(LOSSY_MAX_ABS_LOGP, int8_noise)``.
 
-Measured (teacher-forced, 90 positions; ``python -m wyoming_cosyvoice3.bench.llm_decode``):
+Measured (teacher-forced, 90 positions; ``python -m bench.llm_decode``):
 parity model structure 6e-6, full-size synthetic 4e-6; full-size synthetic ``fused`` against
 ``llm_int8.onnx`` max 0.12 / mean 0.019 nats (``llm_int8.onnx`` itself against ``llm.onnx``:
 max 0.55 / mean 0.088), ``fused-q4`` max 0.7-1.4 / mean 0.10-0.23.

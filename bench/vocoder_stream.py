@@ -1,6 +1,6 @@
 """Streamed vocoder against one call over the same mel: cost and deviation.
 
-``python -m wyoming_cosyvoice3.bench.vocoder_stream --model-dir DIR`` runs ``hift.onnx`` of DIR
+``python -m bench.vocoder_stream --model-dir DIR`` runs ``hift.onnx`` of DIR
 the way the engine streams one utterance (:class:`~wyoming_cosyvoice3.engine.vocoder.hift.
 VocoderStream`) for several left-context windows and call schedules, and once over the whole
 mel, and prints a markdown table:
@@ -38,11 +38,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from ..engine import constants as C
-from ..engine.derive.hift_phase import PHASE_HIFT, ensure_phase_hift
-from ..engine.graphs import HIFT, Graph
-from ..engine.noise import GrowingNoise
-from ..engine.vocoder.hift import HiftRunner, VocoderStream
+from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine.derive.hift_phase import PHASE_HIFT, ensure_phase_hift
+from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
+from wyoming_cosyvoice3.engine.noise import GrowingNoise
+from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 
 FloatArray = npt.NDArray[np.float32]
 SEAM_MS = 20.0

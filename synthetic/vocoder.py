@@ -28,7 +28,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from ..engine import constants as C
+from wyoming_cosyvoice3.engine import constants as C
+
 from .config import SyntheticConfig
 from .onnx_builder import GraphBuilder
 

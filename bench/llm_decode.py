@@ -11,7 +11,7 @@ graph: median / p10 / p90 ms per decode step (``LlmDecoder.step``: embedding + g
 prefill ms, graph nodes, and (``--rss``) the steady RSS of a fresh process that loaded the
 model with that graph and decoded 20 tokens.
 
-Run: ``python -m wyoming_cosyvoice3.bench.llm_decode --model-dir /work/models-full
+Run: ``python -m bench.llm_decode --model-dir /work/models-full
 --cache-dir /tmp/llm-cache --tokens 120 --rss``.
 """
 
@@ -28,14 +28,19 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..engine import constants as C
-from ..engine.graphs import SPEECH_EMBEDDING, TEXT_EMBEDDING, Graph, count_llm_layers
-from ..engine.llm.decoder import LlmDecoder
-from ..engine.llm.sampling import sample_step
-from ..engine.loaders import load_llm_graph
-from ..engine.model import CosyVoice3Model, ModelDims
-from ..engine.options import EngineOptions
-from ..engine.types import LlmPrompt
+from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine.graphs import (
+    SPEECH_EMBEDDING,
+    TEXT_EMBEDDING,
+    Graph,
+    count_llm_layers,
+)
+from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
+from wyoming_cosyvoice3.engine.llm.sampling import sample_step
+from wyoming_cosyvoice3.engine.loaders import load_llm_graph
+from wyoming_cosyvoice3.engine.model import CosyVoice3Model, ModelDims
+from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.engine.types import LlmPrompt
 
 
 def _prompt(prompt_tokens: int) -> LlmPrompt:
@@ -132,15 +137,17 @@ def rss_of(args: argparse.Namespace, graph: str) -> float:
     model_dir, cache_dir = str(args.model_dir), str(args.cache_dir)
     call = f"Path({model_dir!r}), {graph!r}, Path({cache_dir!r}), {args.threads}"
     code = (
-        "from pathlib import Path; from wyoming_cosyvoice3.bench import llm_decode as m;"
+        "from pathlib import Path; from bench import llm_decode as m;"
         f"print(m._child_rss({call}))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # the child imports ``bench`` from this clone, wherever the caller stands
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parents[1])
     return float(done.stdout.strip().splitlines()[-1])
 
 
 def _child_rss(model_dir: Path, graph: str, cache_dir: Path, threads: int) -> float:
-    from ..engine.memory import return_freed_memory
+    from wyoming_cosyvoice3.engine.memory import return_freed_memory
 
     dec = LlmDecoder(_load(model_dir, graph, cache_dir, threads), prefix_cache_entries=0)
     state, _, _ = dec.prefill_prompt(_prompt(125))
@@ -153,7 +160,7 @@ def _child_rss(model_dir: Path, graph: str, cache_dir: Path, threads: int) -> fl
 def deviation(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Teacher-forced log-prob deviation of each graph from llm.onnx (fp32, exact) and from
     llm_int8.onnx (the published default), on speech-embedding rows of seeded tokens."""
-    from ..engine.derive.llm_fused import (
+    from wyoming_cosyvoice3.engine.derive.llm_fused import (
         VALIDATION_SPLIT,
         _session,
         compare,

@@ -1,11 +1,11 @@
 """Write a full-size synthetic model directory (real architecture and widths, random weights).
 
-``cosyvoice3-build-synthetic OUT --size full`` calls :func:`build_full_model`. The directory
+``python -m synthetic OUT --size full`` calls :func:`build_full_model`. The directory
 has the same files and graph contract as the tiny one (:mod:`.build`) and as the real export,
 so the engine loads it unchanged; it exists to measure speed and memory honestly on machines
 without the real weights. Size of ``full``: about 4.8 GB (fp32 LLM 1.46 GB, int8 0.37 GB,
 q4 0.23 GB, text table 0.27 GB, DiT 1.33 GB, speech-tokenizer stand-in 0.97 GB, the rest
-about 0.15 GB); keep it outside git, e.g. ``cosyvoice3-build-synthetic models/full --size
+about 0.15 GB); keep it outside git, e.g. ``python -m synthetic models/full --size
 full`` (``/models/`` is git-ignored). Measured on a shared 2-core x86 box: 3.5 min wall
 clock, peak RSS 7.2 GB. ``synthetic_full.json`` in the directory records the size, seed,
 parameter count of every graph and the build time.

@@ -1,6 +1,6 @@
 """Measure the engine's performance levers one by one, in process, on a (full-size) model.
 
-``python -m wyoming_cosyvoice3.bench.levers --model-dir DIR [--clip CLIP] [--out levers.json]
+``python -m bench.levers --model-dir DIR [--clip CLIP] [--out levers.json]
 [--only NAMES]``
 
 For every lever (a :class:`SynthesisOptions` change on top of the spec-exact ``quality``

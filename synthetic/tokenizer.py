@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..engine import constants as C
+from wyoming_cosyvoice3.engine import constants as C
 
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 """Qwen2 special tokens kept at their ids 151643, 151644, 151645."""

@@ -1,4 +1,4 @@
-"""``cosyvoice3-build-synthetic OUT_DIR [--size tiny] [--seed N]``."""
+"""``python -m synthetic OUT_DIR [--size tiny] [--seed N]``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .full_config import FULL_SIZES
 def main(argv: list[str] | None = None) -> int:
     """Build a synthetic model directory; return the process exit code."""
     parser = argparse.ArgumentParser(
-        prog="cosyvoice3-build-synthetic",
+        prog="python -m synthetic",
         description="Write a contract-exact synthetic Fun-CosyVoice3 ONNX model directory "
         "(random weights; for tests, demos and benchmarks).",
     )

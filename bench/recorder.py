@@ -1,6 +1,7 @@
-"""The benchmark's engine observer: one JSON line per request and per voice preparation.
+"""The benchmark's server observer: one JSON line per request and per voice preparation.
 
-Installed by the server's ``--bench-stats-file PATH`` (benchmark use). Each line holds the
+Installed into the server by ``python -m bench.serve --bench-stats-file PATH`` (:mod:`.serve`,
+through :class:`wyoming_cosyvoice3.server.hooks.ServerHooks`). Each line holds the
 request's :class:`~wyoming_cosyvoice3.engine.options.StageTimes` and result figures
 (``kind: "request"``) or a voice preparation's time (``kind: "voice"``), wall-clock start and
 end, and every graph run since the previous line (file name of the graph the session runs,
@@ -20,14 +21,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..engine.hooks import EngineObserver
-from ..engine.types import SynthesisResult
+from wyoming_cosyvoice3.engine.types import SynthesisResult
+from wyoming_cosyvoice3.server.hooks import ServerObserver
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ _SKIPPED_INPUT_PREFIX = "past_key_values."
 """KV-cache inputs are not recorded: their length is ``attention_mask`` minus the new tokens."""
 
 
-class StatsRecorder(EngineObserver):
+class StatsRecorder(ServerObserver):
     """Collects graph runs and appends JSON lines to ``path`` (thread-safe)."""
 
     observes_graph_runs = True
@@ -78,7 +79,7 @@ class StatsRecorder(EngineObserver):
         self._write({"kind": "voice", "name": name, "wall_start_s": round(end - seconds, 6),
                      "wall_end_s": round(end, 6), "total_s": seconds})
 
-    def response_pieces(self, starts_samples: list[int], samples: int) -> None:
+    def response_pieces(self, starts_samples: Sequence[int], samples: int) -> None:
         """Called by the server at the end of each response: the sample offset of each piece's
         first sample in the audio sent, and the samples sent (24 kHz). Takes no graph runs
         (they belong to the engine requests' lines)."""

@@ -1,6 +1,6 @@
 """Streaming sentence splitters compared: the server's ``SentenceBuffer`` and ``sentence-stream``.
 
-``python -m wyoming_cosyvoice3.bench.splitters`` (needs ``pip install sentence-stream``, the
+``python -m bench.splitters`` (needs ``pip install sentence-stream``, the
 splitter wyoming-piper uses). Each labelled text is fed in three ways (whole, 1-character
 deltas, seeded random 1-7 character deltas); reported per splitter:
 
@@ -24,8 +24,8 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 
-from ..engine.text.markdown import MarkdownSpeech
-from ..server.streaming_text import SentenceBuffer
+from wyoming_cosyvoice3.engine.text.markdown import MarkdownSpeech
+from wyoming_cosyvoice3.server.streaming_text import SentenceBuffer
 
 Splitter = Callable[[Iterable[str]], list[str]]
 

@@ -1,7 +1,7 @@
 """LLM work of the benchmark paragraph streamed as Home Assistant streams it: per sentence
 against merged sentences (issue 12 item 3).
 
-``python -m wyoming_cosyvoice3.bench.stream_merge --model-dir DIR`` cuts the paragraph into
+``python -m bench.stream_merge --model-dir DIR`` cuts the paragraph into
 10-character deltas, finds the sentences as the server does
 (:class:`~wyoming_cosyvoice3.server.streaming_text.SentenceBuffer`), and counts for one engine
 request per sentence (the server until now) and for the server's merging (the first sentence
@@ -20,11 +20,12 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..engine.model import load_tokenizer
-from ..engine.text.frontend import TextFrontend
-from ..server.preroll import expected_speech_s
-from ..server.streaming_text import SentenceBuffer
-from ..server.streams import MERGE_BUDGET_S
+from wyoming_cosyvoice3.engine.model import load_tokenizer
+from wyoming_cosyvoice3.engine.text.frontend import TextFrontend
+from wyoming_cosyvoice3.server.preroll import expected_speech_s
+from wyoming_cosyvoice3.server.streaming_text import SentenceBuffer
+from wyoming_cosyvoice3.server.streams import MERGE_BUDGET_S
+
 from .run_helpers import PARAGRAPH
 
 

@@ -1,6 +1,6 @@
 """One full-attention DiT pass: the split published estimator against the streaming DiT.
 
-``python -m wyoming_cosyvoice3.bench.dit_forms --model-dir DIR --cache-dir CACHE
+``python -m bench.dit_forms --model-dir DIR --cache-dir CACHE
 [--frames 450] [--repeats 3] [--precision fp32] [--out dit_forms.json]``
 
 In one process, taking turns call by call on the same random inputs (batch 2, one flow time,

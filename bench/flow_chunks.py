@@ -1,6 +1,6 @@
 """DiT seconds per streamed chunk: chunk-causal (cached prompt/history) vs full attention.
 
-``python -m wyoming_cosyvoice3.bench.flow_chunks --model-dir DIR --cache-dir CACHE
+``python -m bench.flow_chunks --model-dir DIR --cache-dir CACHE
 [--prompt-s 5 15] [--gen-tokens 300] [--steps 10] [--precision fp32] [--out flow_chunks.json]``
 or ``... --first-audio --clip CLIP [--runs N] [--text TEXT]`` (see :func:`first_audio`).
 

@@ -1,11 +1,11 @@
-"""The real server as a subprocess: same command line as users run, plus benchmark flags.
+"""The real server as a subprocess: same server flags as users give, plus the benchmark's.
 
-:class:`ServerProcess` starts ``python -m wyoming_cosyvoice3 --uri tcp://127.0.0.1:PORT
---model-dir DIR --data-dir DATA --voice bench --preset P ...`` with
-``--bench-tokens-per-char`` (fixed decoding length) and ``--bench-stats-file`` (per-request
-records, :mod:`.recorder`), waits until ``describe`` reports the benchmark
-voice installed, samples the resident memory of the process while it runs and stops it with
-SIGTERM.
+:class:`ServerProcess` starts ``python -m bench.serve --bench-tokens-per-char R
+--bench-stats-file PATH --uri tcp://127.0.0.1:PORT --model-dir DIR --data-dir DATA --voice
+bench --preset P ...`` (:mod:`.serve`: the product's server with the benchmark's hooks; fixed
+decoding length, per-request records of :mod:`.recorder`), waits until ``describe`` reports the
+benchmark voice installed, samples the resident memory of the process while it runs and stops
+it with SIGTERM.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from typing import IO, Any
 from .client import describe
 
 VOICE_NAME = "bench"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The clone this harness runs from (holds ``bench/`` and ``wyoming_cosyvoice3/``)."""
 HOST = "127.0.0.1"
 RSS_SAMPLE_S = 0.1
 
@@ -86,10 +88,12 @@ class ServerProcess:
         log_file: its stderr/stdout.
         extra_args: more command-line flags (e.g. ``--llm-precision fp32``).
         tokens_per_char: fixed decoding length (``--bench-tokens-per-char``).
-        source_dir: run the server from this source tree (``PYTHONPATH``) instead of the
-            installed package, e.g. a checkout of an older commit for a baseline; the
-            benchmark settings then go through the environment (``COSYVOICE3_BENCH_*``),
-            which older servers read too.
+        source_dir: run the server from this source tree (``PYTHONPATH`` and working
+            directory) instead of this clone, e.g. a checkout of an older commit for a
+            baseline, with that tree's own ``bench.serve``; a tree from before
+            ``bench/serve.py`` existed (the benchmark inside the package, up to a5fefb8) runs
+            ``python -m wyoming_cosyvoice3`` and gets the benchmark settings through the
+            environment (``COSYVOICE3_BENCH_*``), which those servers read.
     """
 
     model_dir: Path
@@ -109,9 +113,19 @@ class ServerProcess:
     _sampler: threading.Thread | None = None
     _log: IO[bytes] | None = None
 
+    @property
+    def tree(self) -> Path:
+        """The source tree the server runs from."""
+        return (self.source_dir or REPO_ROOT).resolve()
+
+    @property
+    def package_bench(self) -> bool:
+        """True for a tree whose benchmark sits inside the package (no ``bench/serve.py``):
+        its server takes the benchmark settings itself, from the environment."""
+        return not (self.tree / "bench" / "serve.py").is_file()
+
     def command(self) -> list[str]:
-        return [
-            sys.executable, "-m", "wyoming_cosyvoice3",
+        server_flags = [
             "--uri", f"tcp://{HOST}:{self.port}",
             "--model-dir", str(self.model_dir.resolve()),
             "--data-dir", str(self.data_dir.resolve()),
@@ -119,11 +133,13 @@ class ServerProcess:
             "--preset", self.preset,
             "--seed", "1",
             "--max-request-seconds", "3600",
-            *([] if self.source_dir is not None else [
-                "--bench-tokens-per-char", f"{self.tokens_per_char:g}",
-                "--bench-stats-file", str(self.stats_file.resolve())]),
-            *self.extra_args,
         ]
+        if self.package_bench:
+            return [sys.executable, "-m", "wyoming_cosyvoice3", *server_flags, *self.extra_args]
+        return [sys.executable, "-m", "bench.serve",
+                "--bench-tokens-per-char", f"{self.tokens_per_char:g}",
+                "--bench-stats-file", str(self.stats_file.resolve()),
+                *server_flags, *self.extra_args]
 
     def start(self, ready_timeout_s: float = 1800.0) -> None:
         """Start the process and wait until the benchmark voice is installed.
@@ -136,16 +152,16 @@ class ServerProcess:
         # every start computes the voice features again: feature extraction is measured
         shutil.rmtree(self.data_dir / "voice-cache", ignore_errors=True)
         env = dict(os.environ)
-        if self.source_dir is not None:
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(self.source_dir.resolve()), *filter(None, [env.get("PYTHONPATH")])])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(self.tree), *filter(None, [env.get("PYTHONPATH")])])
+        if self.package_bench:
             env["COSYVOICE3_BENCH_TOKENS_PER_CHAR"] = f"{self.tokens_per_char:g}"
             env["COSYVOICE3_BENCH_STATS_FILE"] = str(self.stats_file.resolve())
         self._log = self.log_file.open("wb")
         started = time.monotonic()
-        # ``python -m`` puts the working directory first on sys.path, before PYTHONPATH: a
-        # server from another source tree must start there, or it imports this tree
-        cwd = None if self.source_dir is None else self.source_dir.resolve()
+        # ``python -m`` puts the working directory first on sys.path, before PYTHONPATH: the
+        # server starts in its tree, or one started elsewhere could import another tree
+        cwd = self.tree
         self.process = subprocess.Popen(self.command(), stdout=self._log, cwd=cwd,
                                         stderr=subprocess.STDOUT, env=env)
         self._sampler = threading.Thread(target=self._sample_rss, daemon=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine import constants as C
+from wyoming_cosyvoice3.engine import constants as C
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,14 @@
-"""``python -m wyoming_cosyvoice3.bench``: benchmark the real Wyoming server, preset by preset.
+"""``python -m bench``: benchmark the real Wyoming server, preset by preset.
 
-For each preset: start ``wyoming-cosyvoice3`` (``python -m wyoming_cosyvoice3``) on 127.0.0.1
-with the model dir and a 5 s voice prompt, send one warm-up request, then for each workload
-(60-character sentence, ~30 s paragraph) and mode (one-shot ``synthesize``, streaming text)
-``--runs`` measured requests through a Wyoming client; stop the server. The MatMul throughput
-of the machine is measured before the first and after each preset (the best sample is used);
-operation counts come from the model's graphs. Writes ``OUT/raw.json`` (measurements),
-``OUT/results.json`` (figures), ``OUT/server-<preset>.{log,jsonl}``, timeline PNGs and the
-``--label`` section of ``--markdown`` (BENCHMARKS.md).
+For each preset: start the Wyoming server (``python -m bench.serve``: the product's server
+with the benchmark's hooks) on 127.0.0.1 with the model dir and a 5 s voice prompt, send one
+warm-up request, then for each workload (60-character sentence, ~30 s paragraph) and mode
+(one-shot ``synthesize``, streaming text) ``--runs`` measured requests through a Wyoming
+client; stop the server. The MatMul throughput of the machine is measured before the first and
+after each preset (the best sample is used); operation counts come from the model's graphs.
+Writes ``OUT/raw.json`` (measurements), ``OUT/results.json`` (figures),
+``OUT/server-<preset>.{log,jsonl}``, timeline PNGs and the ``--label`` section of
+``--markdown`` (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ MODES = ("one-shot", "streaming")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..engine.options import PRESETS
+    from wyoming_cosyvoice3.engine.options import PRESETS
 
-    p = argparse.ArgumentParser(prog="python -m wyoming_cosyvoice3.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, required=True, help="model directory to serve")
     p.add_argument("--voice-clip", type=Path, default=None,
@@ -271,7 +272,7 @@ def _collect(args: argparse.Namespace, argv: Sequence[str], presets: Sequence[st
     machine["load_average_end"] = loads[-1]
     machine["load_average_samples"] = loads
     return {
-        "command": "python -m wyoming_cosyvoice3.bench " + shlex.join(argv),
+        "command": "python -m bench " + shlex.join(argv),
         "machine": machine,
         "elapsed_s": time.monotonic() - started,
         "rates": {"samples": samples},

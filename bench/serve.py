@@ -1,0 +1,135 @@
+"""``python -m bench.serve [BENCHMARK FLAGS] SERVER FLAGS...``: the Wyoming server as the
+benchmark runs it (:class:`.server.ServerProcess` starts it; run from a clone).
+
+The server is the product's own (:func:`wyoming_cosyvoice3.server.cli.main`, every server flag
+as in ``python -m wyoming_cosyvoice3``), with the benchmark's hooks installed through
+:class:`wyoming_cosyvoice3.server.hooks.ServerHooks`, so that the product has no benchmark
+flag. The benchmark flags:
+
+- ``--bench-stats-file PATH``: append one JSON line per request, voice preparation and
+  response to PATH (:class:`.recorder.StatsRecorder`: stage times, every graph run, the
+  pieces of each response).
+- ``--bench-tokens-per-char RATE``: decode exactly ``max(1, round(RATE x characters))``
+  speech tokens per text piece, ignoring the stop token (random weights never stop sensibly).
+- ``--bench-synthesis-options FIELD=VALUE,...``: change fields of the preset's synthesis
+  options (e.g. ``euler_steps=3,flow_chunk_causal=true``) to measure one lever through the
+  server; values are ``true``/``false``, ``none``, numbers or text.
+
+They keep the spelling the server's own flags had before they left the product, so older
+command lines (``--variant 'cc:--bench-synthesis-options=...'``) still work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from wyoming_cosyvoice3.engine.options import SynthesisOptions
+from wyoming_cosyvoice3.server import cli
+from wyoming_cosyvoice3.server.hooks import ServerHooks
+
+from .recorder import StatsRecorder
+
+
+def positive_float(text: str) -> float:
+    """``text`` as a float > 0; ``ValueError`` otherwise (also for nan)."""
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be > 0, got {value}")
+    return value
+
+
+def synthesis_overrides(text: str) -> dict[str, Any]:
+    """``FIELD=VALUE,...`` -> {field: value} for :class:`SynthesisOptions` fields.
+
+    Raises:
+        ValueError: an item is not ``FIELD=VALUE``, names no synthesis option field, or the
+            options refuse the value (:meth:`SynthesisOptions.validate`).
+    """
+    known = {f.name for f in fields(SynthesisOptions)}
+    pairs: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, raw = item.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not sep or name not in known:
+            raise ValueError(f"{item!r} is not FIELD=VALUE with a synthesis option field "
+                             f"({', '.join(sorted(known))})")
+        pairs[name] = _value(raw)
+    SynthesisOptions().replace(**pairs).validate()
+    return pairs
+
+
+def _value(raw: str) -> Any:
+    lowered = raw.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    for convert in (int, float):
+        try:
+            return convert(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def _checked(convert: Any, flag: str) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            return convert(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"{flag}: {err}") from err
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark flags; everything else on the command line goes to the server."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.serve", add_help=False, allow_abbrev=False,
+        description="The Wyoming server with the benchmark's hooks; every other flag is the "
+        "server's (python -m wyoming_cosyvoice3 --help).")
+    parser.add_argument("--bench-stats-file", type=Path, default=None,
+                        help="append one JSON line per request, voice preparation and "
+                        "response (stage times, every graph run, pieces)")
+    parser.add_argument("--bench-tokens-per-char", default=None,
+                        type=_checked(positive_float, "--bench-tokens-per-char"),
+                        help="decode exactly this many speech tokens per character, "
+                        "ignoring the stop token")
+    parser.add_argument("--bench-synthesis-options", default={},
+                        type=_checked(synthesis_overrides, "--bench-synthesis-options"),
+                        help="change fields of the preset's synthesis options, "
+                        "FIELD=VALUE,... (e.g. euler_steps=3,flow_chunk_causal=true)")
+    return parser
+
+
+def parse(argv: Sequence[str]) -> tuple[ServerHooks, list[str]]:
+    """The hooks the benchmark flags of ``argv`` ask for, and the server's flags (the rest).
+
+    Raises:
+        SystemExit: a benchmark flag has a bad value (argparse prints which).
+    """
+    args, server_argv = build_parser().parse_known_args(list(argv))
+    overrides = dict(args.bench_synthesis_options)
+    if args.bench_tokens_per_char is not None:
+        overrides["fixed_tokens_per_char"] = args.bench_tokens_per_char
+    observer = (StatsRecorder(args.bench_stats_file.expanduser())
+                if args.bench_stats_file is not None else None)
+    return ServerHooks(observer=observer, synthesis_overrides=overrides), server_argv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the server with the benchmark's hooks; returns the server's exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if {"-h", "--help"} & set(argv):
+        print(build_parser().format_help())  # then the server prints its own help
+    hooks, server_argv = parse(argv)
+    return cli.main(server_argv, hooks=hooks)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

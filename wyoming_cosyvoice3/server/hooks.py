@@ -1,0 +1,54 @@
+"""How a tool that starts the server in its own process watches it and changes what it runs,
+without the server knowing the tool: the benchmark harness (``bench/serve.py`` in the
+repository) is one. Nothing here is a flag, an environment variable or an add-on option; a
+caller builds :class:`ServerHooks` and passes it to :func:`.cli.main` (or
+:class:`.cli.RunningServer`, :class:`.runtime.ServerRuntime`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from ..engine.hooks import EngineObserver
+from ..engine.options import SynthesisOptions
+
+
+class ServerObserver(EngineObserver):
+    """The engine's callbacks (:class:`~..engine.hooks.EngineObserver`, handed to the engine
+    as ``EngineOptions.observer``) plus what only the server sees. Every method defaults to
+    doing nothing; they are called from the event loop and the worker threads, so
+    implementations must be thread-safe and quick."""
+
+    def response_pieces(self, starts_samples: Sequence[int], samples: int) -> None:
+        """One response was sent in full: where each piece (one engine request) starts in the
+        audio it sent, and the audio's length, both in samples at the output rate."""
+
+
+@dataclass(frozen=True)
+class ServerHooks:
+    """What a caller installs into a server it starts in its own process.
+
+    Attributes:
+        observer: receives the engine's callbacks and :meth:`ServerObserver.response_pieces`
+            (None: nobody watches; the engine then pays one ``is None`` test per callback).
+        synthesis_overrides: fields of :class:`~..engine.options.SynthesisOptions` replaced in
+            the preset's options, for loading and every request, before the server's own
+            ``--speed``, seed and time limit are applied; e.g. ``{"euler_steps": 3}`` or
+            ``{"fixed_tokens_per_char": 1.667}``.
+    """
+
+    observer: ServerObserver | None = None
+    synthesis_overrides: Mapping[str, Any] = field(
+        default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        """Raises ``ValueError`` (from :meth:`SynthesisOptions.validate
+        <..engine.options.SynthesisOptions.validate>`, or for an unknown field) when the
+        overrides do not make valid options."""
+        try:
+            SynthesisOptions().replace(**self.synthesis_overrides).validate()
+        except TypeError as err:  # an unknown field name
+            raise ValueError(f"synthesis_overrides: {err}") from err

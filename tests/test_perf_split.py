@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
-from wyoming_cosyvoice3.engine.derive.estimator_split import (
+from wyoming_cosyvoice3.engine.derive.flow.estimator_split import (
     SplitEstimator,
     ensure_split_estimator,
     main_graph_spec,

@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..engine import constants as C
-from ..engine.derive.hift_phase import PHASE_HIFT, ensure_phase_hift
+from ..engine.derive.vocoder.hift_phase import PHASE_HIFT, ensure_phase_hift
 from ..engine.graphs import HIFT, Graph
 from ..engine.noise import GrowingNoise
 from ..engine.vocoder.hift import HiftRunner, VocoderStream

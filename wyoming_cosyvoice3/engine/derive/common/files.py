@@ -5,7 +5,7 @@ A derived file is named after its source file's size and mtime (:func:`keyed_nam
 replaced source is derived again; it is written once, atomically (temporary name +
 ``os.replace``); a failed attempt leaves ``<name>.failed`` with the reason so later starts do
 not retry it (delete the marker to retry). Large derivations run in a child process
-(:func:`run_child`, entry point :mod:`.child`): it holds the source graph and its derived copy
+(:func:`run_child`, entry point :mod:`..child`): it holds the source graph and its derived copy
 in memory (a few GB at the published size), which the serving process should never keep.
 :func:`derive_once` is that whole sequence; each derivation module gives it only what to make
 and how to tell a valid result.
@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import ModelFilesMissing, ModelLoadError
+from ...errors import ModelFilesMissing, ModelLoadError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -169,7 +169,7 @@ def weight_free_copy(model: Any) -> Any:
 
 
 def run_child(args: list[str]) -> None:
-    """Run one derivation in a child process (``python -m`` :mod:`.child` ``args``), waiting
+    """Run one derivation in a child process (``python -m`` :mod:`..child` ``args``), waiting
     at most :data:`CHILD_TIMEOUT_S`; this process only waits (no GIL held, no weights in
     memory).
 
@@ -177,7 +177,9 @@ def run_child(args: list[str]) -> None:
         ModelLoadError: the child could not start, timed out or exited non-zero (the message
             ends with its last line of output; the whole output is logged at debug level).
     """
-    package_root = Path(__file__).resolve().parents[2]
+    # the directory holding the wyoming_cosyvoice3 package (this file is
+    # wyoming_cosyvoice3/engine/derive/common/files.py): the child imports this same tree
+    package_root = Path(__file__).resolve().parents[4]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(package_root), env.get("PYTHONPATH", "")) if p

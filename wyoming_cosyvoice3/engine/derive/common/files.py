@@ -327,3 +327,43 @@ def derive_once(
             remove_stale(cache_dir, f"{_stem(source)}.{pattern}", guard)
         logger.info("%s ready in %.1f s", name, time.perf_counter() - started)
         return finals
+
+
+def derive_reported(
+    source: Path,
+    cache_dir: Path,
+    files: Sequence[tuple[str, str]],
+    make: Callable[[list[Path]], None],
+    report_type: Callable[..., T],
+    *,
+    report_index: int,
+    name: str,
+    failure: str | None = None,
+) -> tuple[list[Path], T]:
+    """:func:`derive_once` for a derivation that stores a JSON report beside its graph: a
+    cached result counts only when its report reads back as ``report_type``
+    (:func:`read_report`; an older recipe's report makes it derive again).
+
+    Args:
+        source, cache_dir, files, make, name, failure: as :func:`derive_once`.
+        report_type: the report's dataclass.
+        report_index: which of ``files`` is the report.
+
+    Returns:
+        The final paths (order of ``files``) and the report.
+
+    Raises:
+        ModelFilesMissing, ModelLoadError: as :func:`derive_once`; ModelLoadError also when
+            the report cannot be read after the derivation (damaged by another process).
+    """
+
+    def valid(paths: list[Path]) -> bool:
+        return _all_present(paths) and read_report(paths[report_index], report_type,
+                                                   name) is not None
+
+    finals = derive_once(source, cache_dir, files, make, name=name, failure=failure,
+                         valid=valid)
+    report = read_report(finals[report_index], report_type, name)
+    if report is None:
+        raise ModelLoadError(f"the report {finals[report_index]} is unreadable")
+    return finals, report

@@ -60,7 +60,7 @@ import onnx
 
 from ...errors import ModelLoadError
 from ...graphs import Graph, count_llm_layers, llm_spec, open_session
-from ..common.files import derive_once, keyed_name, read_report, run_child
+from ..common.files import derive_reported, keyed_name, read_report, run_child
 from ..common.files import validation_session as _session
 from .fused_graph import build_fused_llm
 from .patterns import float_activation_reference
@@ -270,12 +270,12 @@ def ensure_fused_llm(
     *, in_process: bool = False,
 ) -> tuple[Path, FusedReport]:
     """Path of the fused graph of ``source`` (deriving and validating it once,
-    :func:`~..common.files.derive_once`) and its report.
+    :func:`~..common.files.derive_reported`) and its report.
 
-    The derivation runs in a child process (:func:`~..common.files.run_child`) unless ``in_process``
-    (tests, tools): reading, rebuilding and checking the weights is seconds of Python work
-    that would hold this process's GIL (a server would stop answering), and a child killed
-    for memory leaves this process serving the published graph.
+    The derivation runs in a child process (:func:`~..common.files.run_child`) unless
+    ``in_process`` (tests, tools): reading, rebuilding and checking the weights is seconds of
+    Python work that would hold this process's GIL (a server would stop answering), and a
+    child killed for memory leaves this process serving the published graph.
 
     Returns:
         (``cache_dir / "<stem>.<tag>-<size>-<mtime_ns>.onnx"``, the report stored beside it
@@ -289,9 +289,6 @@ def ensure_fused_llm(
     if variant not in FUSED_TAGS:
         raise ValueError(f"variant must be one of {sorted(FUSED_TAGS)}, got {variant!r}")
     tag = FUSED_TAGS[variant]
-
-    def valid(paths: list[Path]) -> bool:
-        return all(path.is_file() for path in paths) and _read_report(paths[1]) is not None
 
     def make(tmps: list[Path]) -> None:
         data, report_json, graph = tmps
@@ -307,7 +304,7 @@ def ensure_fused_llm(
                 run_child(args)
             finally:
                 embeds_file.unlink(missing_ok=True)
-        report = _read_report(report_json)
+        report = read_report(report_json, FusedReport, "fused LLM")
         if report is None:
             raise ModelLoadError(f"the {variant} LLM derivation wrote no readable report")
         logger.info(
@@ -320,24 +317,17 @@ def ensure_fused_llm(
             report.greedy_agreement,
         )
 
-    _, report_path, target = derive_once(
+    (_, _, target), report = derive_reported(
         source,
         cache_dir,
         [(tag, ".onnx.data"), (tag, ".onnx.json"), (tag, ".onnx")],
         make,
+        FusedReport,
+        report_index=1,
         name=f"{variant} LLM graph",
         failure=f"{variant} LLM graph of {Path(source).name}",
-        valid=valid,
     )
-    report = _read_report(report_path)
-    if report is None:  # damaged since the check (another process)
-        raise ModelLoadError(f"the report {report_path} is unreadable")
     return target, report
-
-
-def _read_report(path: Path) -> FusedReport | None:
-    """The report stored beside a fused graph, or None (missing, unreadable or older)."""
-    return read_report(path, FusedReport, "fused LLM")
 
 
 def _point_at(graph: Path, data: str) -> None:

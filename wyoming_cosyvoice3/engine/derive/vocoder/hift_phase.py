@@ -47,7 +47,7 @@ import numpy as np
 from ... import constants as C
 from ...errors import ModelLoadError
 from ...graphs import HIFT, Graph, GraphSpec
-from ..common.files import derive_once, read_report, run_child, validation_session
+from ..common.files import derive_reported, run_child, validation_session
 from ..common.forms import Form
 from ..common.graph import GraphIndex
 
@@ -301,23 +301,16 @@ def has_op_name(path: Path, op_type: bytes) -> bool:
         return True
 
 
-def _read_report(path: Path) -> PhaseCarryReport | None:
-    return read_report(path, PhaseCarryReport, "phase-carrying hift")
-
-
 def ensure_phase_hift(
     source: Path, cache_dir: Path, *, in_process: bool = False
 ) -> tuple[Path, PhaseCarryReport]:
     """Path of the phase-carrying graph of ``source`` (derived and validated once, in a child
-    process unless ``in_process``; :func:`~..common.files.derive_once`) and its report.
+    process unless ``in_process``; :func:`~..common.files.derive_reported`) and its report.
 
     Raises:
         ModelFilesMissing: ``source`` does not exist.
         ModelLoadError: not derivable or not valid (now or in an earlier attempt).
     """
-
-    def valid(paths: list[Path]) -> bool:
-        return all(path.is_file() for path in paths) and _read_report(paths[0]) is not None
 
     def make(tmps: list[Path]) -> None:
         report_json, graph = tmps
@@ -328,17 +321,10 @@ def ensure_phase_hift(
         else:
             run_child(["hift", str(source), str(graph), str(report_json)])
 
-    report_path, target = derive_once(
-        source,
-        cache_dir,
-        [(PHASE_TAG, ".onnx.json"), (PHASE_TAG, ".onnx")],
-        make,
-        name="phase-carrying vocoder",
-        valid=valid,
+    (_, target), report = derive_reported(
+        source, cache_dir, [(PHASE_TAG, ".onnx.json"), (PHASE_TAG, ".onnx")], make,
+        PhaseCarryReport, report_index=0, name="phase-carrying vocoder",
     )
-    report = _read_report(report_path)
-    if report is None:
-        raise ModelLoadError(f"the report {report_path} is unreadable")
     return target, report
 
 

@@ -74,7 +74,7 @@ from ... import constants as C
 from ...dsp import istft
 from ...errors import ModelLoadError
 from ...graphs import HIFT, Graph, GraphSpec
-from ..common.files import derive_once, read_report, run_child, validation_session
+from ..common.files import derive_reported, run_child, validation_session
 from ..common.forms import Form
 from ..common.graph import GraphIndex
 
@@ -804,23 +804,16 @@ def write_stream_hift(source: Path, graph: Path, report_json: Path) -> StreamRep
     return report
 
 
-def _read_report(path: Path) -> StreamReport | None:
-    return read_report(path, StreamReport, "streamed hift")
-
-
 def ensure_stream_hift(
     source: Path, cache_dir: Path, *, in_process: bool = False
 ) -> tuple[Path, StreamReport]:
     """Path of the streamed graph of ``source`` (derived and validated once, in a child
-    process unless ``in_process``; :func:`~..common.files.derive_once`) and its report.
+    process unless ``in_process``; :func:`~..common.files.derive_reported`) and its report.
 
     Raises:
         ModelFilesMissing: ``source`` does not exist.
         ModelLoadError: not derivable or not valid (now or in an earlier attempt).
     """
-
-    def valid(paths: list[Path]) -> bool:
-        return all(path.is_file() for path in paths) and _read_report(paths[0]) is not None
 
     def make(tmps: list[Path]) -> None:
         report_json, graph = tmps
@@ -829,13 +822,10 @@ def ensure_stream_hift(
         else:
             run_child(["hift-stream", str(source), str(graph), str(report_json)])
 
-    report_path, target = derive_once(
+    (_, target), report = derive_reported(
         source, cache_dir, [(STREAM_TAG, ".onnx.json"), (STREAM_TAG, ".onnx")], make,
-        name="streamed vocoder", valid=valid,
+        StreamReport, report_index=0, name="streamed vocoder",
     )
-    report = _read_report(report_path)
-    if report is None:
-        raise ModelLoadError(f"the report {report_path} is unreadable")
     return target, report
 
 

@@ -7,9 +7,9 @@ In one process, taking turns call by call on the same random inputs (batch 2, on
 all-ones mask):
 
 * ``split``: the published estimator as the engine loads it without
-  ``EngineOptions.flow_chunk_causal`` (:mod:`..engine.derive.estimator_split`);
+  ``EngineOptions.flow_chunk_causal`` (:mod:`..engine.derive.flow.estimator_split`);
 * ``streaming``: the derived streaming DiT run with full attention
-  (:class:`..engine.derive.streaming_full.FullAttentionDiT`), as ``quality`` now runs its
+  (:class:`..engine.derive.flow.full_attention.FullAttentionDiT`), as ``quality`` now runs its
   final chunks and one-shot requests; its session uses onnxruntime's arena, shrunk after
   every run.
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from wyoming_cosyvoice3.engine.derive.streaming_full import VELOCITY, FullAttentionDiT
+from wyoming_cosyvoice3.engine.derive.flow.full_attention import VELOCITY, FullAttentionDiT
 from wyoming_cosyvoice3.engine.loaders import load_estimator, load_streaming
 from wyoming_cosyvoice3.engine.memory import return_freed_memory
 from wyoming_cosyvoice3.engine.options import EngineOptions

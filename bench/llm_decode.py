@@ -160,7 +160,7 @@ def _child_rss(model_dir: Path, graph: str, cache_dir: Path, threads: int) -> fl
 def deviation(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Teacher-forced log-prob deviation of each graph from llm.onnx (fp32, exact) and from
     llm_int8.onnx (the published default), on speech-embedding rows of seeded tokens."""
-    from wyoming_cosyvoice3.engine.derive.llm_fused import (
+    from wyoming_cosyvoice3.engine.derive.llm.fused import (
         VALIDATION_SPLIT,
         _session,
         compare,

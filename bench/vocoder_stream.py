@@ -15,7 +15,7 @@ mel, and prints a markdown table:
 
 Windowed rows run twice with ``--graphs published phase-carry`` (default): ``hift.onnx`` as
 published (the harmonic source restarts its phase at each window start; seams cross-faded)
-and its phase-carrying form (:mod:`~wyoming_cosyvoice3.engine.derive.hift_phase`, derived
+and its phase-carrying form (:mod:`~wyoming_cosyvoice3.engine.derive.vocoder.hift_phase`, derived
 once into ``--cache-dir``; the window's frames get their source phase from earlier calls).
 
 The mel is smooth random log-mel (a stand-in; with random weights only lengths and numerics
@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.derive.hift_phase import PHASE_HIFT, ensure_phase_hift
+from wyoming_cosyvoice3.engine.derive.vocoder.hift_phase import PHASE_HIFT, ensure_phase_hift
 from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
 from wyoming_cosyvoice3.engine.noise import GrowingNoise
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream

@@ -103,8 +103,8 @@ def test_environment_reads_are_detected(tmp_path: Path) -> None:
 
 def test_engine_reads_no_environment() -> None:
     """Options and hooks are passed in; the only exception is the derivation child process,
-    which hands the parent's environment on to the child (engine/derive/files.py)."""
-    allowed = {ROOT / PACKAGE / "engine" / "derive" / "files.py"}
+    which hands the parent's environment on to the child (engine/derive/common/files.py)."""
+    allowed = {ROOT / PACKAGE / "engine" / "derive" / "common" / "files.py"}
     offenders = {
         str(path.relative_to(ROOT)): lines
         for path in sorted((ROOT / PACKAGE / "engine").rglob("*.py"))

@@ -172,7 +172,7 @@ def test_streaming_dit_costs_match_the_published_estimator(
     """The derived streaming DiT: without a cache it does the published estimator's work
     (plus its rotary tables, bias and convolution context: 0.1 % at full size, a few % at
     these tiny dims); each cached frame adds attention work only."""
-    from wyoming_cosyvoice3.engine.derive.streaming_estimator import ensure_streaming_estimator
+    from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
 
     main, _time = ensure_streaming_estimator(
         tiny_dit_model_dir / "flow.decoder.estimator.fp32.onnx", tmp_path, "fp32",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from wyoming_cosyvoice3.engine.derive.files import derive_once, failure_marker
+from wyoming_cosyvoice3.engine.derive.common.files import derive_once, failure_marker
 from wyoming_cosyvoice3.engine.errors import ModelFilesMissing, ModelLoadError
 
 SOURCE = "flow.decoder.estimator.fp32.onnx"
@@ -177,7 +177,7 @@ def test_files_of_replaced_sources_and_retired_recipes_are_removed(
 CRASH = """
 import os, signal, sys
 from pathlib import Path
-from wyoming_cosyvoice3.engine.derive import files
+from wyoming_cosyvoice3.engine.derive.common import files
 
 source, cache, stage = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 real = files.replace_atomically

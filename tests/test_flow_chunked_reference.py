@@ -39,7 +39,7 @@ import numpy.typing as npt
 import pytest
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
-from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
+from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import (
     StreamingEstimator,
     _session,
     ensure_streaming_estimator,

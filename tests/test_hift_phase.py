@@ -18,8 +18,8 @@ import pytest
 from parity_support import load_parity
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.derive import hift_phase
-from wyoming_cosyvoice3.engine.derive.hift_phase import (
+from wyoming_cosyvoice3.engine.derive.vocoder import hift_phase
+from wyoming_cosyvoice3.engine.derive.vocoder.hift_phase import (
     PHASE_HIFT,
     ensure_phase_hift,
     load_phase_hift,

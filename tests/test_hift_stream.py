@@ -16,8 +16,8 @@ import pytest
 from parity_support import load_parity
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.derive import hift_stream
-from wyoming_cosyvoice3.engine.derive.files import validation_session
+from wyoming_cosyvoice3.engine.derive.common.files import validation_session
+from wyoming_cosyvoice3.engine.derive.vocoder import hift_stream
 from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
 from wyoming_cosyvoice3.engine.noise import GrowingNoise
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, StreamedHift, VocoderStream

@@ -19,14 +19,14 @@ from synthetic.full_config import FullConfig
 from synthetic.full_llm import build_llm
 from synthetic.onnx_builder import save_model
 from synthetic.quant import quantize_int8
-from wyoming_cosyvoice3.engine.derive import llm_fused
-from wyoming_cosyvoice3.engine.derive.llm_fused import (
+from wyoming_cosyvoice3.engine.derive.llm import fused as llm_fused
+from wyoming_cosyvoice3.engine.derive.llm.fused import (
     EXACT_MAX_ABS_LOGP,
     ensure_fused_llm,
     teacher_forced_logp,
     validation_embeddings,
 )
-from wyoming_cosyvoice3.engine.derive.llm_weights import LlmStructureError, read_llm_weights
+from wyoming_cosyvoice3.engine.derive.llm.weights import LlmStructureError, read_llm_weights
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from parity_support import Parity, derived_cache_dir, load_parity, parity_cases
 
-from wyoming_cosyvoice3.engine.derive.llm_fused import ensure_fused_llm
+from wyoming_cosyvoice3.engine.derive.llm.fused import ensure_fused_llm
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model

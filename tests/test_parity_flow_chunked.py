@@ -39,8 +39,8 @@ from parity_support import (
 )
 
 from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias as chunk_bias
-from wyoming_cosyvoice3.engine.derive.dit_structure import StructureError, read_dit
-from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
+from wyoming_cosyvoice3.engine.derive.flow.dit_structure import StructureError, read_dit
+from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import (
     StreamingEstimator,
     _session,
     ensure_streaming_estimator,

@@ -29,7 +29,7 @@ from parity_support import (
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias
-from wyoming_cosyvoice3.engine.derive.streaming_estimator import (
+from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import (
     StreamingEstimator,
     _session,
     ensure_streaming_estimator,

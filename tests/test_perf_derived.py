@@ -16,13 +16,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from synthetic.full_config import FullConfig
 from synthetic.full_flow import build_estimator
-from wyoming_cosyvoice3.engine.derive import quantize
-from wyoming_cosyvoice3.engine.derive.embedding_table import (
+from wyoming_cosyvoice3.engine.derive.flow import quantize
+from wyoming_cosyvoice3.engine.derive.flow.quantize import ensure_int8_estimator, per_frame_matmuls
+from wyoming_cosyvoice3.engine.derive.llm.embedding_table import (
     TableEmbedding,
     load_table_embedding,
     plain_gather_table,
 )
-from wyoming_cosyvoice3.engine.derive.quantize import ensure_int8_estimator, per_frame_matmuls
 from wyoming_cosyvoice3.engine.errors import ModelLoadError, SynthesisFailed
 from wyoming_cosyvoice3.engine.graphs import TEXT_EMBEDDING, Graph
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model

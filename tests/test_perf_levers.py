@@ -195,7 +195,7 @@ def dit_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> CosyVoice3
 def test_every_preset_validates_and_synthesises(
     dit_engine: CosyVoice3Engine, tmp_path: Path, name: str
 ) -> None:
-    from wyoming_cosyvoice3.engine.derive.estimator_split import SplitEstimator
+    from wyoming_cosyvoice3.engine.derive.flow.estimator_split import SplitEstimator
 
     voice = dit_engine.prepare_voice(write_clip(tmp_path / "ref.wav", seconds=3.0),
                                      transcript="This is a reference clip.", name="perf")

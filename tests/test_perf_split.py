@@ -14,7 +14,7 @@ from synthetic.audio import write_clip
 from synthetic.full_config import FullConfig
 from synthetic.full_flow import build_estimator
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
-from wyoming_cosyvoice3.engine.derive.estimator_split import (
+from wyoming_cosyvoice3.engine.derive.flow.estimator_split import (
     SplitEstimator,
     ensure_split_estimator,
     main_graph_spec,

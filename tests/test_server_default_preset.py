@@ -20,7 +20,7 @@ import pytest
 from server_support import check_audio_format, client, collect, make_settings, running_server
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
-from wyoming_cosyvoice3.engine.derive.streaming_full import FullAttentionDiT
+from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
 from wyoming_cosyvoice3.engine.options import PRESETS
 from wyoming_cosyvoice3.server.settings import Settings
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
-from wyoming_cosyvoice3.engine.derive.estimator_split import SplitEstimator
-from wyoming_cosyvoice3.engine.derive.streaming_full import FullAttentionDiT
+from wyoming_cosyvoice3.engine.derive.flow.estimator_split import SplitEstimator
+from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
 from wyoming_cosyvoice3.engine.errors import SynthesisFailed
 from wyoming_cosyvoice3.engine.options import PRESETS
 
@@ -218,9 +218,9 @@ def test_int8_streaming_graph_uses_fused_kernels_and_quantises_every_block_layer
     (without that the output projection and the second feed-forward layer stay fp32)."""
     import onnx
 
-    from wyoming_cosyvoice3.engine.derive.dit_structure import read_dit
-    from wyoming_cosyvoice3.engine.derive.quantize import per_frame_matmuls
-    from wyoming_cosyvoice3.engine.derive.streaming_estimator import ensure_streaming_estimator
+    from wyoming_cosyvoice3.engine.derive.flow.dit_structure import read_dit
+    from wyoming_cosyvoice3.engine.derive.flow.quantize import per_frame_matmuls
+    from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
 
     source = tiny_dit_model_dir / "flow.decoder.estimator.fp32.onnx"
     depth = read_dit(onnx.load(str(source))).depth

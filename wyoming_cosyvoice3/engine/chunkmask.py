@@ -4,7 +4,7 @@ cosyvoice/flow/DiT/dit.py ``DiT.forward(streaming=True)`` builds
 ``add_optional_chunk_mask(x, mask, False, False, 0, static_chunk_size=50, -1)``
 (cosyvoice/utils/mask.py ``subsequent_chunk_mask``): mel frame i may attend to frame j iff
 ``j < (i // 50 + 1) * 50``, chunks counted from frame 0 of the prompt, every left chunk kept.
-Shared by the derivation (:mod:`.derive.streaming_estimator`, validation) and the chunked flow
+Shared by the derivation (:mod:`.derive.flow.streaming_estimator`, validation) and the chunked flow
 solver.
 """
 

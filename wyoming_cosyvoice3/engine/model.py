@@ -14,6 +14,7 @@ import functools
 import hashlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,10 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from . import constants as C
-from .derive.embedding_table import TableEmbedding
-from .derive.estimator_split import SplitEstimator
-from .derive.streaming_full import FullAttentionDiT
+from .derive.flow.estimator_split import SplitEstimator
+from .derive.flow.full_attention import FullAttentionDiT
+from .derive.flow.streaming_estimator import StreamingEstimator
+from .derive.llm.embedding_table import TableEmbedding
 from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
 from .graphs import (
     CAMPPLUS,
@@ -42,7 +44,7 @@ from .loaders import (
     load_hift,
     load_hift_stream,
     load_llm_graph,
-    load_streaming,
+    load_streaming_or_none,
     load_text_table,
 )
 from .memory import return_freed_memory
@@ -179,18 +181,6 @@ def load_tokenizer(path: Path) -> tuple[Tokenizer, int]:
     return tokenizer, int(eop)
 
 
-def _streaming_or_none(model_dir: Path, options: EngineOptions, precision: str) -> Any:
-    """:func:`.loaders.load_streaming`, or None after one warning."""
-    try:
-        return load_streaming(model_dir, options, precision)
-    except (ModelLoadError, ModelFilesMissing) as exc:
-        log.warning(
-            "chunk-causal streaming flow (%s) not available (%s); streamed chunks use full "
-            "attention over the prompt and history", precision, exc,
-        )
-        return None
-
-
 class CosyVoice3Model:
     """Tokenizer, graphs and dimensions of one model directory (shared, read-only).
 
@@ -209,7 +199,7 @@ class CosyVoice3Model:
         end_of_prompt_id: int,
         graphs: dict[str, Graph | TableEmbedding | Estimator],
         hift_phase_period: float | None = None,
-        streaming: dict[str, Any] | None = None,
+        streaming: dict[str, StreamingEstimator | None] | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.options = options
@@ -228,18 +218,22 @@ class CosyVoice3Model:
         self.estimator: Estimator = estimator
         self.hift = _graph(graphs["hift"])
         self.hift_phase_period = hift_phase_period
-        """Source-phase period of a phase-carrying ``hift`` (:mod:`.derive.hift_phase`), or
+        """Source-phase period of a phase-carrying ``hift`` (:mod:`.derive.vocoder.hift_phase`), or
         None for the published graph."""
         self.hift_stream: StreamedHift | None = None
-        """The streamed vocoder (:mod:`.derive.hift_stream`), or None: streaming then runs
+        """The streamed vocoder (:mod:`.derive.vocoder.hift_stream`), or None: streaming then runs
         ``hift`` over all mel or a window per call."""
         self.dims = read_dims(self.llm, self.flow_encoder, self.hift)
         self._voice_lock = threading.Lock()
         self._voice_encoders: tuple[Graph, Graph] | None = None
-        self._estimators: dict[str, Estimator] = {options.flow_precision: self.estimator}
-        self._estimator_lock = threading.Lock()
-        self._streaming: dict[str, Any] = dict(streaming or {})
-        """Precision -> the streaming DiT, or None once it could not be made (warned)."""
+        self._graphs: dict[tuple[str, str], Estimator | StreamingEstimator | None] = {
+            ("estimator", options.flow_precision): self.estimator,
+            **{("streaming", p): est for p, est in (streaming or {}).items()},
+        }
+        """The one cache of per-precision DiT graphs: (role, precision) -> the loaded form;
+        role "estimator" (:func:`.loaders.estimator_forms`) or "streaming" (the chunk-causal
+        DiT, None once it could not be made: warned once)."""
+        self._graphs_lock = threading.Lock()
 
     @classmethod
     def load(cls, model_dir: Path, options: EngineOptions | None = None) -> CosyVoice3Model:
@@ -272,12 +266,11 @@ class CosyVoice3Model:
         hift, hift_phase_period = load_hift(model_dir, options)
         hift_stream = load_hift_stream(model_dir, options)
         precision = options.flow_precision
-        streaming: dict[str, Any] = {}
+        streaming: dict[str, StreamingEstimator | None] = {}
         if options.flow_chunk_causal:
-            streaming[precision] = _streaming_or_none(model_dir, options, precision)
-        stream = streaming.get(precision)  # one DiT graph serves chunks and full attention
-        estimator: Estimator = (FullAttentionDiT(stream) if stream is not None
-                                else load_estimator(model_dir, options, precision))
+            streaming[precision] = load_streaming_or_none(model_dir, options, precision)
+        # one DiT graph serves chunks and full attention when the streaming DiT loaded
+        estimator = load_estimator(model_dir, options, precision, streaming.get(precision))
         graphs: dict[str, Graph | TableEmbedding | Estimator] = {
             "speech_embedding": speech_embedding,
             "llm": load_llm_graph(model_dir, options, llm_threads, speech_embedding),
@@ -305,9 +298,26 @@ class CosyVoice3Model:
         )
         return model
 
+    def _cached(self, role: str, precision: str, load: Callable[[], Any]) -> Any:
+        """``self._graphs[(role, precision)]``, loading it with ``load`` on first use
+        (thread-safe: one load per key)."""
+        with self._graphs_lock:
+            key = (role, precision)
+            if key not in self._graphs:
+                self._graphs[key] = load()
+            return self._graphs[key]
+
+    @property
+    def _estimators(self) -> dict[str, Estimator]:
+        """Precision -> the DiT estimator loaded so far (a view of the one cache)."""
+        with self._graphs_lock:
+            return {p: g for (role, p), g in self._graphs.items()
+                    if role == "estimator" and g is not None
+                    and not isinstance(g, StreamingEstimator)}
+
     def estimator_for(self, precision: FlowPrecision) -> Estimator:
         """The DiT estimator of ``precision`` ("fp32" or "int8"), loaded on first use
-        (thread-safe; the int8 file is quantised once, see :mod:`.derive.quantize`).
+        (thread-safe; derived once, :func:`.loaders.estimator_forms`).
 
         Raises:
             ValueError: unknown precision.
@@ -315,25 +325,23 @@ class CosyVoice3Model:
         """
         if precision not in ("fp32", "int8"):
             raise ValueError(f"flow_precision must be fp32 or int8, got {precision!r}")
-        with self._estimator_lock:
-            if precision not in self._estimators:
-                log.info("loading the %s DiT estimator on first use", precision)
-                self._estimators[precision] = load_estimator(
-                    self.model_dir, self.options, precision
-                )
-            return self._estimators[precision]
 
-    def streaming_estimator(self, precision: str) -> Any:
+        def load() -> Estimator:
+            log.info("loading the %s DiT estimator on first use", precision)
+            return load_estimator(self.model_dir, self.options, precision)
+
+        estimator: Estimator = self._cached("estimator", precision, load)
+        return estimator
+
+    def streaming_estimator(self, precision: str) -> StreamingEstimator | None:
         """The chunk-causal streaming DiT of ``precision``
-        (:class:`~.derive.streaming_estimator.StreamingEstimator`), derived and opened on
+        (:class:`~.derive.flow.streaming_estimator.StreamingEstimator`), derived and opened on
         first use (thread-safe), or None when it cannot be made (one warning; the caller keeps
         full attention)."""
-        with self._estimator_lock:
-            if precision not in self._streaming:
-                self._streaming[precision] = _streaming_or_none(
-                    self.model_dir, self.options, precision
-                )
-            return self._streaming[precision]
+        streaming: StreamingEstimator | None = self._cached(
+            "streaming", precision,
+            lambda: load_streaming_or_none(self.model_dir, self.options, precision))
+        return streaming
 
     def voice_encoders(self) -> tuple[Graph, Graph]:
         """(campplus, speech_tokenizer_v3), loaded on first use (thread-safe).

@@ -47,13 +47,13 @@ class EngineOptions:
             the child's start (about 1 s) per batch of preparations.
             The server sets it; off, voices are prepared in the calling thread.
         flow_precision: DiT estimator loaded at start: ``fp32`` (the upstream file) or
-            ``int8`` (quantised once from it, see :mod:`.derive.quantize`); a request asking for the
+            ``int8`` (quantised once from it, see :mod:`.derive.flow.quantize`); a request asking for the
             other precision loads it on first use. Set it to the preset's ``flow_precision``.
         flow_chunk_causal: requests stream chunk-causally (the preset's
             ``SynthesisOptions.flow_chunk_causal``, e.g. ``quality``): the streaming DiT of
             ``flow_precision`` is derived (once, into ``cache_dir``) and opened at start, and
             it also serves that precision's full-attention passes (final chunks, one-shot
-            requests; :mod:`.derive.streaming_full`: equal to the published estimator up to
+            requests; :mod:`.derive.flow.full_attention`: equal to the published estimator up to
             float rounding, checked when derived), so the published estimator of that
             precision is not loaded: one copy of the DiT weights instead of two (0.76 GB fp32
             at full size). Not derivable: the published estimator, with one warning.
@@ -71,19 +71,19 @@ class EngineOptions:
             90 nodes per layer; ``fused-q4`` the same graph with 4-bit weights (lossy,
             deviation measured at derivation and logged). Not derivable (q4 file, another
             structure, failed validation): the published graph, with one warning. See
-            :mod:`.derive.llm_fused`.
+            :mod:`.derive.llm.fused`.
         split_estimator: split the DiT estimator once into its time-conditioning graph
             (AdaLN modulation: 0.55 GB of fp32 weights that depend on ``t`` only, run once per
             distinct ``t`` and released) and its per-frame graph, written to ``cache_dir``
             (see :mod:`.estimator_split`; same numbers). ``None`` = on when ``cache_dir`` is set.
         phase_vocoder: derive once (into ``cache_dir``) the phase-carrying form of
-            hift.onnx (:mod:`.derive.hift_phase`): the same numbers without a carry, and a
+            hift.onnx (:mod:`.derive.vocoder.hift_phase`): the same numbers without a carry, and a
             windowed vocoder call (``SynthesisOptions.vocoder_window_frames``) continues the
             harmonic source's phase instead of restarting it, so windowed audio matches the
             one-call audio. ``None`` = on when ``cache_dir`` is set. Not derivable:
             hift.onnx, with one warning.
         stream_vocoder: derive once (into ``cache_dir``) the streamed form of hift.onnx
-            (:mod:`.derive.hift_stream`): convolution context, delay lines and the source
+            (:mod:`.derive.vocoder.hift_stream`): convolution context, delay lines and the source
             phase carried as state, so streaming runs each mel frame once (about one call's
             cost) and equals one call up to float rounding (validated when derived). It
             replaces ``SynthesisOptions.vocoder_window_frames``. ``None`` = on when
@@ -166,7 +166,7 @@ class SynthesisOptions:
             published estimator has batch 2 fixed (export_onnx.py ``dynamic_axes`` name only
             ``seq_len``), so there it saves nothing.
         flow_precision: DiT estimator weights: ``fp32`` (spec-exact) or ``int8`` (dynamic
-            per-channel MatMul quantisation, see :mod:`.derive.quantize`).
+            per-channel MatMul quantisation, see :mod:`.derive.flow.quantize`).
         flow_prompt_tokens: when > 0, the flow sees only the last this-many prompt tokens and
             their 2x mel frames (the LLM still gets the whole prompt); 0 = whole prompt.
         fallback_prompt_tokens, fallback_left_context_tokens: when not None, they replace

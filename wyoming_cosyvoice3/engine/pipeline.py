@@ -121,7 +121,7 @@ class CosyVoice3Engine:
         every preset (about 1 MB per time point), so no request loads the time graph. With
         ``flow_chunk_causal`` the voice's prompt key/value cache is computed here too.
         """
-        from .derive.estimator_split import SplitEstimator
+        from .derive.flow.estimator_split import SplitEstimator
         from .options import PRESETS
         from .schedule import cosine_t_schedule
 

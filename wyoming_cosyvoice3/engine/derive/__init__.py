@@ -1,12 +1,12 @@
-"""Files made once from the published model files and kept in the engine cache.
+"""Graphs made once from the published model files and kept in the engine cache.
 
-Each derivation finds what it needs by graph structure, validates its result against the
-source graph when it is made, and on any mismatch falls back (one warning) to the source:
-the int8 DiT estimator (:mod:`.quantize`), the split estimator (:mod:`.estimator_split`),
-the memory-mapped text embedding table (:mod:`.embedding_table`), the fused-operator LLM
-graph (:mod:`.llm_fused`, built by :mod:`.llm_fused_graph` from the weights
-:mod:`.llm_weights` finds), the chunk-causal streaming DiT (:mod:`.streaming_estimator`,
-built by :mod:`.streaming_graph` from weights found by :mod:`.dit_structure`). The
-derive-once sequence they share (reuse, failure marker, atomic writes) and the cache-file
-helpers are in :mod:`.files`. Imports the top engine modules and no stage.
+Grouped by the stage whose graph they replace: :mod:`.llm` (the fused-operator LLM, the
+memory-mapped text embedding table), :mod:`.flow` (the split, int8 and chunk-causal streaming
+DiT estimators) and :mod:`.vocoder` (the phase-carrying and the streamed HiFT). Each
+derivation finds what it needs by graph structure and validates its result against the source
+graph when it is made. :mod:`.common` holds what they share: the graph index and projection
+record (:mod:`.common.graph`), the derive-once sequence and cache files (:mod:`.common.files`:
+reuse, failure marker, atomic writes, the child process of :mod:`.child`) and the
+derive-or-fall-back helper (:mod:`.common.forms`); the tables of forms per stage are in
+:mod:`..loaders`. Imports the top engine modules and no stage.
 """

@@ -1,66 +1,102 @@
-"""Child-process entry of the large derivations (run by :func:`.files.run_child`).
+"""Child-process entry of the large derivations (run by :func:`.common.files.run_child`).
 
-``python -m wyoming_cosyvoice3.engine.derive.child int8 SOURCE TARGET`` or
-``... split fp32|int8 SOURCE MAIN_OUT TIME_OUT`` or ``... stream fp32|int8 SOURCE MAIN_OUT
-TIME_OUT`` (the chunk-causal streaming estimator, :mod:`.streaming_estimator`) or
-``... table SOURCE TABLE_NPY DTYPE_FILE`` (the text embedding table, :mod:`.embedding_table`)
-or ``... llm fused|fused-q4 SOURCE DATA REPORT GRAPH [EMBEDS_NPY]`` (the fused-operator LLM
-decode graph, :mod:`.llm_fused`) or ``... hift SOURCE GRAPH REPORT`` (the phase-carrying
-vocoder, :mod:`.hift_phase`) or ``... hift-stream SOURCE GRAPH REPORT`` (the streamed
-vocoder, :mod:`.hift_stream`).
+``python -m wyoming_cosyvoice3.engine.derive.child COMMAND ARGS...``, one command per derived
+form (:data:`COMMANDS`): ``int8 SOURCE TARGET`` (:mod:`.flow.quantize`), ``split fp32|int8
+SOURCE MAIN_OUT TIME_OUT`` (:mod:`.flow.estimator_split`), ``stream fp32|int8 SOURCE MAIN_OUT
+TIME_OUT`` (:mod:`.flow.streaming_estimator`), ``table SOURCE TABLE_NPY DTYPE_FILE``
+(:mod:`.llm.embedding_table`), ``llm fused|fused-q4 SOURCE DATA REPORT GRAPH [EMBEDS_NPY]``
+(:mod:`.llm.fused`), ``hift SOURCE GRAPH REPORT`` (:mod:`.vocoder.hift_phase`) and
+``hift-stream SOURCE GRAPH REPORT`` (:mod:`.vocoder.hift_stream`).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from .embedding_table import extract_table
-from .estimator_split import SPLIT_TAGS, derive_split
-from .hift_phase import write_phase_hift
-from .hift_stream import write_stream_hift
-from .llm_fused import FUSED_TAGS, write_fused_files
-from .quantize import quantize_estimator
-from .streaming_estimator import STREAM_TAGS, derive_streaming
+from .flow.estimator_split import SPLIT_TAGS, derive_split
+from .flow.quantize import quantize_estimator
+from .flow.streaming_estimator import STREAM_TAGS, derive_streaming
+from .llm.embedding_table import extract_table
+from .llm.fused import FUSED_TAGS, write_fused_files
+from .vocoder.hift_phase import write_phase_hift
+from .vocoder.hift_stream import write_stream_hift
+
+
+def _int8(a: argparse.Namespace) -> None:
+    quantize_estimator(a.source, a.target)
+
+
+def _split(a: argparse.Namespace) -> None:
+    derive_split(a.source, a.precision, a.main_out, a.time_out)
+
+
+def _stream(a: argparse.Namespace) -> None:
+    derive_streaming(a.source, a.precision, a.main_out, a.time_out)
+
+
+def _table(a: argparse.Namespace) -> None:
+    extract_table(a.source, a.table_npy, a.dtype_file)
+
+
+def _llm(a: argparse.Namespace) -> None:
+    embeds = None if a.embeds_npy is None else np.load(a.embeds_npy)
+    write_fused_files(a.source, a.variant, a.data, a.report, a.graph, embeds)
+
+
+def _hift(a: argparse.Namespace) -> None:
+    write_phase_hift(a.source, a.graph, a.report)
+
+
+def _hift_stream(a: argparse.Namespace) -> None:
+    write_stream_hift(a.source, a.graph, a.report)
+
+
+Argument = str | tuple[str, list[str]]
+COMMANDS: dict[str, tuple[list[Argument], Callable[[argparse.Namespace], None]]] = {
+    "int8": (["source", "target"], _int8),
+    "split": ([("precision", sorted(SPLIT_TAGS)), "source", "main_out", "time_out"], _split),
+    "stream": ([("precision", sorted(STREAM_TAGS)), "source", "main_out", "time_out"], _stream),
+    "table": (["source", "table_npy", "dtype_file"], _table),
+    "llm": ([("variant", sorted(FUSED_TAGS)), "source", "data", "report", "graph", "embeds_npy?"],
+            _llm),
+    "hift": (["source", "graph", "report"], _hift),
+    "hift-stream": (["source", "graph", "report"], _hift_stream),
+}
+"""Command -> (its arguments in order: a path, a ``(name, choices)`` word, or an optional path
+ending in ``?``; the function it runs)."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m wyoming_cosyvoice3.engine.derive.child")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, (arguments, run) in COMMANDS.items():
+        sub = commands.add_parser(name)
+        for argument in arguments:
+            if isinstance(argument, tuple):
+                sub.add_argument(argument[0], choices=argument[1])
+            elif argument.endswith("?"):
+                sub.add_argument(argument[:-1], type=Path, nargs="?", default=None)
+            else:
+                sub.add_argument(argument, type=Path)
+        sub.set_defaults(run=run)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Child-process entry used by the engine (commands in the module docstring); returns the
     exit status (2: usage)."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) == 3 and args[0] == "int8":
-        quantize_estimator(Path(args[1]), Path(args[2]))
-        return 0
-    if len(args) == 5 and args[0] == "split" and args[1] in SPLIT_TAGS:
-        derive_split(Path(args[2]), args[1], Path(args[3]), Path(args[4]))
-        return 0
-    if len(args) == 4 and args[0] == "table":
-        extract_table(Path(args[1]), Path(args[2]), Path(args[3]))
-        return 0
-    if len(args) == 5 and args[0] == "stream" and args[1] in STREAM_TAGS:
-        derive_streaming(Path(args[2]), args[1], Path(args[3]), Path(args[4]))
-        return 0
-    if len(args) in (6, 7) and args[0] == "llm" and args[1] in FUSED_TAGS:
-        embeds = np.load(args[6]) if len(args) == 7 else None
-        data, report, graph = (Path(a) for a in args[3:6])
-        write_fused_files(Path(args[2]), args[1], data, report, graph, embeds)
-        return 0
-    if len(args) == 4 and args[0] == "hift-stream":
-        write_stream_hift(Path(args[1]), Path(args[2]), Path(args[3]))
-        return 0
-    if len(args) == 4 and args[0] == "hift":
-        write_phase_hift(Path(args[1]), Path(args[2]), Path(args[3]))
-        return 0
-    print(
-        "usage: python -m wyoming_cosyvoice3.engine.derive.child int8 SOURCE TARGET | "
-        "split|stream fp32|int8 SOURCE MAIN_OUT TIME_OUT | table SOURCE TABLE_NPY DTYPE_FILE | "
-        "llm fused|fused-q4 SOURCE DATA REPORT GRAPH [EMBEDS_NPY] | "
-        "hift|hift-stream SOURCE GRAPH REPORT",
-        file=sys.stderr,
-    )
-    return 2
+    try:
+        parsed = _parser().parse_args(args)
+    except SystemExit as exc:  # argparse printed the usage to stderr
+        return 2 if exc.code else 0
+    parsed.run(parsed)
+    return 0
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ columns of those frames, so the noise still lines up). The causal convolutions s
 left context when the window covers their receptive field (16 mel frames on the
 upstream-exported parity model). The harmonic source's phase is the one long-range state:
 
-* with the phase-carrying graph (:mod:`..derive.hift_phase`, ``HiftRunner.phase_period`` set)
+* with the phase-carrying graph (:mod:`..derive.vocoder.hift_phase`,
+  ``HiftRunner.phase_period`` set)
   the stream keeps the source phase of every emitted frame (modulo one period) and hands the
   window's frames their phase, so the call continues the source as one call over the whole mel
   would: the windowed audio equals the one-call audio up to float rounding once the window
@@ -57,10 +58,10 @@ _HIFT_INPUTS = ("speech_feat", "noise")
 _HIFT_OUTPUTS = ("magnitude", "phase")
 _CARRY_INPUT = "phase_carry"
 _PHASE_OUTPUT = "source_phase"
-"""The phase-carrying graph's extra input and output (:mod:`..derive.hift_phase`)."""
+"""The phase-carrying graph's extra input and output (:mod:`..derive.vocoder.hift_phase`)."""
 _FIRST_INPUT, _FINAL_INPUT = "stream_first", "stream_final"
 _STATE_IN, _STATE_OUT = "stream_state_in.", "stream_state_out."
-"""The streamed graph's extra inputs and outputs (:mod:`..derive.hift_stream`)."""
+"""The streamed graph's extra inputs and outputs (:mod:`..derive.vocoder.hift_stream`)."""
 _ISTFT_KEEP_FRAMES = 4
 """STFT frames kept between calls: a sample needs the 4 frames whose windows cover it."""
 CROSSFADE_MS = 20.0
@@ -85,7 +86,7 @@ def fade_in_gain(start_sample: int, n_samples: int, fade_samples: int) -> FloatA
 
 @dataclass(frozen=True)
 class StreamedHift:
-    """The streamed vocoder graph (:mod:`..derive.hift_stream`) and what its report says.
+    """The streamed vocoder graph (:mod:`..derive.vocoder.hift_stream`) and what its report says.
 
     Attributes:
         graph: inputs ``speech_feat``, ``noise``, ``stream_first``, ``stream_final`` and
@@ -141,7 +142,7 @@ class HiftRunner:
         hift: the loaded hift graph (inputs ``speech_feat``, ``noise``; outputs ``magnitude``,
             ``phase``; the phase-carrying form also ``phase_carry`` / ``source_phase``).
         phase_period: with the phase-carrying form, the source phase's period in its units
-            (:attr:`..derive.hift_phase.PhaseCarryReport.period`); None for ``hift.onnx``.
+            (:attr:`..derive.vocoder.hift_phase.PhaseCarryReport.period`); None for ``hift.onnx``.
         stream: the streamed graph (:class:`StreamedHift`): streaming runs each mel frame
             once; None: streaming re-runs the whole mel or a window.
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from .. import graphs
-from ..errors import ModelLoadError, SynthesisFailed
-from ..graphs import GraphSpec
-from .files import keyed_name, remove_stale, replace_atomically, run_child
+from ... import graphs
+from ...errors import ModelLoadError, SynthesisFailed
+from ...graphs import GraphSpec
+from ..common.files import keyed_name, remove_stale, replace_atomically, run_child
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def load_table_embedding(
     """A :class:`TableEmbedding` for ``source``, extracting its table once; None when the
     graph is not a plain lookup (then load the graph with onnxruntime instead).
 
-    The extraction runs in a child process (:mod:`.child`) unless ``in_process``: parsing the
+    The extraction runs in a child process (:mod:`..child`) unless ``in_process``: parsing the
     published 272 MB graph with ``onnx.load`` holds Python's global lock for seconds, which
     would stall every other thread of a serving process (the server's ``describe`` answers).
 

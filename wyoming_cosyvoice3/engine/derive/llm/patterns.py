@@ -1,6 +1,6 @@
 """Graph patterns of a published Qwen2 LLM export, found by structure (no node names).
 
-Used by :mod:`.llm_weights`: a producer/consumer index with constant lookup, the
+Used by :mod:`.weights`: a producer/consumer index with constant lookup, the
 *linear* patterns (``MatMul`` with a constant 2-D weight; the onnxruntime ``quantize_dynamic``
 int8 pattern ``DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(scale)``), the walk back
 from a KV-cache output to its projection, RMSNorm weight and epsilon, the rotary tables
@@ -11,89 +11,23 @@ used as the exact reference when a fused graph is validated.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..common.graph import GraphIndex, Linear, StructureError
 
-class LlmStructureError(ValueError):
+
+class LlmStructureError(StructureError):
     """The graph is not a Qwen2-style LLM this module can read."""
 
 
-@dataclass
-class Linear:
-    """One projection ``y = x @ W (+ bias)``.
-
-    Attributes:
-        x, y: input and output tensor names in the source graph.
-        k, n: input and output widths.
-        weight: float32 [K, N] for an fp32 source; ``None`` for int8.
-        qweight: int8 [K, N] (int8 source), with ``scale`` float32 [N] and ``zero_point``
-            int8 [N]: ``W = (qweight - zero_point) * scale`` per column.
-        bias: float32 [N] when an ``Add`` of a constant [N] follows, else ``None``.
-        order: index of the node in the (topologically sorted) source graph.
-    """
-
-    x: str
-    y: str
-    k: int
-    n: int
-    order: int
-    weight: np.ndarray | None = None
-    qweight: np.ndarray | None = None
-    scale: np.ndarray | None = None
-    zero_point: np.ndarray | None = None
-    bias: np.ndarray | None = None
-    raw_y: str = ""
-    pattern: tuple[int, ...] = ()
-    weight_name: str = ""
-
-    def dequantized(self) -> np.ndarray:
-        """float32 [K, N] weights."""
-        if self.weight is not None:
-            return self.weight
-        assert self.qweight is not None and self.scale is not None and self.zero_point is not None
-        centred = self.qweight.astype(np.float32) - self.zero_point.astype(np.float32)[None, :]
-        return centred * self.scale[None, :]
-
-
-class GraphIndex:
-    """Producer/consumer maps and constant lookup of one graph."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        self.model = model
-        self.nodes = list(model.graph.node)
-        self.producer: dict[str, int] = {}
-        self.consumers: dict[str, list[int]] = {}
-        self._consts: dict[str, onnx.TensorProto] = {i.name: i for i in model.graph.initializer}
-        for i, node in enumerate(self.nodes):
-            for out in node.output:
-                self.producer[out] = i
-            for name in node.input:
-                self.consumers.setdefault(name, []).append(i)
-            if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-                self._consts[node.output[0]] = node.attribute[0].t
-
-    def const(self, name: str) -> np.ndarray | None:
-        """The value of a constant tensor (initializer, Constant, through Identity), or None."""
-        for _ in range(4):
-            if name in self._consts:
-                return numpy_helper.to_array(self._consts[name])
-            i = self.producer.get(name)
-            if i is None or self.nodes[i].op_type != "Identity":
-                return None
-            name = self.nodes[i].input[0]
-        return None
-
-    def node_of(self, name: str) -> onnx.NodeProto | None:
-        i = self.producer.get(name)
-        return None if i is None else self.nodes[i]
-
-    def users(self, name: str) -> list[onnx.NodeProto]:
-        return [self.nodes[i] for i in self.consumers.get(name, [])]
+def llm_index(model: onnx.ModelProto) -> GraphIndex:
+    """The shared :class:`~..common.graph.GraphIndex` as the LLM reader uses it: constants are
+    followed through ``Identity`` nodes (quantised exports alias shared weights that way)."""
+    return GraphIndex(model, follow_identity=True)
 
 
 def find_linears(ix: GraphIndex) -> list[Linear]:
@@ -105,12 +39,10 @@ def find_linears(ix: GraphIndex) -> list[Linear]:
                 continue
             found.append(
                 Linear(
-                    node.input[0],
                     node.output[0],
-                    w.shape[0],
-                    w.shape[1],
-                    i,
                     weight=w,
+                    x=node.input[0],
+                    order=i,
                     raw_y=node.output[0],
                     pattern=(i,),
                     weight_name=node.input[1],
@@ -158,13 +90,11 @@ def _int8_linear(ix: GraphIndex, i: int, node: onnx.NodeProto) -> Linear | None:
     n = wq.shape[1]
     scale = np.broadcast_to(scales[0].astype(np.float32).reshape(-1), (n,)).copy()
     zp = np.zeros(n, np.int8) if wzp is None else np.broadcast_to(wzp.reshape(-1), (n,)).copy()
-    pattern = (i, ix.producer[users[0].output[0]], ix.producer[muls[0].output[0]])
+    pattern = (i, ix.position[users[0].output[0]], ix.position[muls[0].output[0]])
     return Linear(
-        dql.input[0],
         muls[0].output[0],
-        wq.shape[0],
-        n,
-        i,
+        x=dql.input[0],
+        order=i,
         qweight=wq,
         scale=scale,
         zero_point=zp,
@@ -300,7 +230,7 @@ def subgraph(
         name = stack.pop()
         if name in graph_inputs and name != source:
             raise LlmStructureError(f"the rotary table depends on {name}")
-        i = ix.producer.get(name)
+        i = ix.position.get(name)
         if i is None or i in needed:
             continue
         needed.add(i)
@@ -328,7 +258,7 @@ def float_activation_reference(source: Path) -> onnx.ModelProto:
         LlmStructureError: as :func:`read_llm_weights`.
     """
     model = onnx.load(str(source))
-    ix = GraphIndex(model)
+    ix = llm_index(model)
     replace: dict[int, list[onnx.NodeProto]] = {}
     drop: set[int] = set()
     extra: list[onnx.TensorProto] = []

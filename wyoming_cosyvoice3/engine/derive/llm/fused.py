@@ -2,7 +2,7 @@
 
 Why: the published ``llm_int8.onnx`` runs 2222 onnxruntime nodes per decoded token (Qwen2
 exported op by op plus the dynamic-quantisation pattern around every MatMul); per-node
-overhead is a large part of a decode step. The fused graph (:mod:`.llm_fused_graph`) has 11
+overhead is a large part of a decode step. The fused graph (:mod:`.fused_graph`) has 11
 nodes per layer (274 for the published 24 layers) and the same inputs, outputs and KV-cache
 layout ([1, kv_heads, positions, head_dim], keys after RoPE), so the decoder and the prefix
 cache use it unchanged and a cache made by one graph continues in the other.
@@ -58,13 +58,13 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
-from ..graphs import Graph, count_llm_layers, llm_spec, open_session
-from .files import derive_once, keyed_name, read_report, run_child
-from .files import validation_session as _session
-from .llm_fused_graph import build_fused_llm
-from .llm_patterns import float_activation_reference
-from .llm_weights import read_llm_weights
+from ...errors import ModelLoadError
+from ...graphs import Graph, count_llm_layers, llm_spec, open_session
+from ..common.files import derive_reported, keyed_name, read_report, run_child
+from ..common.files import validation_session as _session
+from .fused_graph import build_fused_llm
+from .patterns import float_activation_reference
+from .weights import read_llm_weights
 
 logger = logging.getLogger(__name__)
 
@@ -248,8 +248,8 @@ def write_fused_files(
     """Derive the ``variant`` graph of ``source`` (:func:`derive_fused_llm`) and write its three
     files: the weights to ``data``, the report to ``report_json`` and to ``graph`` the graph,
     whose external-data entries name the weights file by its final name
-    (:func:`~.files.keyed_name`), so all three can be renamed into place. Run in the derivation
-    child process (:mod:`.child`) or, with ``in_process``, by :func:`ensure_fused_llm`.
+    (:func:`~..common.files.keyed_name`), so all three can be renamed into place. Run in the
+    derivation child process (:mod:`..child`) or, with ``in_process``, by :func:`ensure_fused_llm`.
 
     Raises:
         as :func:`derive_fused_llm`.
@@ -270,12 +270,12 @@ def ensure_fused_llm(
     *, in_process: bool = False,
 ) -> tuple[Path, FusedReport]:
     """Path of the fused graph of ``source`` (deriving and validating it once,
-    :func:`~.files.derive_once`) and its report.
+    :func:`~..common.files.derive_reported`) and its report.
 
-    The derivation runs in a child process (:func:`~.files.run_child`) unless ``in_process``
-    (tests, tools): reading, rebuilding and checking the weights is seconds of Python work
-    that would hold this process's GIL (a server would stop answering), and a child killed
-    for memory leaves this process serving the published graph.
+    The derivation runs in a child process (:func:`~..common.files.run_child`) unless
+    ``in_process`` (tests, tools): reading, rebuilding and checking the weights is seconds of
+    Python work that would hold this process's GIL (a server would stop answering), and a
+    child killed for memory leaves this process serving the published graph.
 
     Returns:
         (``cache_dir / "<stem>.<tag>-<size>-<mtime_ns>.onnx"``, the report stored beside it
@@ -289,9 +289,6 @@ def ensure_fused_llm(
     if variant not in FUSED_TAGS:
         raise ValueError(f"variant must be one of {sorted(FUSED_TAGS)}, got {variant!r}")
     tag = FUSED_TAGS[variant]
-
-    def valid(paths: list[Path]) -> bool:
-        return all(path.is_file() for path in paths) and _read_report(paths[1]) is not None
 
     def make(tmps: list[Path]) -> None:
         data, report_json, graph = tmps
@@ -307,7 +304,7 @@ def ensure_fused_llm(
                 run_child(args)
             finally:
                 embeds_file.unlink(missing_ok=True)
-        report = _read_report(report_json)
+        report = read_report(report_json, FusedReport, "fused LLM")
         if report is None:
             raise ModelLoadError(f"the {variant} LLM derivation wrote no readable report")
         logger.info(
@@ -320,24 +317,17 @@ def ensure_fused_llm(
             report.greedy_agreement,
         )
 
-    _, report_path, target = derive_once(
+    (_, _, target), report = derive_reported(
         source,
         cache_dir,
         [(tag, ".onnx.data"), (tag, ".onnx.json"), (tag, ".onnx")],
         make,
+        FusedReport,
+        report_index=1,
         name=f"{variant} LLM graph",
         failure=f"{variant} LLM graph of {Path(source).name}",
-        valid=valid,
     )
-    report = _read_report(report_path)
-    if report is None:  # damaged since the check (another process)
-        raise ModelLoadError(f"the report {report_path} is unreadable")
     return target, report
-
-
-def _read_report(path: Path) -> FusedReport | None:
-    """The report stored beside a fused graph, or None (missing, unreadable or older)."""
-    return read_report(path, FusedReport, "fused LLM")
 
 
 def _point_at(graph: Path, data: str) -> None:
@@ -350,7 +340,7 @@ def _point_at(graph: Path, data: str) -> None:
     graph.write_bytes(model.SerializeToString())
 
 
-def load_fused_llm(
+def open_fused_llm(
     source: Path,
     variant: str,
     cache_dir: Path,
@@ -358,26 +348,25 @@ def load_fused_llm(
     providers: tuple[str, ...],
     spin_wait: bool = True,
     embeds: np.ndarray | None = None,
-) -> Graph | None:
-    """The ``variant`` LLM graph of ``source`` as a checked :class:`~..graphs.Graph` whose spec
-    keeps the contract's file name, or None after ONE warning when it cannot be derived,
-    validated or loaded (the caller then loads ``source``).
+) -> Graph:
+    """The ``variant`` LLM graph of ``source`` (derived once, :func:`ensure_fused_llm`) as a
+    checked :class:`~...graphs.Graph` whose spec keeps the contract's file name.
 
     Args:
         source: the published graph (``llm_int8.onnx`` or ``llm.onnx``).
         variant: ``"fused"`` or ``"fused-q4"``.
         cache_dir: directory of derived files.
-        threads, providers, spin_wait: session settings (as :func:`~..graphs.open_session`).
+        threads, providers, spin_wait: session settings (as :func:`~...graphs.open_session`).
         embeds: validation embeddings float32 [1, >= 90, hidden] (default: seeded N(0, 1)).
+
+    Raises:
+        ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: not derivable, not valid or
+            not loadable (the caller falls back to ``source``).
     """
-    try:
-        path, report = ensure_fused_llm(source, cache_dir, variant, embeds)
-        session = open_session(path, threads, providers, spin_wait)
-        layers = count_llm_layers([arg.name for arg in session.get_inputs()])
-        graph = Graph(path, llm_spec(source.name, layers), threads, providers, session=session)
-    except (ModelLoadError, ModelFilesMissing, GraphSignatureMismatch) as exc:
-        logger.warning("%s LLM graph not used (%s); using %s", variant, exc, source.name)
-        return None
+    path, report = ensure_fused_llm(source, cache_dir, variant, embeds)
+    session = open_session(path, threads, providers, spin_wait)
+    layers = count_llm_layers([arg.name for arg in session.get_inputs()])
+    graph = Graph(path, llm_spec(source.name, layers), threads, providers, session=session)
     logger.info(
         "LLM: %s graph of %s (%d nodes instead of %d; teacher-forced log-prob max abs %.2g "
         "from the published graph, greedy agreement %.3f)",

@@ -22,7 +22,7 @@ The int8 variant quantises the main graph with the project's int8 recipe
 layers) and is checked against the fp32 derived graph (``INT8_TOL``; its activation scales are
 per call, so its cached and uncached results are not bit-comparable).
 
-A failure leaves ``<main>.failed`` (see :mod:`.files`) and raises ModelLoadError; callers
+A failure leaves ``<main>.failed`` (see :mod:`..common.files`) and raises ModelLoadError; callers
 fall back to the full-attention path with one warning.
 """
 
@@ -37,11 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from ..chunkmask import CHUNK_FRAMES
-from ..chunkmask import chunk_attention_bias as chunk_bias
-from ..errors import ModelLoadError
-from ..memory import return_freed_memory
-from .files import derive_once, run_child
+from ...chunkmask import CHUNK_FRAMES
+from ...chunkmask import chunk_attention_bias as chunk_bias
+from ...errors import ModelLoadError
+from ...memory import return_freed_memory
+from ..common.files import derive_once, run_child
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def ensure_streaming_estimator(
 ) -> tuple[Path, Path]:
     """(main graph, time graph) of the streaming estimator for ``precision`` ("fp32" or
     "int8"), derived and validated once from ``source`` into ``cache_dir``
-    (:func:`~.files.derive_once`; the time graph is shared by both precisions).
+    (:func:`~..common.files.derive_once`; the time graph is shared by both precisions).
 
     Raises:
         ModelFilesMissing: ``source`` does not exist.
@@ -203,8 +203,8 @@ def load_streaming_estimator(
         ModelFilesMissing, ModelLoadError: derivation failed or the graph cannot be opened
             (callers fall back to full attention).
     """
-    from ..graphs import ESTIMATOR, ORT_ERRORS, Graph, GraphSpec, open_session
-    from .files import derived_files_dir
+    from ...graphs import ESTIMATOR, ORT_ERRORS, Graph, GraphSpec, open_session
+    from ..common.files import derived_files_dir
 
     source = Path(model_dir) / ESTIMATOR.file
     main, time_graph = ensure_streaming_estimator(
@@ -253,7 +253,7 @@ class StreamingEstimator:
     """Runs the derived main graph; computes modulation (time graph) once per ``t``.
 
     Args:
-        main: onnxruntime session of the main graph, or a :class:`~..graphs.Graph` of it
+        main: onnxruntime session of the main graph, or a :class:`~...graphs.Graph` of it
             (runs are then seen by the benchmark's run observer).
         time_session: session of the time graph (released after :meth:`precompute`; a later
             unseen ``t`` reopens it from ``time_path``).

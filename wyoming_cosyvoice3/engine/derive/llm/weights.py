@@ -24,7 +24,7 @@ MatMulInteger -> Cast -> Mul(scale)``):
 
 Anything else (another architecture, q4 MatMulNBits weights, missing pieces) raises
 :class:`LlmStructureError`; the caller then keeps the published graph. Whether the recovered
-model computes the same function is checked numerically afterwards (:mod:`.llm_fused`).
+model computes the same function is checked numerically afterwards (:mod:`.fused`).
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .llm_patterns import (
-    GraphIndex,
-    Linear,
+from ..common.graph import GraphIndex, Linear
+from .patterns import (
     LlmStructureError,
     find_linears,
+    llm_index,
     rms_norm_params,
     rope_tables,
     walk_back_to_linear,
@@ -104,7 +104,7 @@ def read_llm_weights(path: Path, max_positions: int = 32768) -> LlmWeights:
         OSError, onnx errors: unreadable file.
     """
     model = onnx.load(str(path))
-    ix = GraphIndex(model)
+    ix = llm_index(model)
     inputs = {i.name: i for i in model.graph.input}
     kv = inputs.get("past_key_values.0.key")
     if kv is None or "inputs_embeds" not in inputs:

@@ -38,7 +38,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .llm_weights import Linear, LlmWeights
+from ..common.graph import Linear
+from .weights import LlmWeights
 
 MS_DOMAIN = "com.microsoft"
 KERNELS = ("fp32", "int8", "dequant", "nbits8", "nbits4")

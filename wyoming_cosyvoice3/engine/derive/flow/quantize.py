@@ -13,7 +13,7 @@ model card gives for ``llm_int8.onnx`` ("dynamic int8 MatMul (per-channel)"). Ac
 quantised per tensor at run time (``DynamicQuantizeLinear``). Published effect of the same
 change: nardi-xhepi/cosyvoice3-cpu reports 0.46 % waveform error for an int8 flow.
 
-Cached like every derivation (:func:`~.files.derive_once`): written once, atomically, named
+Cached like every derivation (:func:`~..common.files.derive_once`): written once, atomically, named
 after the source file's size and mtime so a replaced source is re-quantised, reused
 afterwards; a failed attempt leaves ``<name>.failed`` (with the reason) so later starts do not
 retry it (delete it to retry). The quantiser runs in a child process: it holds the fp32 model
@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .files import derive_once, run_child, weight_free_copy
+from ..common.files import derive_once, run_child, weight_free_copy
 
 logger = logging.getLogger(__name__)
 
@@ -112,11 +112,11 @@ def quantize_estimator(source: Path, target: Path) -> None:
 
 def ensure_int8_estimator(source: Path, cache_dir: Path, *, in_process: bool = False) -> Path:
     """Path of the int8 estimator for ``source``, quantising it first if not cached yet
-    (:func:`~.files.derive_once`).
+    (:func:`~..common.files.derive_once`).
 
     Args:
         source: the fp32 estimator file.
-        cache_dir: directory of derived files (:func:`~.files.derived_files_dir`).
+        cache_dir: directory of derived files (:func:`~..common.files.derived_files_dir`).
         in_process: quantise in this process instead of a child process (tests, tools).
 
     Returns:

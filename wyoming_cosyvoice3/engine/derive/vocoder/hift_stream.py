@@ -70,12 +70,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import constants as C
-from ..dsp import istft
-from ..errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
-from ..graphs import HIFT, Graph, GraphSpec
-from .files import derive_once, read_report, run_child, validation_session
-from .graph_walk import GraphIndex
+from ... import constants as C
+from ...dsp import istft
+from ...errors import ModelLoadError
+from ...graphs import HIFT, Graph, GraphSpec
+from ..common.files import derive_reported, run_child, validation_session
+from ..common.forms import Form
+from ..common.graph import GraphIndex
 
 logger = logging.getLogger(__name__)
 
@@ -787,7 +788,7 @@ def validate(
 
 def write_stream_hift(source: Path, graph: Path, report_json: Path) -> StreamReport:
     """Derive, validate and write the streamed graph of ``source`` and its report (run in the
-    derivation child process, :mod:`.child`).
+    derivation child process, :mod:`..child`).
 
     Raises:
         ModelLoadError: structure not recognised or a check failed.
@@ -803,23 +804,16 @@ def write_stream_hift(source: Path, graph: Path, report_json: Path) -> StreamRep
     return report
 
 
-def _read_report(path: Path) -> StreamReport | None:
-    return read_report(path, StreamReport, "streamed hift")
-
-
 def ensure_stream_hift(
     source: Path, cache_dir: Path, *, in_process: bool = False
 ) -> tuple[Path, StreamReport]:
     """Path of the streamed graph of ``source`` (derived and validated once, in a child
-    process unless ``in_process``; :func:`~.files.derive_once`) and its report.
+    process unless ``in_process``; :func:`~..common.files.derive_reported`) and its report.
 
     Raises:
         ModelFilesMissing: ``source`` does not exist.
         ModelLoadError: not derivable or not valid (now or in an earlier attempt).
     """
-
-    def valid(paths: list[Path]) -> bool:
-        return all(path.is_file() for path in paths) and _read_report(paths[0]) is not None
 
     def make(tmps: list[Path]) -> None:
         report_json, graph = tmps
@@ -828,29 +822,31 @@ def ensure_stream_hift(
         else:
             run_child(["hift-stream", str(source), str(graph), str(report_json)])
 
-    report_path, target = derive_once(
+    (_, target), report = derive_reported(
         source, cache_dir, [(STREAM_TAG, ".onnx.json"), (STREAM_TAG, ".onnx")], make,
-        name="streamed vocoder", valid=valid,
+        StreamReport, report_index=0, name="streamed vocoder",
     )
-    report = _read_report(report_path)
-    if report is None:
-        raise ModelLoadError(f"the report {report_path} is unreadable")
     return target, report
 
 
-def load_stream_hift(
+STREAM_WARNING = ("streamed vocoder not used (%s); streaming re-runs a window of the vocoder "
+                  "per chunk")
+"""The fallback warning of this form (:class:`~..common.forms.Form`)."""
+
+
+def open_stream_hift(
     source: Path, cache_dir: Path, threads: int, providers: tuple[str, ...], spin_wait: bool
-) -> tuple[Graph, StreamReport] | None:
-    """The streamed vocoder graph and its report, or None after ONE warning when it cannot be
-    derived, validated or loaded (streaming then uses the windowed vocoder)."""
-    try:
-        path, report = ensure_stream_hift(source, cache_dir)
-        spec = stream_spec(len(report.state_shapes))
-        graph = Graph(path, spec, threads, providers, spin_wait=spin_wait)
-    except (ModelLoadError, ModelFilesMissing, GraphSignatureMismatch) as exc:
-        logger.warning("streamed vocoder not used (%s); streaming re-runs a window of the "
-                       "vocoder per chunk", exc)
-        return None
+) -> tuple[Graph, StreamReport]:
+    """The streamed vocoder graph of ``source`` (derived once, :func:`ensure_stream_hift`)
+    opened as a checked :class:`~...graphs.Graph`, and its report.
+
+    Raises:
+        ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: not derivable, not valid or
+            not loadable (streaming then uses the windowed vocoder).
+    """
+    path, report = ensure_stream_hift(source, cache_dir)
+    spec = stream_spec(len(report.state_shapes))
+    graph = Graph(path, spec, threads, providers, spin_wait=spin_wait)
     logger.info(
         "vocoder: streamed graph of %s (%d states, look-ahead %d frames; off one call by "
         "%.2g, one call's own rounding %.2g)", source.name, len(report.state_shapes),
@@ -858,3 +854,12 @@ def load_stream_hift(
         max(report.floor_prefix_audio, report.floor_phase_audio),
     )
     return graph, report
+
+
+def load_stream_hift(
+    source: Path, cache_dir: Path, threads: int, providers: tuple[str, ...], spin_wait: bool
+) -> tuple[Graph, StreamReport] | None:
+    """:func:`open_stream_hift`, or None after ONE warning (:data:`STREAM_WARNING`)."""
+    form = Form("streamed vocoder", warning=STREAM_WARNING, open=lambda _cache: (
+        open_stream_hift(source, cache_dir, threads, providers, spin_wait)))
+    return form.attempt(source.parent, cache_dir)

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..graphs import ESTIMATOR, Graph, GraphSpec
-from .files import derive_once, run_child, weight_free_copy
+from ...graphs import ESTIMATOR, Graph, GraphSpec
+from ..common.files import derive_once, run_child, weight_free_copy
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class SplitEstimator:
                 return hit
             import onnxruntime as ort
 
-            from ..graphs import open_session
+            from ...graphs import open_session
 
             threads, providers, spin = self._session_args
             session: ort.InferenceSession = open_session(self.time_path, threads, providers, spin)
@@ -238,8 +238,8 @@ class SplitEstimator:
             return
         import onnxruntime as ort
 
-        from ..graphs import open_session
-        from ..memory import return_freed_memory
+        from ...graphs import open_session
+        from ...memory import return_freed_memory
 
         threads, providers, spin = self._session_args
         with self._lock:
@@ -278,7 +278,7 @@ def ensure_split_estimator(
     source: Path, cache_dir: Path, precision: str, *, in_process: bool = False
 ) -> tuple[Path, Path]:
     """(main graph, time graph) of the split estimator for ``precision`` ("fp32" or "int8"),
-    derived once from ``source`` into ``cache_dir`` (:func:`~.files.derive_once`; the time
+    derived once from ``source`` into ``cache_dir`` (:func:`~..common.files.derive_once`; the time
     graph, the same for both precisions, is shared).
 
     Raises:

@@ -57,7 +57,8 @@ from typing import Any
 
 import numpy as np
 
-from .dit_structure import FINAL_MOD_CHUNKS, MOD_CHUNKS, DitWeights, Linear
+from ..common.graph import Linear
+from .dit_structure import FINAL_MOD_CHUNKS, MOD_CHUNKS, DitWeights
 
 OPSET = 18
 MS_DOMAIN = "com.microsoft"
@@ -98,7 +99,7 @@ class _Builder:
         return self.op_multi(op_type, inputs, [out or self.name(op_type.lower())], **attrs)[0]
 
     def linear(self, x: str, lin: Linear, base: str) -> str:
-        y = self.op("MatMul", [x, self.const(lin.weight, f"{base}.weight")], self.name(base))
+        y = self.op("MatMul", [x, self.const(lin.dequantized(), f"{base}.weight")], self.name(base))
         if lin.bias is not None:
             y = self.op("Add", [y, self.const(lin.bias, f"{base}.bias")])
         return y
@@ -257,13 +258,13 @@ def build_main(w: DitWeights, layout: str) -> Any:
         ff = _gelu_tanh(b, b.linear(xn, blk.ff1, f"b{i}.ff1"))
         # contrib outputs get no shape from onnx's inference: declared, so the int8 recipe
         # (which quantises MatMuls of rank-3 activations) still finds the next layer
-        b.value_info.append(h.make_tensor_value_info(ff, f32, ["B", "n", blk.ff1.weight.shape[1]]))
+        b.value_info.append(h.make_tensor_value_info(ff, f32, ["B", "n", blk.ff1.n]))
         hid = b.op("Add", [hid, b.op("Mul", [gate_mlp, b.linear(ff, blk.ff2, f"b{i}.ff2")])])
 
     fscale, fshift = (b.chunk("mod_final", j, dim) for j in range(FINAL_MOD_CHUNKS))
     out = b.linear(b.modulated_norm(hid, w.eps[-1], fscale, fshift), w.proj_out, "proj_out")
     b.op("Transpose", [out], out="velocity", perm=[0, 2, 1])
-    mel = w.proj_out.weight.shape[1]
+    mel = w.proj_out.n
     outputs = [
         h.make_tensor_value_info("velocity", f32, ["B", mel, "n"]),
         h.make_tensor_value_info("conv1_next", f32, ["B", dim, kk - 1]),

@@ -44,11 +44,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import constants as C
-from ..errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
-from ..graphs import HIFT, Graph, GraphSpec
-from .files import derive_once, read_report, run_child, validation_session
-from .graph_walk import GraphIndex
+from ... import constants as C
+from ...errors import ModelLoadError
+from ...graphs import HIFT, Graph, GraphSpec
+from ..common.files import derive_reported, run_child, validation_session
+from ..common.forms import Form
+from ..common.graph import GraphIndex
 
 logger = logging.getLogger(__name__)
 
@@ -268,7 +269,7 @@ def validate(source: Path, derived: Any, radians: float, seed: int = 0) -> Phase
 
 def write_phase_hift(source: Path, graph: Path, report_json: Path) -> PhaseCarryReport:
     """Derive, validate and write the phase-carrying graph of ``source`` and its report
-    (run in the derivation child process, :mod:`.child`).
+    (run in the derivation child process, :mod:`..child`).
 
     Raises:
         ModelLoadError: structure not recognised or a check failed.
@@ -300,23 +301,16 @@ def has_op_name(path: Path, op_type: bytes) -> bool:
         return True
 
 
-def _read_report(path: Path) -> PhaseCarryReport | None:
-    return read_report(path, PhaseCarryReport, "phase-carrying hift")
-
-
 def ensure_phase_hift(
     source: Path, cache_dir: Path, *, in_process: bool = False
 ) -> tuple[Path, PhaseCarryReport]:
     """Path of the phase-carrying graph of ``source`` (derived and validated once, in a child
-    process unless ``in_process``; :func:`~.files.derive_once`) and its report.
+    process unless ``in_process``; :func:`~..common.files.derive_reported`) and its report.
 
     Raises:
         ModelFilesMissing: ``source`` does not exist.
         ModelLoadError: not derivable or not valid (now or in an earlier attempt).
     """
-
-    def valid(paths: list[Path]) -> bool:
-        return all(path.is_file() for path in paths) and _read_report(paths[0]) is not None
 
     def make(tmps: list[Path]) -> None:
         report_json, graph = tmps
@@ -327,34 +321,41 @@ def ensure_phase_hift(
         else:
             run_child(["hift", str(source), str(graph), str(report_json)])
 
-    report_path, target = derive_once(
-        source,
-        cache_dir,
-        [(PHASE_TAG, ".onnx.json"), (PHASE_TAG, ".onnx")],
-        make,
-        name="phase-carrying vocoder",
-        valid=valid,
+    (_, target), report = derive_reported(
+        source, cache_dir, [(PHASE_TAG, ".onnx.json"), (PHASE_TAG, ".onnx")], make,
+        PhaseCarryReport, report_index=0, name="phase-carrying vocoder",
     )
-    report = _read_report(report_path)
-    if report is None:
-        raise ModelLoadError(f"the report {report_path} is unreadable")
     return target, report
 
 
-def load_phase_hift(
+PHASE_WARNING = ("phase-carrying vocoder not used (%s); windowed vocoder calls restart the "
+                 "harmonic phase")
+"""The fallback warning of this form (:class:`~..common.forms.Form`)."""
+
+
+def open_phase_hift(
     source: Path, cache_dir: Path, threads: int, providers: tuple[str, ...], spin_wait: bool
-) -> tuple[Graph, PhaseCarryReport] | None:
-    """The phase-carrying vocoder graph and its report, or None after ONE warning when it
-    cannot be derived, validated or loaded (the caller then loads ``source``)."""
-    try:
-        path, report = ensure_phase_hift(source, cache_dir)
-        graph = Graph(path, PHASE_HIFT, threads, providers, spin_wait=spin_wait)
-    except (ModelLoadError, ModelFilesMissing, GraphSignatureMismatch) as exc:
-        logger.warning("phase-carrying vocoder not used (%s); windowed vocoder calls restart "
-                       "the harmonic phase", exc)
-        return None
+) -> tuple[Graph, PhaseCarryReport]:
+    """The phase-carrying vocoder graph of ``source`` (derived once, :func:`ensure_phase_hift`)
+    opened as a checked :class:`~...graphs.Graph`, and its report.
+
+    Raises:
+        ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: not derivable, not valid or
+            not loadable (the caller falls back to ``source``).
+    """
+    path, report = ensure_phase_hift(source, cache_dir)
+    graph = Graph(path, PHASE_HIFT, threads, providers, spin_wait=spin_wait)
     logger.info(
         "vocoder: phase-carrying graph of %s (windowed call off by %.2g of one call; %.2g "
         "with the phase restarted)", source.name, report.window_rel, report.window_rel_without,
     )
     return graph, report
+
+
+def load_phase_hift(
+    source: Path, cache_dir: Path, threads: int, providers: tuple[str, ...], spin_wait: bool
+) -> tuple[Graph, PhaseCarryReport] | None:
+    """:func:`open_phase_hift`, or None after ONE warning (:data:`PHASE_WARNING`)."""
+    form = Form("phase-carrying vocoder", warning=PHASE_WARNING, open=lambda _cache: (
+        open_phase_hift(source, cache_dir, threads, providers, spin_wait)))
+    return form.attempt(source.parent, cache_dir)

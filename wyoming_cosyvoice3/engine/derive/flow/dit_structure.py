@@ -33,8 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from .graph_walk import (
+from ..common.graph import (
     GraphIndex,
+    Linear,
+    StructureError,
     forward_reach,
     is_dynamic_matmul,
     source_has_op,
@@ -53,20 +55,6 @@ MOD_CHUNKS = 6
 """AdaLayerNormZero chunks: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp."""
 FINAL_MOD_CHUNKS = 2
 """AdaLayerNormZero_Final chunks: scale, shift (modules.py, in that order)."""
-
-
-class StructureError(ValueError):
-    """The graph does not have the structure of upstream's DiT estimator."""
-
-
-@dataclass
-class Linear:
-    """``y = x @ weight + bias``; weight float32 [in, out], bias float32 [out] or None."""
-
-    weight: FloatArray
-    bias: FloatArray | None
-    output: str = ""
-    """Name of the output tensor in the source graph (after the bias Add)."""
 
 
 @dataclass
@@ -144,7 +132,7 @@ def _linear_at(gr: GraphIndex, node: Any) -> Linear | None:
                 if value is not None and value.reshape(-1).shape[0] == weight.shape[1]:
                     bias = np.asarray(value, dtype=np.float32).reshape(-1)
                     out = users[0].output[0]
-        return Linear(weight, bias, out)
+        return Linear(out, weight, bias)
     if node.op_type == "Gemm" and len(node.input) >= 2:
         dims = gr.weight_dims(node.input[1])
         if dims is None or len(dims) != 2 or gr.attr(node, "transA", 0):
@@ -160,7 +148,7 @@ def _linear_at(gr: GraphIndex, node: Any) -> Linear | None:
             if value is None:
                 return None
             bias = np.asarray(value, dtype=np.float32).reshape(-1)
-        return Linear(np.ascontiguousarray(weight), bias, node.output[0])
+        return Linear(node.output[0], np.ascontiguousarray(weight), bias)
     return None
 
 
@@ -169,13 +157,13 @@ def _qkv_roles(gr: GraphIndex, lins: list[Linear]) -> tuple[Linear, Linear, Line
     attention products: q -> scores input 0, k -> scores input 1, v -> output input 1."""
     roles: dict[str, Linear] = {}
     for lin in lins:
-        hit = forward_reach(gr, lin.output, lambda n, _i: is_dynamic_matmul(gr, n))
+        hit = forward_reach(gr, lin.y, lambda n, _i: is_dynamic_matmul(gr, n))
         if hit is None:
             raise StructureError("an attention projection reaches no attention product")
         node, via = hit
         # which input slot of the product does this path feed?
-        slot0 = source_reaches(gr, node.input[0], lin.output)
-        slot1 = source_reaches(gr, node.input[1], lin.output)
+        slot0 = source_reaches(gr, node.input[0], lin.y)
+        slot1 = source_reaches(gr, node.input[1], lin.y)
         from_softmax = source_has_op(gr, node.input[0], "Softmax")
         if from_softmax and slot1:
             roles["v"] = lin
@@ -281,10 +269,10 @@ def read_dit(model: Any) -> DitWeights:
     if len(frame) < 8 or (len(frame) - 2) % 6:
         raise StructureError(f"{len(frame)} per-frame linear layers do not make DiT blocks")
     proj_in, proj_out = frame[0][1], frame[-1][1]
-    dim = proj_in.weight.shape[1]
+    dim = proj_in.n
     depth = (len(frame) - 2) // 6
-    mods = [lin for lin in timed if lin.weight.shape == (dim, MOD_CHUNKS * dim)]
-    finals = [lin for lin in timed if lin.weight.shape == (dim, FINAL_MOD_CHUNKS * dim)]
+    mods = [lin for lin in timed if lin.shape == (dim, MOD_CHUNKS * dim)]
+    finals = [lin for lin in timed if lin.shape == (dim, FINAL_MOD_CHUNKS * dim)]
     if len(mods) != depth or len(finals) != 1:
         raise StructureError(
             f"{len(mods)} block modulations and {len(finals)} final ones for {depth} blocks"
@@ -297,19 +285,19 @@ def read_dit(model: Any) -> DitWeights:
             raise StructureError(f"block {b}: q, k, v do not share their input")
         q, k, v = _qkv_roles(gr, [lin for _, lin in qkv_nodes])
         out, ff1, ff2 = (lin for _, lin in part[3:])
-        inner = q.weight.shape[1]
+        inner = q.n
         if (
-            k.weight.shape != q.weight.shape
-            or v.weight.shape != q.weight.shape
-            or out.weight.shape != (inner, dim)
-            or ff1.weight.shape[0] != dim
-            or ff2.weight.shape != (ff1.weight.shape[1], dim)
+            k.shape != q.shape
+            or v.shape != q.shape
+            or out.shape != (inner, dim)
+            or ff1.k != dim
+            or ff2.shape != (ff1.n, dim)
         ):
             raise StructureError(f"block {b}: linear layer shapes do not fit a DiT block")
         blocks.append(Block(mods[b], q, k, v, out, ff1, ff2))
     inv_freq, div, layout = _rotary(gr)
     head_dim = 2 * inv_freq.size
-    inner = blocks[0].q.weight.shape[1]
+    inner = blocks[0].q.n
     if inner % head_dim:
         raise StructureError(f"attention width {inner} is no multiple of head dim {head_dim}")
     conv, groups, kernel = _convs(gr)
@@ -317,9 +305,9 @@ def read_dit(model: Any) -> DitWeights:
     if len(eps) != 2 * depth + 1:
         raise StructureError(f"{len(eps)} LayerNormalization nodes for {depth} blocks")
     order, widths = _input_order(gr, frame[0][0])
-    if sum(widths) != proj_in.weight.shape[0]:
+    if sum(widths) != proj_in.k:
         raise StructureError("input projection width does not match its inputs")
-    if proj_out.weight.shape[0] != dim:
+    if proj_out.k != dim:
         raise StructureError("output projection does not read the model width")
     return DitWeights(
         dim=dim,
@@ -338,7 +326,7 @@ def read_dit(model: Any) -> DitWeights:
         freq_div=div,
         layout_hint=layout,
         eps=eps,
-        mod_outputs=[blk.mod.output for blk in blocks] + [finals[0].output],
+        mod_outputs=[blk.mod.y for blk in blocks] + [finals[0].y],
     )
 
 

@@ -5,7 +5,7 @@ A derived file is named after its source file's size and mtime (:func:`keyed_nam
 replaced source is derived again; it is written once, atomically (temporary name +
 ``os.replace``); a failed attempt leaves ``<name>.failed`` with the reason so later starts do
 not retry it (delete the marker to retry). Large derivations run in a child process
-(:func:`run_child`, entry point :mod:`.child`): it holds the source graph and its derived copy
+(:func:`run_child`, entry point :mod:`..child`): it holds the source graph and its derived copy
 in memory (a few GB at the published size), which the serving process should never keep.
 :func:`derive_once` is that whole sequence; each derivation module gives it only what to make
 and how to tell a valid result.
@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import ModelFilesMissing, ModelLoadError
+from ...errors import ModelFilesMissing, ModelLoadError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -169,7 +169,7 @@ def weight_free_copy(model: Any) -> Any:
 
 
 def run_child(args: list[str]) -> None:
-    """Run one derivation in a child process (``python -m`` :mod:`.child` ``args``), waiting
+    """Run one derivation in a child process (``python -m`` :mod:`..child` ``args``), waiting
     at most :data:`CHILD_TIMEOUT_S`; this process only waits (no GIL held, no weights in
     memory).
 
@@ -177,7 +177,9 @@ def run_child(args: list[str]) -> None:
         ModelLoadError: the child could not start, timed out or exited non-zero (the message
             ends with its last line of output; the whole output is logged at debug level).
     """
-    package_root = Path(__file__).resolve().parents[2]
+    # the directory holding the wyoming_cosyvoice3 package (this file is
+    # wyoming_cosyvoice3/engine/derive/common/files.py): the child imports this same tree
+    package_root = Path(__file__).resolve().parents[4]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(package_root), env.get("PYTHONPATH", "")) if p
@@ -325,3 +327,43 @@ def derive_once(
             remove_stale(cache_dir, f"{_stem(source)}.{pattern}", guard)
         logger.info("%s ready in %.1f s", name, time.perf_counter() - started)
         return finals
+
+
+def derive_reported(
+    source: Path,
+    cache_dir: Path,
+    files: Sequence[tuple[str, str]],
+    make: Callable[[list[Path]], None],
+    report_type: Callable[..., T],
+    *,
+    report_index: int,
+    name: str,
+    failure: str | None = None,
+) -> tuple[list[Path], T]:
+    """:func:`derive_once` for a derivation that stores a JSON report beside its graph: a
+    cached result counts only when its report reads back as ``report_type``
+    (:func:`read_report`; an older recipe's report makes it derive again).
+
+    Args:
+        source, cache_dir, files, make, name, failure: as :func:`derive_once`.
+        report_type: the report's dataclass.
+        report_index: which of ``files`` is the report.
+
+    Returns:
+        The final paths (order of ``files``) and the report.
+
+    Raises:
+        ModelFilesMissing, ModelLoadError: as :func:`derive_once`; ModelLoadError also when
+            the report cannot be read after the derivation (damaged by another process).
+    """
+
+    def valid(paths: list[Path]) -> bool:
+        return _all_present(paths) and read_report(paths[report_index], report_type,
+                                                   name) is not None
+
+    finals = derive_once(source, cache_dir, files, make, name=name, failure=failure,
+                         valid=valid)
+    report = read_report(finals[report_index], report_type, name)
+    if report is None:
+        raise ModelLoadError(f"the report {finals[report_index]} is unreadable")
+    return finals, report

@@ -1,0 +1,220 @@
+"""The cost table of ``--preset auto`` (``server/machine.py`` ``STAGE_WORK``), and its check.
+
+``table``: per preset and stage (LLM prefill, LLM decoding, flow, vocoder), the work per second
+of audio of the streamed paragraph: operations and int8 weight bytes of every graph run,
+counted with the cost models of the **full-size** graphs (:mod:`.costmodel`), and the stage's
+efficiency (measured stage seconds / seconds at the run's measured peak rates) from a
+full-size benchmark run. The graph runs come from a benchmark output directory (``--shapes``);
+input shapes depend only on the text, the voice prompt and the preset's schedule, so a run on
+the ``tiny-dit`` synthetic model gives the full-size model's shapes when its pieces are cut
+alike (``--delta-chars 2000``: the whole text at once, as a slow server sees a stream). The
+streamed vocoder graph cannot be counted itself; its runs are counted as ``hift.onnx`` over the
+same new mel frames (it runs each frame once). The fp32 streaming DiT of ``quality`` is counted
+as the int8 one with every operation in fp32 (the int8 derivation swaps MatMul for the int8
+pattern with the same multiply-accumulates).
+
+``check``: each server's predicted RTF (``server/machine.py`` at the run's measured rates)
+next to its measured streamed-paragraph RTF.
+
+::
+
+    python -m wyoming_cosyvoice3.bench.machine_table table --shapes SHAPES_OUT \\
+        --efficiency FULL_OUT --model-dir /work/models-full
+    python -m wyoming_cosyvoice3.bench.machine_table check OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..server.machine import STAGE_WORK, MachineRates, StageWork, predict_rtf
+from .costmodel import CostModel, load_cost_models
+from .run_helpers import read_records
+from .stats import RunTrace, records_in_window
+
+STAGES = ("llm_prefill", "llm_decode", "flow", "vocoder")
+_STAGE_TIME = {"llm_prefill": "llm_prefill_s", "llm_decode": "llm_decode_s", "flow": "flow_s",
+               "vocoder": "vocoder_s"}
+
+
+def stage_of(graph_file: str, shapes: Mapping[str, Sequence[int]]) -> str | None:
+    """The stage a graph run belongs to (None: embeddings, time conditioning)."""
+    if graph_file.startswith("llm"):
+        return "llm_decode" if int(shapes["inputs_embeds"][1]) == 1 else "llm_prefill"
+    if graph_file.startswith(("flow_encoder", "flow.decoder.estimator.stream")):
+        return "flow"
+    if graph_file.startswith("hift"):
+        return "vocoder"
+    return None
+
+
+def _full_model(graph_file: str, costs: Mapping[str, CostModel]) -> CostModel | None:
+    """The full-size cost model standing for ``graph_file`` (module doc)."""
+    if graph_file.startswith("llm"):
+        return costs.get("llm")
+    if graph_file.startswith("flow_encoder"):
+        return costs.get("flow_encoder")
+    if graph_file.startswith("hift"):
+        return costs.get("hift")
+    if graph_file.startswith("flow.decoder.estimator.stream"):
+        return costs.get("dit_int8" if "int8" in graph_file else "dit_fp32")
+    return None
+
+
+def full_costs(model_dir: Path, efficiency_dir: Path) -> dict[str, CostModel]:
+    """Full-size cost models: the benchmark run's cached fits (fused LLM, int8 streaming DiT,
+    flow encoder) and hift.onnx of ``model_dir``; the fp32 DiT from the int8 one."""
+    cache = json.loads((efficiency_dir / "flop-cache.json").read_text(encoding="utf-8"))
+    out: dict[str, CostModel] = {}
+    for key, data in cache.items():
+        name = key.split(":", 1)[0]
+        model = CostModel.from_json(data)
+        if name.startswith("llm"):
+            out["llm"] = model
+        elif name.startswith("flow.decoder.estimator.stream") and "int8" in name:
+            out["dit_int8"] = model
+        elif name.startswith("flow_encoder"):
+            out["flow_encoder"] = model
+    hift = load_cost_models({"hift.onnx": model_dir / "hift.onnx"},
+                            efficiency_dir / "flop-cache-hift.json")["hift.onnx"]
+    if not isinstance(hift, CostModel):
+        raise SystemExit(f"hift.onnx of {model_dir} could not be counted: {hift}")
+    out["hift"] = hift
+    dit = out["dit_int8"]
+    out["dit_fp32"] = CostModel(
+        dit.family, tuple(a + b for a, b in zip(dit.fp32_coef, dit.int8_coef, strict=True)),
+        tuple(0.0 for _ in dit.int8_coef), 0, dit.weight_bytes_fp32 + 4 * dit.weight_bytes_int8,
+        0)
+    return out
+
+
+def paragraph_runs(out_dir: Path) -> dict[str, tuple[RunTrace, list[Mapping[str, Any]]]]:
+    """Preset -> (trace, server records) of its first streamed paragraph run in ``out_dir``."""
+    raw = json.loads((out_dir / "raw.json").read_text(encoding="utf-8"))
+    found = {}
+    for server in raw["servers"]:
+        records = read_records(out_dir / server["stats_file"])
+        for data in server["traces"]:
+            trace = RunTrace(**data)
+            if (trace.workload, trace.mode) == ("paragraph", "streaming"):
+                window = records_in_window(records, trace.wall_start_s,
+                                           trace.wall_start_s + trace.total_s)
+                found[server["preset"]] = (trace, window)
+                break
+    return found
+
+
+def stage_work(records: Sequence[Mapping[str, Any]], costs: Mapping[str, CostModel],
+               ) -> dict[str, list[float]]:
+    """Stage -> [fp32 ops, int8 ops, int8 weight bytes] summed over the graph runs."""
+    work = {stage: [0.0, 0.0, 0.0] for stage in STAGES}
+    for record in records:
+        for graph_file, shapes, _start, _end in record.get("graph_runs", []):
+            stage = stage_of(graph_file, shapes)
+            model = _full_model(graph_file, costs)
+            if stage is None or model is None:
+                continue
+            ops = model.ops(shapes)
+            work[stage][0] += ops.fp32
+            work[stage][1] += ops.int8
+            work[stage][2] += model.weight_bytes_int8
+    return work
+
+
+def _rates(out_dir: Path) -> MachineRates:
+    raw = json.loads((out_dir / "raw.json").read_text(encoding="utf-8"))
+    samples = raw["rates"].get("samples") or [raw["rates"]["start"], raw["rates"]["end"]]
+    return MachineRates(max(s["fp32_flops"] for s in samples),
+                        max(s["int8_ops"] for s in samples),
+                        max(s["int8_bytes"] for s in samples), int(samples[0]["threads"]))
+
+
+def efficiencies(efficiency_dir: Path, costs: Mapping[str, CostModel]) -> dict[str, float]:
+    """Stage -> measured stage seconds (the engine's StageTimes) / seconds at the run's peak
+    rates, from the first streamed paragraph run in ``efficiency_dir`` (a full-size run)."""
+    rates = _rates(efficiency_dir)
+    out = {}
+    for _preset, (_trace, records) in paragraph_runs(efficiency_dir).items():
+        work = stage_work(records, costs)
+        for stage in STAGES:
+            measured = sum(float(r.get("times", {}).get(_STAGE_TIME[stage], 0.0))
+                           for r in records)
+            at_peak = StageWork(work[stage][0] / 1e9, work[stage][1] / 1e9,
+                                work[stage][2] / 1e9, 1.0).seconds_per_audio_s(rates)
+            if at_peak > 0:
+                out[stage] = measured / at_peak
+        break
+    return out
+
+
+def table(args: argparse.Namespace) -> int:
+    costs = full_costs(args.model_dir, args.efficiency)
+    factor = efficiencies(args.efficiency, costs)
+    print(f"# efficiency (from {args.efficiency}): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in factor.items()))
+    for preset, (trace, records) in sorted(paragraph_runs(args.shapes).items()):
+        audio_s = trace.audio_s
+        work = stage_work(records, costs)
+        print(f"    {preset!r}: {{  # {audio_s:.2f} s of audio, "
+              f"{sum(len(r.get('graph_runs', [])) for r in records)} graph runs")
+        for stage in STAGES:
+            fp32, int8, stream = (v / audio_s / 1e9 for v in work[stage])
+            eff = factor.get(stage, 1.0)
+            if stage == "flow" and preset == "quality":
+                eff = args.fp32_dit_efficiency
+            print(f"        {stage!r}: StageWork({fp32:.4g}, {int8:.4g}, {stream:.4g}, "
+                  f"{eff:.3f}),")
+        print("    },")
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    """Predicted (at the run's rates) against measured streamed-paragraph RTF per server."""
+    rates = _rates(args.out)
+    results = json.loads((args.out / "results.json").read_text(encoding="utf-8"))
+    print(f"rates of the run: {rates.describe()}")
+    print("| server | predicted RTF | measured RTF (median, n) | predicted / measured |")
+    print("|---|---|---|---|")
+    for cell in results["cells"]:
+        if (cell["workload"], cell["mode"]) != ("paragraph", "streaming"):
+            continue
+        preset = cell["preset"].split(" ", 1)[0]
+        if preset not in STAGE_WORK:
+            continue
+        rtfs = [r["rtf"] for r in cell["runs"] if r.get("rtf")]
+        if not rtfs:
+            continue
+        measured = statistics.median(rtfs)
+        predicted = predict_rtf(rates, preset)
+        print(f"| {cell['preset']} | {predicted:.2f} | {measured:.2f} ({len(rtfs)}) | "
+              f"{predicted / measured:.2f} |")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m wyoming_cosyvoice3.bench.machine_table",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("table", help="print STAGE_WORK for server/machine.py")
+    t.add_argument("--shapes", type=Path, required=True,
+                   help="benchmark output with a streamed paragraph run per preset")
+    t.add_argument("--efficiency", type=Path, required=True,
+                   help="full-size benchmark output (its flop-cache.json and paragraph run)")
+    t.add_argument("--model-dir", type=Path, required=True, help="the full-size model")
+    t.add_argument("--fp32-dit-efficiency", type=float, default=1.41,
+                   help="quality's flow efficiency (default: BENCHMARKS.md 'Where the time "
+                        "goes: quality', 450 s measured / 320 s at peak)")
+    c = sub.add_parser("check", help="predicted against measured RTF of a benchmark run")
+    c.add_argument("out", type=Path, help="benchmark output directory")
+    args = parser.parse_args(argv)
+    return table(args) if args.command == "table" else check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -174,13 +174,28 @@ def table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sample_rates(out_dir: Path) -> list[MachineRates]:
+    raw = json.loads((out_dir / "raw.json").read_text(encoding="utf-8"))
+    samples = raw["rates"].get("samples") or [raw["rates"]["start"], raw["rates"]["end"]]
+    return [MachineRates(s["fp32_flops"], s["int8_ops"], s["int8_bytes"], int(s["threads"]))
+            for s in samples]
+
+
 def check(args: argparse.Namespace) -> int:
-    """Predicted (at the run's rates) against measured streamed-paragraph RTF per server."""
+    """Predicted (at the run's best rates, and the range over its rate samples) against
+    measured streamed-paragraph RTF per server; ``--probe`` adds the prediction at rates the
+    server's probe printed (``python -m wyoming_cosyvoice3.server.machine``)."""
     rates = _rates(args.out)
+    samples = _sample_rates(args.out)
     results = json.loads((args.out / "results.json").read_text(encoding="utf-8"))
-    print(f"rates of the run: {rates.describe()}")
-    print("| server | predicted RTF | measured RTF (median, n) | predicted / measured |")
-    print("|---|---|---|---|")
+    probe = (MachineRates(args.probe[0] * 1e9, args.probe[1] * 1e9, args.probe[2] * 1e9)
+             if args.probe else None)
+    print(f"rates of the run (best of {len(samples)} samples): {rates.describe()}")
+    if probe is not None:
+        print(f"probe: {probe.describe()}")
+    print("| server | predicted RTF (best rates; over the samples) | predicted at the probe's "
+          "rates | measured RTF (median, n) | predicted / measured | within 25 % |")
+    print("|---|---|---|---|---|---|")
     for cell in results["cells"]:
         if (cell["workload"], cell["mode"]) != ("paragraph", "streaming"):
             continue
@@ -192,8 +207,13 @@ def check(args: argparse.Namespace) -> int:
             continue
         measured = statistics.median(rtfs)
         predicted = predict_rtf(rates, preset)
-        print(f"| {cell['preset']} | {predicted:.2f} | {measured:.2f} ({len(rtfs)}) | "
-              f"{predicted / measured:.2f} |")
+        spread = [predict_rtf(sample, preset) for sample in samples]
+        at_probe = predict_rtf(probe, preset) if probe is not None else None
+        shown = at_probe if at_probe is not None else predicted
+        print(f"| {cell['preset']} | {predicted:.2f}; {min(spread):.2f}-{max(spread):.2f} | "
+              f"{'-' if at_probe is None else f'{at_probe:.2f}'} | {measured:.2f} "
+              f"({len(rtfs)}) | {shown / measured:.2f} | "
+              f"{'yes' if abs(shown / measured - 1) <= 0.25 else 'no'} |")
     return 0
 
 
@@ -212,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "goes: quality', 450 s measured / 320 s at peak)")
     c = sub.add_parser("check", help="predicted against measured RTF of a benchmark run")
     c.add_argument("out", type=Path, help="benchmark output directory")
+    c.add_argument("--probe", type=float, nargs=3, metavar=("FP32_G", "INT8_G", "STREAM_GB"),
+                   help="the probe's rates as printed (GFLOP/s, GOP/s, GB/s)")
     args = parser.parse_args(argv)
     return table(args) if args.command == "table" else check(args)
 

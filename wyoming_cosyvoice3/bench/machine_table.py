@@ -4,10 +4,13 @@
 of audio of the streamed paragraph: operations and int8 weight bytes of every graph run,
 counted with the cost models of the **full-size** graphs (:mod:`.costmodel`), and the stage's
 efficiency (measured stage seconds / seconds at the run's measured peak rates) from a
-full-size benchmark run. The graph runs come from a benchmark output directory (``--shapes``);
-input shapes depend only on the text, the voice prompt and the preset's schedule, so a run on
-the ``tiny-dit`` synthetic model gives the full-size model's shapes when its pieces are cut
-alike (``--delta-chars 2000``: the whole text at once, as a slow server sees a stream). The
+full-size benchmark run (``--efficiency``; each preset's own factors when it ran there). The
+graph runs come from a benchmark output directory (``--shapes``): best the same full-size run.
+Input shapes depend only on the text, the voice prompt, the preset's schedule and how the
+server cut the text into pieces, so a run on the ``tiny-dit`` synthetic model stands in for
+the full-size model when its pieces are cut alike (``--delta-chars 2000``: the whole text at
+once, as a slow server sees a stream; the server's piece bound for machines slower than
+playback, ``preroll.piece_limit_s``, does not act on the fast tiny model). The
 streamed vocoder graph cannot be counted itself; its runs are counted as ``hift.onnx`` over the
 same new mel frames (it runs each frame once). The fp32 streaming DiT of ``quality`` is counted
 as the int8 one with every operation in fp32 (the int8 derivation swaps MatMul for the int8
@@ -135,12 +138,14 @@ def _rates(out_dir: Path) -> MachineRates:
                         max(s["int8_bytes"] for s in samples), int(samples[0]["threads"]))
 
 
-def efficiencies(efficiency_dir: Path, costs: Mapping[str, CostModel]) -> dict[str, float]:
-    """Stage -> measured stage seconds (the engine's StageTimes) / seconds at the run's peak
-    rates, from the first streamed paragraph run in ``efficiency_dir`` (a full-size run)."""
+def efficiencies(efficiency_dir: Path, costs: Mapping[str, CostModel]
+                 ) -> dict[str, dict[str, float]]:
+    """Preset -> stage -> measured stage seconds (the engine's StageTimes) / seconds at the
+    run's peak rates, for every preset with a streamed paragraph run in ``efficiency_dir``
+    (a full-size run)."""
     rates = _rates(efficiency_dir)
-    out = {}
-    for _preset, (_trace, records) in paragraph_runs(efficiency_dir).items():
+    out: dict[str, dict[str, float]] = {}
+    for preset, (_trace, records) in paragraph_runs(efficiency_dir).items():
         work = stage_work(records, costs)
         for stage in STAGES:
             measured = sum(float(r.get("times", {}).get(_STAGE_TIME[stage], 0.0))
@@ -148,16 +153,31 @@ def efficiencies(efficiency_dir: Path, costs: Mapping[str, CostModel]) -> dict[s
             at_peak = StageWork(work[stage][0] / 1e9, work[stage][1] / 1e9,
                                 work[stage][2] / 1e9, 1.0).seconds_per_audio_s(rates)
             if at_peak > 0:
-                out[stage] = measured / at_peak
-        break
+                out.setdefault(preset, {})[stage] = measured / at_peak
     return out
+
+
+def _efficiency(factors: Mapping[str, Mapping[str, float]], preset: str, stage: str,
+                fp32_dit: float) -> tuple[float, str]:
+    """A preset's own factor when its run is there; else the other presets' (the same LLM
+    and vocoder graphs; `fast` and `balanced` the same int8 DiT) or, for `quality`'s fp32
+    DiT, ``fp32_dit``."""
+    if stage in factors.get(preset, {}):
+        return factors[preset][stage], preset
+    if preset == "quality" and stage == "flow":
+        return fp32_dit, "--fp32-dit-efficiency"
+    for other in ("balanced", "fast", "quality"):
+        if stage in factors.get(other, {}) and not (other == "quality" and stage == "flow"):
+            return factors[other][stage], other
+    return 1.0, "none"
 
 
 def table(args: argparse.Namespace) -> int:
     costs = full_costs(args.model_dir, args.efficiency)
-    factor = efficiencies(args.efficiency, costs)
-    print(f"# efficiency (from {args.efficiency}): "
-          + ", ".join(f"{k} {v:.3f}" for k, v in factor.items()))
+    factors = efficiencies(args.efficiency, costs)
+    for preset, stages in factors.items():
+        print(f"# efficiency of {preset} in {args.efficiency}: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in stages.items()))
     for preset, (trace, records) in sorted(paragraph_runs(args.shapes).items()):
         audio_s = trace.audio_s
         work = stage_work(records, costs)
@@ -165,11 +185,9 @@ def table(args: argparse.Namespace) -> int:
               f"{sum(len(r.get('graph_runs', [])) for r in records)} graph runs")
         for stage in STAGES:
             fp32, int8, stream = (v / audio_s / 1e9 for v in work[stage])
-            eff = factor.get(stage, 1.0)
-            if stage == "flow" and preset == "quality":
-                eff = args.fp32_dit_efficiency
+            eff, source = _efficiency(factors, preset, stage, args.fp32_dit_efficiency)
             print(f"        {stage!r}: StageWork({fp32:.4g}, {int8:.4g}, {stream:.4g}, "
-                  f"{eff:.3f}),")
+                  f"{eff:.3f}),  # efficiency of {source}")
         print("    },")
     return 0
 

@@ -112,7 +112,10 @@ class StageWork:
 # 29.4 GB/s; measured RTF 2.09, predicted from this table at those rates 2.06). Efficiencies:
 # LLM prefill 1.63, decoding 2.15, flow (int8 streaming DiT) 1.73, vocoder 1.88 from that run;
 # `quality`'s fp32 DiT 1.41 (BENCHMARKS.md "Where the time goes: quality", 450 s measured /
-# 320 s at peak: no run of today's fp32 streaming DiT has its graph runs recorded).
+# 320 s at peak: no run of today's fp32 streaming DiT has its graph runs recorded). The pieces
+# are those of big pieces (up to 80 text tokens); since then the server cuts sentence-sized
+# pieces on machines slower than playback (preroll.piece_limit_s), which adds per-piece work:
+# regenerate from a full-size run of this tree (--shapes FULL_RUN --efficiency FULL_RUN).
 STAGE_WORK: dict[str, dict[str, StageWork]] = {
     "quality": {
         "llm_prefill": StageWork(0.01916, 2.557, 0.02431, 1.632),

@@ -228,3 +228,5 @@ async def test_describe_answers_while_the_machine_is_measured(
         assert time.monotonic() - started < 1.0
         assert info.tts and calls
         assert server.runtime.preset == "balanced"  # until the choice: the fallback
+        # let loading end here: a loader left running would log into the next test
+        assert await asyncio.to_thread(server.runtime.ready_event.wait, 120.0)

@@ -185,6 +185,9 @@ async def test_auto_chooses_before_loading_logs_one_line_and_shows_it(
             runtime = server.runtime
             assert calls == [1]  # once, with the engine's thread count
             assert runtime.preset == "fast"
+            # the piece gate starts from the prediction: fast at 0.83 x playback time makes
+            # 1.2 s of audio per second (by hand: 1.4996 / 1.8 = 0.833), so nothing is held
+            assert runtime.production.rate() == pytest.approx(1.8 / 1.4996, rel=0.01)
             assert runtime.synthesis_options().euler_steps == PRESETS["fast"].euler_steps == 2
             async with client(server) as cl:
                 await cl.write_event(Synthesize(text="The door is locked.").event())
@@ -210,7 +213,8 @@ async def test_an_explicit_preset_is_not_replaced(
         assert server.runtime.preset == "balanced" and server.runtime.preset_choice is None
         async with aiohttp.ClientSession() as session:
             page = await listing(session, server)
-    assert calls == []  # no probe at all
+    assert calls == []  # no probe at all, and no prior for the piece gate
+    assert server.runtime.production.rate() is None
     assert page["preset"] == {"name": "balanced", "auto": False, "choice": None}
 
 

@@ -48,6 +48,11 @@ FALLBACK_PRESET = "balanced"
 better than a lossier preset that still pauses), or when the probe fails."""
 KEEPS_UP_RTF = 1.0
 """A preset keeps up with playback when its predicted RTF is at most this."""
+SEED_WORK_S = 2.0
+"""Seconds of engine work the prediction counts as in the piece gate's production history
+(:class:`.preroll.ProductionHistory`) of a fresh server: it sizes the first answer's pieces and
+holds instead of the gate's assumed rate, and the first measured responses outweigh it (the
+gate blends up to 10 s of history with each response's own measurement)."""
 
 
 @dataclass(frozen=True)

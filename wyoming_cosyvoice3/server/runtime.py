@@ -32,7 +32,13 @@ from .engine_port import (
     default_model_locator,
 )
 from .limits import ConnectionCounter
-from .machine import AUTO, FALLBACK_PRESET, PresetChoice, choose_for_this_machine
+from .machine import (
+    AUTO,
+    FALLBACK_PRESET,
+    SEED_WORK_S,
+    PresetChoice,
+    choose_for_this_machine,
+)
 from .preroll import ProductionHistory
 from .settings import Settings
 from .synthesis_runner import ServerBusy, SynthesisRunner
@@ -171,6 +177,9 @@ class ServerRuntime(SynthesisRunner):
         onnxruntime work in this loader thread) and log the prediction in one line."""
         choice = choose_for_this_machine(self.settings.threads)
         self.preset_choice, self.preset = choice, choice.preset
+        rtf = choice.predicted_rtf.get(choice.preset)
+        if rtf:  # the piece gate's prior until responses are measured (no request runs yet)
+            self.production.add_response(SEED_WORK_S / rtf, SEED_WORK_S)
         _LOGGER.info("%s", choice.summary())
 
     def _locate_model(self) -> Path | None:

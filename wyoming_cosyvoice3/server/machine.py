@@ -104,40 +104,42 @@ class StageWork:
         return max(compute_s, stream_s) * self.efficiency
 
 
-# Regenerate (module doc of wyoming_cosyvoice3/bench/machine_table.py; tiny-dit gives the
-# full-size shapes, the whole text sent at once cuts the pieces as a slow server does):
+# Regenerate (module doc of wyoming_cosyvoice3/bench/machine_table.py): the graph runs of the
+# paragraph streamed as Home Assistant streams it (10 characters every 50 ms) on the tiny-dit
+# synthetic model, which has the full-size model's input shapes and keeps up with the stream
+# as a machine faster than playback does; counted with the full-size graphs' cost models:
 #   python -m wyoming_cosyvoice3.bench --model-dir TINY_DIT --voice-clip \
 #       ../shared/voices/cross-lingual-prompt.wav --cross-lingual --out SHAPES \
 #       --presets quality,balanced,fast --workloads paragraph --modes streaming --runs 1 \
-#       --delta-chars 2000 --markdown ''
+#       --markdown ''
 #   python -m wyoming_cosyvoice3.bench.machine_table table --shapes SHAPES \
 #       --efficiency FULL_RUN --model-dir /work/models-full
 # FULL_RUN: the full-size `balanced` streamed paragraph of BENCHMARKS.md "What a listener hears
 # with the piece gate" (bench-pauses, 2026-12-02; its rates fp32 168 GFLOP/s, int8 336 GOP/s,
-# 29.4 GB/s; measured RTF 2.09, predicted from this table at those rates 2.06). Efficiencies:
+# 29.4 GB/s; measured RTF 2.09, predicted from this table at those rates 2.11). Efficiencies:
 # LLM prefill 1.63, decoding 2.15, flow (int8 streaming DiT) 1.73, vocoder 1.88 from that run;
 # `quality`'s fp32 DiT 1.41 (BENCHMARKS.md "Where the time goes: quality", 450 s measured /
-# 320 s at peak: no run of today's fp32 streaming DiT has its graph runs recorded). The pieces
-# are those of big pieces (up to 80 text tokens); since then the server cuts sentence-sized
-# pieces on machines slower than playback (preroll.piece_limit_s), which adds per-piece work:
-# regenerate from a full-size run of this tree (--shapes FULL_RUN --efficiency FULL_RUN).
+# 320 s at peak: no run of today's fp32 streaming DiT has its graph runs recorded).
+# How the server cuts the text into pieces moves the flow's work by about +-8 %: sentence
+# pieces (a machine slower than playback, preroll.piece_limit_s) 182.6 / 84.3 / 1199 GOP per
+# audio second for balanced / fast / quality, pieces of up to 80 text tokens 157.5 / 76.8 / 1054.
 STAGE_WORK: dict[str, dict[str, StageWork]] = {
     "quality": {
-        "llm_prefill": StageWork(0.01916, 2.557, 0.02431, 1.632),
-        "llm_decode": StageWork(0.6356, 18.15, 9.081, 2.154),
-        "flow": StageWork(1054.0, 0.0, 0.0, 1.410),
+        "llm_prefill": StageWork(0.01215, 3.152, 0.06119, 1.632),
+        "llm_decode": StageWork(0.2975, 18.07, 9.044, 2.154),
+        "flow": StageWork(1195.0, 0.0, 0.0, 1.410),
         "vocoder": StageWork(33.70, 0.0, 0.0, 1.881),
     },
     "balanced": {
-        "llm_prefill": StageWork(0.01916, 2.557, 0.02431, 1.632),
-        "llm_decode": StageWork(0.6356, 18.15, 9.081, 2.154),
-        "flow": StageWork(19.23, 157.5, 0.3452, 1.728),
+        "llm_prefill": StageWork(0.01462, 2.955, 0.04889, 1.632),
+        "llm_decode": StageWork(0.4251, 18.10, 9.056, 2.154),
+        "flow": StageWork(18.88, 167.5, 0.4463, 1.728),
         "vocoder": StageWork(33.70, 0.0, 0.0, 1.881),
     },
     "fast": {
-        "llm_prefill": StageWork(0.01916, 2.557, 0.02431, 1.632),
-        "llm_decode": StageWork(0.6356, 18.15, 9.081, 2.154),
-        "flow": StageWork(5.031, 76.78, 0.1726, 1.728),
+        "llm_prefill": StageWork(0.01017, 3.557, 0.08613, 1.632),
+        "llm_decode": StageWork(0.1973, 18.02, 9.019, 2.154),
+        "flow": StageWork(4.011, 84.29, 0.3494, 1.728),
         "vocoder": StageWork(33.70, 0.0, 0.0, 1.881),
     },
 }

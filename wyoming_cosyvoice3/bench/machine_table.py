@@ -8,9 +8,11 @@ full-size benchmark run (``--efficiency``; each preset's own factors when it ran
 graph runs come from a benchmark output directory (``--shapes``): best the same full-size run.
 Input shapes depend only on the text, the voice prompt, the preset's schedule and how the
 server cut the text into pieces, so a run on the ``tiny-dit`` synthetic model stands in for
-the full-size model when its pieces are cut alike (``--delta-chars 2000``: the whole text at
-once, as a slow server sees a stream; the server's piece bound for machines slower than
-playback, ``preroll.piece_limit_s``, does not act on the fast tiny model). The
+the full-size model: with the standard streamed paragraph it keeps up with the stream as a
+machine faster than playback does (the table of ``server/machine.py``); ``--delta-chars
+2000`` (the whole text at once) gives the 80-token pieces of a slow server without the piece
+bound, ``--delta-interval-s 0.3`` sentence pieces like the bound of a machine at about half
+playback speed (``preroll.piece_limit_s``, which does not act on the fast tiny model). The
 streamed vocoder graph cannot be counted itself; its runs are counted as ``hift.onnx`` over the
 same new mel frames (it runs each frame once). The fp32 streaming DiT of ``quality`` is counted
 as the int8 one with every operation in fp32 (the int8 derivation swaps MatMul for the int8

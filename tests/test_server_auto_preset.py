@@ -3,8 +3,9 @@ an explicit preset winning, the one log line, the voice page, ``describe`` durin
 
 The reference rates are those of the full-size benchmark run the cost table was made from
 (BENCHMARKS.md "What a listener hears with the piece gate", its results.json: fp32 168.4
-GFLOP/s, int8 336.3 GOP/s, int8 weights streamed at 29.4 GB/s), where `balanced` streamed the
-paragraph at RTF 2.094. A "medium" machine has 1.8x those rates (a faster x86 mini PC), a
+GFLOP/s, int8 336.3 GOP/s), where `balanced` streamed the paragraph at RTF 2.094, with the
+probe's memory rate on that machine (33.4 GB/s, the weight evicted from the cache). A
+"medium" machine has 1.8x those rates (a faster x86 mini PC), a
 "fast" one 15x (a desktop with many cores); every rate scales alike.
 """
 
@@ -36,7 +37,7 @@ from wyoming_cosyvoice3.server.machine import (
 )
 from wyoming_cosyvoice3.server.settings import Settings, SettingsError, resolve_settings
 
-REFERENCE = MachineRates(168.44e9, 336.34e9, 29.44e9, 2)
+REFERENCE = MachineRates(168.44e9, 336.34e9, 33.4e9, 2)
 MEASURED_BALANCED_RTF = 2.094
 """The streamed paragraph of that run (results.json of bench-pauses: 62.58 s / 29.88 s)."""
 

@@ -316,7 +316,7 @@ async def test_the_page_shows_what_auto_chose(tiny_model_dir: Path, browser: Any
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """``--preset auto`` with the machine probe replaced by the rates of the 2-core reference
     machine (test_server_auto_preset.py): balanced, slower than playback, shown on the page."""
-    reference = MachineRates(168.44e9, 336.34e9, 29.44e9, 2)
+    reference = MachineRates(168.44e9, 336.34e9, 33.4e9, 2)
     monkeypatch.setattr(machine, "probe_rates", lambda *_args, **_kw: reference)
     monkeypatch.setattr(machine, "available_memory_bytes", lambda: 16e9)
     settings = make_settings(tiny_model_dir, tmp_path / "data", http_port=0, preset="auto")

@@ -140,12 +140,12 @@ def _rates(out_dir: Path) -> MachineRates:
                         max(s["int8_bytes"] for s in samples), int(samples[0]["threads"]))
 
 
-def efficiencies(efficiency_dir: Path, costs: Mapping[str, CostModel]
-                 ) -> dict[str, dict[str, float]]:
+def efficiencies(efficiency_dir: Path, costs: Mapping[str, CostModel],
+                 rates: MachineRates | None = None) -> dict[str, dict[str, float]]:
     """Preset -> stage -> measured stage seconds (the engine's StageTimes) / seconds at the
-    run's peak rates, for every preset with a streamed paragraph run in ``efficiency_dir``
-    (a full-size run)."""
-    rates = _rates(efficiency_dir)
+    peak rates (``rates``, else the run's own), for every preset with a streamed paragraph
+    run in ``efficiency_dir`` (a full-size run)."""
+    rates = rates or _rates(efficiency_dir)
     out: dict[str, dict[str, float]] = {}
     for preset, (_trace, records) in paragraph_runs(efficiency_dir).items():
         work = stage_work(records, costs)
@@ -176,7 +176,9 @@ def _efficiency(factors: Mapping[str, Mapping[str, float]], preset: str, stage: 
 
 def table(args: argparse.Namespace) -> int:
     costs = full_costs(args.model_dir, args.efficiency)
-    factors = efficiencies(args.efficiency, costs)
+    rates = (MachineRates(args.rates[0] * 1e9, args.rates[1] * 1e9, args.rates[2] * 1e9)
+             if args.rates else None)
+    factors = efficiencies(args.efficiency, costs, rates)
     for preset, stages in factors.items():
         print(f"# efficiency of {preset} in {args.efficiency}: "
               + ", ".join(f"{k} {v:.3f}" for k, v in stages.items()))
@@ -250,6 +252,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--fp32-dit-efficiency", type=float, default=1.41,
                    help="quality's flow efficiency (default: BENCHMARKS.md 'Where the time "
                         "goes: quality', 450 s measured / 320 s at peak)")
+    t.add_argument("--rates", type=float, nargs=3, metavar=("FP32_G", "INT8_G", "STREAM_GB"),
+                   help="the rates the factors are relative to, as python -m "
+                        "wyoming_cosyvoice3.server.machine printed them on the machine of the "
+                        "efficiency run (default: the run's own; its memory rate is measured "
+                        "with the weight partly cached)")
     c = sub.add_parser("check", help="predicted against measured RTF of a benchmark run")
     c.add_argument("out", type=Path, help="benchmark output directory")
     c.add_argument("--probe", type=float, nargs=3, metavar=("FP32_G", "INT8_G", "STREAM_GB"),

@@ -47,10 +47,12 @@ def make_settings(model_dir: Path, data_dir: Path, **changes: Any) -> Settings:
     The LLM graph is ``published`` unless a test asks otherwise: the default ``fused`` needs a
     Qwen2-structured LLM, which the tiny models' stand-in is not, so it would start one
     failing derivation process per fresh data dir (test_server_default_preset.py runs the
-    real default; test_llm_fused.py the fused graph itself)."""
+    real default; test_llm_fused.py the fused graph itself). The preset is ``balanced``
+    unless a test asks otherwise: the default ``auto`` measures the machine at every start
+    and its choice depends on the machine (test_server_auto_preset.py)."""
     values: dict[str, Any] = dict(uri="tcp://127.0.0.1:0", model_dir=model_dir,
                                   data_dirs=(data_dir,), warm_up=False, seed=1,
-                                  llm_graph="published")
+                                  llm_graph="published", preset="balanced")
     values.update(changes)
     return Settings(**values)
 

@@ -94,7 +94,7 @@ def test_default_and_changed_options_reach_the_server(tmp_path: Path) -> None:
     defaults = _resolve(tmp_path, _config()["options"])
     assert (defaults.preset, defaults.voice, defaults.llm_precision, defaults.threads,
             defaults.speed, defaults.streaming, defaults.debug) == (
-        "balanced", None, "int8", 0, 1.0, True, False)
+        "auto", None, "int8", 0, 1.0, True, False)
     changed = _resolve(tmp_path, {"preset": "fast", "voice": "en-male", "llm_precision": "q4",
                                   "threads": 3, "speed": 1.5, "streaming": False,
                                   "debug": True})

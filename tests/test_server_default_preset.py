@@ -32,7 +32,9 @@ async def test_default_preset_runs_the_int8_streaming_dit_end_to_end(
     data_dir = tmp_path / "data"
     settings = make_settings(tiny_dit_model_dir, data_dir, warm_up=True,
                              llm_graph=Settings.llm_graph)  # every default as shipped
-    assert settings.preset == Settings.preset == "balanced"  # the default
+    # the default is auto, which takes balanced when no preset keeps up with playback
+    # (test_server_auto_preset.py); this test runs balanced on any machine
+    assert settings.preset == "balanced" and Settings.preset == "auto"
     balanced = PRESETS["balanced"]
     assert balanced.flow_precision == "int8" and balanced.flow_chunk_causal
     with caplog.at_level(logging.INFO):

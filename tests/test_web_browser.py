@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,9 @@ from server_support import SpyEngine, describe, make_settings, running_server, s
 from web_support import catalog_items, delete_voice, ingress_proxy, page_url
 
 from synthetic.audio import write_clip
+from wyoming_cosyvoice3.server import machine
 from wyoming_cosyvoice3.server.cli import RunningServer
+from wyoming_cosyvoice3.server.machine import MachineRates
 
 
 def browser_required(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -162,6 +165,8 @@ def add_preview_delete(driver: Any, url: str, clips: Path, data_dir: Path,
     wait_for(driver, lambda d: "model ready" in d.find_element(By.ID, "status").text,
              "the model state")
     assert row_state(driver, "en-male") == "installed"
+    # a preset given in the settings is shown as such (no machine measurement)
+    assert driver.find_element(By.ID, "preset").text == "Preset quality (set in the options)."
 
     # a clip the catalog would refuse: the page shows what to change, nothing is saved
     fill_voice_form(driver, "tooshort", write_clip(clips / "short.wav", seconds=0.5))
@@ -304,6 +309,29 @@ async def test_record_a_voice_in_the_browser(shared: Shared, browser: Any) -> No
     async with aiohttp.ClientSession() as http:
         assert (await delete_voice(http, shared.server, "recorded"))[0] == 200
 
+
+
+async def test_the_page_shows_what_auto_chose(tiny_model_dir: Path, browser: Any,
+                                              tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--preset auto`` with the machine probe replaced by the rates of the 2-core reference
+    machine (test_server_auto_preset.py): balanced, slower than playback, shown on the page."""
+    reference = MachineRates(168.44e9, 336.34e9, 33.4e9, 2)
+    monkeypatch.setattr(machine, "probe_rates", lambda *_args, **_kw: reference)
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 16e9)
+    settings = make_settings(tiny_model_dir, tmp_path / "data", http_port=0, preset="auto")
+    async with running_server(settings) as server:
+        def shown() -> str:
+            browser.get(page_url(server))
+            wait_for(browser, lambda d: "model ready" in d.find_element(By.ID, "status").text,
+                     "the model state")
+            return str(browser.find_element(By.ID, "preset").text)
+
+        text = await asyncio.to_thread(shown)
+    assert text.startswith("Preset balanced (chosen for this machine): this machine makes "
+                           "speech at about 0.47x playback speed"), text
+    assert "expect pauses between sentences on long answers." in text
+    assert re.search(r"quality 11\.0\d, balanced 2\.1\d, fast 1\.5\d\.$", text), text
 
 
 def test_ci_or_the_variable_requires_the_browser() -> None:

@@ -32,6 +32,13 @@ from .engine_port import (
 )
 from .hooks import ServerHooks, ServerObserver
 from .limits import ConnectionCounter
+from .machine import (
+    AUTO,
+    FALLBACK_PRESET,
+    SEED_WORK_S,
+    PresetChoice,
+    choose_for_this_machine,
+)
 from .preroll import ProductionHistory
 from .settings import Settings
 from .synthesis_runner import ServerBusy, SynthesisRunner
@@ -91,6 +98,11 @@ class ServerRuntime(SynthesisRunner):
         self.download_attempts = 0
         self.waiting_event = threading.Event()
         """Set once a download attempt failed and a retry is scheduled."""
+        self.preset = FALLBACK_PRESET if settings.preset == AUTO else settings.preset
+        """The preset requests run with: ``--preset``, or what ``auto`` chose at start (until
+        then :data:`.machine.FALLBACK_PRESET`)."""
+        self.preset_choice: PresetChoice | None = None
+        """What ``--preset auto`` chose and predicted (None: a preset was given)."""
         self.production = ProductionHistory()
         """Recent production rate and piece lengths (the piece gate's prior, :mod:`.preroll`)."""
         self.observer: ServerObserver | None = self.hooks.observer
@@ -115,6 +127,9 @@ class ServerRuntime(SynthesisRunner):
             if located is None:
                 return  # stopping
             model_dir = self.model_dir = located
+            if self.settings.preset == AUTO:  # before loading: the preset picks the graphs
+                self.phase = "measuring this machine"
+                self._choose_preset()
             self.phase = "loading the model"
             options = EngineOptions(
                 llm_precision=self.settings.llm_precision,  # type: ignore[arg-type]
@@ -161,6 +176,16 @@ class ServerRuntime(SynthesisRunner):
         if self.settings.voice and (default is None or default.entry.name != self.settings.voice):
             _LOGGER.warning("Default voice %r is not available; using %s", self.settings.voice,
                             default.entry.name if default else "none")
+
+    def _choose_preset(self) -> None:
+        """Resolve ``--preset auto`` (:func:`.machine.choose_for_this_machine`, about 1 s of
+        onnxruntime work in this loader thread) and log the prediction in one line."""
+        choice = choose_for_this_machine(self.settings.threads)
+        self.preset_choice, self.preset = choice, choice.preset
+        rtf = choice.predicted_rtf.get(choice.preset)
+        if rtf:  # the piece gate's prior until responses are measured (no request runs yet)
+            self.production.add_response(SEED_WORK_S / rtf, SEED_WORK_S)
+        _LOGGER.info("%s", choice.summary())
 
     def _locate_model(self) -> Path | None:
         """The model dir, downloading it; retried with backoff while files cannot be fetched
@@ -253,7 +278,7 @@ class ServerRuntime(SynthesisRunner):
         """Per-request options: the preset with ``--speed``, the seed and the time limit."""
         from ..engine.options import PRESETS
 
-        base = PRESETS.get(self.settings.preset, SynthesisOptions()).replace(
+        base = PRESETS.get(self.preset, SynthesisOptions()).replace(
             **self.hooks.synthesis_overrides)
         return base.replace(
             speed=self.settings.speed,

@@ -21,6 +21,7 @@ from typing import Any
 from .. import __version__
 from ..engine.options import LLM_FILES, PRESETS
 from .limits import Limits
+from .machine import AUTO
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class Settings:
     threads: int = 0
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     speed: float = 1.0
-    preset: str = "balanced"
+    preset: str = AUTO
     samples_per_chunk: int = 1024
     max_preroll_ms: int = 8000
     max_concurrent: int = 1
@@ -199,7 +200,10 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("--providers", "providers", "onnxruntime execution providers, comma-separated "
             "(default CPUExecutionProvider)", convert=_providers),
     _Option("--speed", "speed", "speaking rate, 0.5..2.0 (default 1.0)", convert=_speed),
-    _Option("--preset", "preset", "synthesis preset (default balanced)", choices=tuple(PRESETS)),
+    _Option("--preset", "preset", "synthesis preset: auto (default) measures this machine at "
+            "start (about 1 s) and takes the most exact preset that keeps up with playback and "
+            "fits in memory, else balanced; or quality, balanced, fast",
+            choices=(AUTO, *PRESETS)),
     _Option("--samples-per-chunk", "samples_per_chunk", "samples per audio-chunk event "
             "(default 1024)", convert=_positive_int),
     _Option("--max-preroll-ms", "max_preroll_ms", "longest silence one hold may add when "

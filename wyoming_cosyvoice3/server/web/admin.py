@@ -31,6 +31,7 @@ from ..catalog import (
     resolve_clip,
     with_model_dir,
 )
+from ..machine import AUTO
 from ..runtime import Engine, ModelState, ServerRuntime
 from ..voice_slots import VoiceSlot, prepare_slot
 from .errors import BadRequest, Conflict, NotFound, PageError, Unavailable
@@ -89,8 +90,22 @@ class VoiceAdmin:
             "catalog": str(self.store.path) if self.store is not None else None,
             "default_voice": default.entry.name if default is not None else None,
             "max_clip_bytes": self.max_clip_bytes,
+            "preset": self.preset_info(),
             "voices": [self.describe_slot(slot, durations.get(slot.entry.name))
                        for slot in slots],
+        }
+
+    def preset_info(self) -> dict[str, Any]:
+        """The preset requests run with, whether ``--preset auto`` chose it, and its
+        prediction (:meth:`.machine.PresetChoice.to_json`; None before the choice or when a
+        preset was given)."""
+        runtime = self.runtime
+        auto = runtime.settings.preset == AUTO
+        choice = runtime.preset_choice
+        return {
+            "name": runtime.preset if not auto or choice is not None else None,
+            "auto": auto,
+            "choice": choice.to_json() if choice is not None else None,
         }
 
     def describe_slot(self, slot: VoiceSlot, clip_s: float | None = None) -> dict[str, Any]:

@@ -59,8 +59,27 @@ async function refresh() {
   $("status").textContent = `${states[data.state] || data.state} · ${installed} of ` +
     `${voices.length} voices installed`;
   if (data.catalog) $("catalog-path").textContent = data.catalog;
+  renderPreset(data.preset);
   renderTable(data);
   renderPreviewChoices();
+}
+
+// The preset requests run with; with --preset auto, what the machine measurement predicted.
+function renderPreset(preset) {
+  const node = $("preset");
+  if (!preset) { node.hidden = true; return; }
+  node.hidden = false;
+  if (preset.choice) {
+    const rtf = preset.choice.predicted_rtf;
+    const rows = Object.keys(rtf).map((name) => `${name} ${rtf[name].toFixed(2)}`).join(", ");
+    node.textContent = `Preset ${preset.choice.preset} (chosen for this machine): ` +
+      preset.choice.summary.replace(/^preset auto took `[a-z]+`: /, "") +
+      `. Predicted real-time factor (seconds of work per second of speech): ${rows}.`;
+  } else if (preset.auto) {
+    node.textContent = "Preset: chosen for this machine when the model loads.";
+  } else {
+    node.textContent = `Preset ${preset.name} (set in the options).`;
+  }
 }
 
 function renderTable(data) {

@@ -1,0 +1,270 @@
+"""The cost table of ``--preset auto`` (``server/machine.py`` ``STAGE_WORK``), and its check.
+
+``table``: per preset and stage (LLM prefill, LLM decoding, flow, vocoder), the work per second
+of audio of the streamed paragraph: operations and int8 weight bytes of every graph run,
+counted with the cost models of the **full-size** graphs (:mod:`.costmodel`), and the stage's
+efficiency (measured stage seconds / seconds at the run's measured peak rates) from a
+full-size benchmark run (``--efficiency``; each preset's own factors when it ran there). The
+graph runs come from a benchmark output directory (``--shapes``): best the same full-size run.
+Input shapes depend only on the text, the voice prompt, the preset's schedule and how the
+server cut the text into pieces, so a run on the ``tiny-dit`` synthetic model stands in for
+the full-size model: with the standard streamed paragraph it keeps up with the stream as a
+machine faster than playback does (the table of ``server/machine.py``); ``--delta-chars
+2000`` (the whole text at once) gives the 80-token pieces of a slow server without the piece
+bound, ``--delta-interval-s 0.3`` sentence pieces like the bound of a machine at about half
+playback speed (``preroll.piece_limit_s``, which does not act on the fast tiny model). The
+streamed vocoder graph cannot be counted itself; its runs are counted as ``hift.onnx`` over the
+same new mel frames (it runs each frame once). The fp32 streaming DiT of ``quality`` is counted
+as the int8 one with every operation in fp32 (the int8 derivation swaps MatMul for the int8
+pattern with the same multiply-accumulates).
+
+``check``: each server's predicted RTF (``server/machine.py`` at the run's measured rates)
+next to its measured streamed-paragraph RTF.
+
+::
+
+    python -m bench.machine_table table --shapes SHAPES_OUT \\
+        --efficiency FULL_OUT --model-dir /work/models-full
+    python -m bench.machine_table check OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from wyoming_cosyvoice3.server.machine import STAGE_WORK, MachineRates, StageWork, predict_rtf
+
+from .costmodel import CostModel, load_cost_models
+from .run_helpers import read_records
+from .stats import RunTrace, records_in_window
+
+STAGES = ("llm_prefill", "llm_decode", "flow", "vocoder")
+_STAGE_TIME = {"llm_prefill": "llm_prefill_s", "llm_decode": "llm_decode_s", "flow": "flow_s",
+               "vocoder": "vocoder_s"}
+
+
+def stage_of(graph_file: str, shapes: Mapping[str, Sequence[int]]) -> str | None:
+    """The stage a graph run belongs to (None: embeddings, time conditioning)."""
+    if graph_file.startswith("llm"):
+        return "llm_decode" if int(shapes["inputs_embeds"][1]) == 1 else "llm_prefill"
+    if graph_file.startswith(("flow_encoder", "flow.decoder.estimator.stream")):
+        return "flow"
+    if graph_file.startswith("hift"):
+        return "vocoder"
+    return None
+
+
+def _full_model(graph_file: str, costs: Mapping[str, CostModel]) -> CostModel | None:
+    """The full-size cost model standing for ``graph_file`` (module doc)."""
+    if graph_file.startswith("llm"):
+        return costs.get("llm")
+    if graph_file.startswith("flow_encoder"):
+        return costs.get("flow_encoder")
+    if graph_file.startswith("hift"):
+        return costs.get("hift")
+    if graph_file.startswith("flow.decoder.estimator.stream"):
+        return costs.get("dit_int8" if "int8" in graph_file else "dit_fp32")
+    return None
+
+
+def full_costs(model_dir: Path, efficiency_dir: Path) -> dict[str, CostModel]:
+    """Full-size cost models: the benchmark run's cached fits (fused LLM, int8 streaming DiT,
+    flow encoder) and hift.onnx of ``model_dir``; the fp32 DiT from the int8 one."""
+    cache = json.loads((efficiency_dir / "flop-cache.json").read_text(encoding="utf-8"))
+    out: dict[str, CostModel] = {}
+    for key, data in cache.items():
+        name = key.split(":", 1)[0]
+        model = CostModel.from_json(data)
+        if name.startswith("llm"):
+            out["llm"] = model
+        elif name.startswith("flow.decoder.estimator.stream") and "int8" in name:
+            out["dit_int8"] = model
+        elif name.startswith("flow_encoder"):
+            out["flow_encoder"] = model
+    hift = load_cost_models({"hift.onnx": model_dir / "hift.onnx"},
+                            efficiency_dir / "flop-cache-hift.json")["hift.onnx"]
+    if not isinstance(hift, CostModel):
+        raise SystemExit(f"hift.onnx of {model_dir} could not be counted: {hift}")
+    out["hift"] = hift
+    dit = out["dit_int8"]
+    out["dit_fp32"] = CostModel(
+        dit.family, tuple(a + b for a, b in zip(dit.fp32_coef, dit.int8_coef, strict=True)),
+        tuple(0.0 for _ in dit.int8_coef), 0, dit.weight_bytes_fp32 + 4 * dit.weight_bytes_int8,
+        0)
+    return out
+
+
+def paragraph_runs(out_dir: Path) -> dict[str, tuple[RunTrace, list[Mapping[str, Any]]]]:
+    """Preset -> (trace, server records) of its first streamed paragraph run in ``out_dir``."""
+    raw = json.loads((out_dir / "raw.json").read_text(encoding="utf-8"))
+    found = {}
+    for server in raw["servers"]:
+        records = read_records(out_dir / server["stats_file"])
+        for data in server["traces"]:
+            trace = RunTrace(**data)
+            if (trace.workload, trace.mode) == ("paragraph", "streaming"):
+                window = records_in_window(records, trace.wall_start_s,
+                                           trace.wall_start_s + trace.total_s)
+                found[server["preset"]] = (trace, window)
+                break
+    return found
+
+
+def stage_work(records: Sequence[Mapping[str, Any]], costs: Mapping[str, CostModel],
+               ) -> dict[str, list[float]]:
+    """Stage -> [fp32 ops, int8 ops, int8 weight bytes] summed over the graph runs."""
+    work = {stage: [0.0, 0.0, 0.0] for stage in STAGES}
+    for record in records:
+        for graph_file, shapes, _start, _end in record.get("graph_runs", []):
+            stage = stage_of(graph_file, shapes)
+            model = _full_model(graph_file, costs)
+            if stage is None or model is None:
+                continue
+            ops = model.ops(shapes)
+            work[stage][0] += ops.fp32
+            work[stage][1] += ops.int8
+            work[stage][2] += model.weight_bytes_int8
+    return work
+
+
+def _rates(out_dir: Path) -> MachineRates:
+    raw = json.loads((out_dir / "raw.json").read_text(encoding="utf-8"))
+    samples = raw["rates"].get("samples") or [raw["rates"]["start"], raw["rates"]["end"]]
+    return MachineRates(max(s["fp32_flops"] for s in samples),
+                        max(s["int8_ops"] for s in samples),
+                        max(s["int8_bytes"] for s in samples), int(samples[0]["threads"]))
+
+
+def efficiencies(efficiency_dir: Path, costs: Mapping[str, CostModel],
+                 rates: MachineRates | None = None) -> dict[str, dict[str, float]]:
+    """Preset -> stage -> measured stage seconds (the engine's StageTimes) / seconds at the
+    peak rates (``rates``, else the run's own), for every preset with a streamed paragraph
+    run in ``efficiency_dir`` (a full-size run)."""
+    rates = rates or _rates(efficiency_dir)
+    out: dict[str, dict[str, float]] = {}
+    for preset, (_trace, records) in paragraph_runs(efficiency_dir).items():
+        work = stage_work(records, costs)
+        for stage in STAGES:
+            measured = sum(float(r.get("times", {}).get(_STAGE_TIME[stage], 0.0))
+                           for r in records)
+            at_peak = StageWork(work[stage][0] / 1e9, work[stage][1] / 1e9,
+                                work[stage][2] / 1e9, 1.0).seconds_per_audio_s(rates)
+            if at_peak > 0:
+                out.setdefault(preset, {})[stage] = measured / at_peak
+    return out
+
+
+def _efficiency(factors: Mapping[str, Mapping[str, float]], preset: str, stage: str,
+                fp32_dit: float) -> tuple[float, str]:
+    """A preset's own factor when its run is there; else the other presets' (the same LLM
+    and vocoder graphs; `fast` and `balanced` the same int8 DiT) or, for `quality`'s fp32
+    DiT, ``fp32_dit``."""
+    if stage in factors.get(preset, {}):
+        return factors[preset][stage], preset
+    if preset == "quality" and stage == "flow":
+        return fp32_dit, "--fp32-dit-efficiency"
+    for other in ("balanced", "fast", "quality"):
+        if stage in factors.get(other, {}) and not (other == "quality" and stage == "flow"):
+            return factors[other][stage], other
+    return 1.0, "none"
+
+
+def table(args: argparse.Namespace) -> int:
+    costs = full_costs(args.model_dir, args.efficiency)
+    rates = (MachineRates(args.rates[0] * 1e9, args.rates[1] * 1e9, args.rates[2] * 1e9)
+             if args.rates else None)
+    factors = efficiencies(args.efficiency, costs, rates)
+    for preset, stages in factors.items():
+        print(f"# efficiency of {preset} in {args.efficiency}: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in stages.items()))
+    for preset, (trace, records) in sorted(paragraph_runs(args.shapes).items()):
+        audio_s = trace.audio_s
+        work = stage_work(records, costs)
+        print(f"    {preset!r}: {{  # {audio_s:.2f} s of audio, "
+              f"{sum(len(r.get('graph_runs', [])) for r in records)} graph runs")
+        for stage in STAGES:
+            fp32, int8, stream = (v / audio_s / 1e9 for v in work[stage])
+            eff, source = _efficiency(factors, preset, stage, args.fp32_dit_efficiency)
+            print(f"        {stage!r}: StageWork({fp32:.4g}, {int8:.4g}, {stream:.4g}, "
+                  f"{eff:.3f}),  # efficiency of {source}")
+        print("    },")
+    return 0
+
+
+def _sample_rates(out_dir: Path) -> list[MachineRates]:
+    raw = json.loads((out_dir / "raw.json").read_text(encoding="utf-8"))
+    samples = raw["rates"].get("samples") or [raw["rates"]["start"], raw["rates"]["end"]]
+    return [MachineRates(s["fp32_flops"], s["int8_ops"], s["int8_bytes"], int(s["threads"]))
+            for s in samples]
+
+
+def check(args: argparse.Namespace) -> int:
+    """Predicted (at the run's best rates, and the range over its rate samples) against
+    measured streamed-paragraph RTF per server; ``--probe`` adds the prediction at rates the
+    server's probe printed (``python -m wyoming_cosyvoice3.server.machine``)."""
+    rates = _rates(args.out)
+    samples = _sample_rates(args.out)
+    results = json.loads((args.out / "results.json").read_text(encoding="utf-8"))
+    probe = (MachineRates(args.probe[0] * 1e9, args.probe[1] * 1e9, args.probe[2] * 1e9)
+             if args.probe else None)
+    print(f"rates of the run (best of {len(samples)} samples): {rates.describe()}")
+    if probe is not None:
+        print(f"probe: {probe.describe()}")
+    print("| server | predicted RTF (best rates; over the samples) | predicted at the probe's "
+          "rates | measured RTF (median, n) | predicted / measured | within 25 % |")
+    print("|---|---|---|---|---|---|")
+    for cell in results["cells"]:
+        if (cell["workload"], cell["mode"]) != ("paragraph", "streaming"):
+            continue
+        preset = cell["preset"].split(" ", 1)[0]
+        if preset not in STAGE_WORK:
+            continue
+        rtfs = [r["rtf"] for r in cell["runs"] if r.get("rtf")]
+        if not rtfs:
+            continue
+        measured = statistics.median(rtfs)
+        predicted = predict_rtf(rates, preset)
+        spread = [predict_rtf(sample, preset) for sample in samples]
+        at_probe = predict_rtf(probe, preset) if probe is not None else None
+        shown = at_probe if at_probe is not None else predicted
+        print(f"| {cell['preset']} | {predicted:.2f}; {min(spread):.2f}-{max(spread):.2f} | "
+              f"{'-' if at_probe is None else f'{at_probe:.2f}'} | {measured:.2f} "
+              f"({len(rtfs)}) | {shown / measured:.2f} | "
+              f"{'yes' if abs(shown / measured - 1) <= 0.25 else 'no'} |")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.machine_table",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("table", help="print STAGE_WORK for server/machine.py")
+    t.add_argument("--shapes", type=Path, required=True,
+                   help="benchmark output with a streamed paragraph run per preset")
+    t.add_argument("--efficiency", type=Path, required=True,
+                   help="full-size benchmark output (its flop-cache.json and paragraph run)")
+    t.add_argument("--model-dir", type=Path, required=True, help="the full-size model")
+    t.add_argument("--fp32-dit-efficiency", type=float, default=1.41,
+                   help="quality's flow efficiency (default: BENCHMARKS.md 'Where the time "
+                        "goes: quality', 450 s measured / 320 s at peak)")
+    t.add_argument("--rates", type=float, nargs=3, metavar=("FP32_G", "INT8_G", "STREAM_GB"),
+                   help="the rates the factors are relative to, as python -m "
+                        "wyoming_cosyvoice3.server.machine printed them on the machine of the "
+                        "efficiency run (default: the run's own; its memory rate is measured "
+                        "with the weight partly cached)")
+    c = sub.add_parser("check", help="predicted against measured RTF of a benchmark run")
+    c.add_argument("out", type=Path, help="benchmark output directory")
+    c.add_argument("--probe", type=float, nargs=3, metavar=("FP32_G", "INT8_G", "STREAM_GB"),
+                   help="the probe's rates as printed (GFLOP/s, GOP/s, GB/s)")
+    args = parser.parse_args(argv)
+    return table(args) if args.command == "table" else check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

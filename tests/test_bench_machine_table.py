@@ -1,0 +1,79 @@
+"""The benchmark side of ``--preset auto``: graph runs sorted into the predictor's stages, the
+work and efficiency counted from recorded runs, predicted against measured RTF."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import machine_table
+from bench.costmodel import CostModel
+from wyoming_cosyvoice3.server.machine import predict_rtf
+
+# LLM: 1 GOP int8 per new position, 0.5 GB of int8 weights; DiT: 2 GFLOP fp32 per frame
+LLM = CostModel("llm", (0.0, 0.0, 0.0), (0.0, 1e9, 0.0), 0, 0, 5 * 10**8)
+DIT = CostModel("stream_estimator", (0.0, 2e9, 0.0, 0.0), (0.0, 0.0, 0.0, 0.0), 0, 0, 0)
+COSTS = {"llm": LLM, "dit_int8": DIT, "flow_encoder": DIT, "hift": DIT}
+
+
+def _llm(positions: int) -> dict:
+    return {"inputs_embeds": [1, positions, 896], "attention_mask": [1, positions + 10],
+            "position_ids": [1, positions]}
+
+
+def test_runs_fall_into_the_predictors_stages() -> None:
+    assert machine_table.stage_of("llm_int8.fused1-1-2.onnx", _llm(150)) == "llm_prefill"
+    assert machine_table.stage_of("llm_int8.onnx", _llm(1)) == "llm_decode"
+    assert machine_table.stage_of("flow.decoder.estimator.stream2int8main-1-2.onnx",
+                                  {}) == "flow"
+    assert machine_table.stage_of("flow_encoder.onnx", {}) == "flow"
+    assert machine_table.stage_of("hift.stream2-1-2.onnx", {}) == "vocoder"
+    assert machine_table.stage_of("speech_embedding.onnx", {}) is None
+
+
+def test_work_sums_operations_and_streamed_weights_per_stage() -> None:
+    stream = {"x": [2, 80, 50], "prompt_key_0": [2, 16, 100, 64]}
+    record = {"graph_runs": [
+        ["llm_int8.fused1-1-2.onnx", _llm(100), 0.0, 0.1],
+        *[["llm_int8.fused1-1-2.onnx", _llm(1), 0.1, 0.2] for _ in range(25)],
+        ["flow.decoder.estimator.stream2int8main-1-2.onnx", stream, 0.2, 0.5],
+        ["text_embedding_fp16.onnx", {"input_ids": [1, 30]}, 0.0, 0.0],
+    ]}
+    work = machine_table.stage_work([record], COSTS)
+    assert work["llm_prefill"] == [0.0, 100e9, 5e8]
+    assert work["llm_decode"] == [0.0, 25e9, 25 * 5e8]
+    assert work["flow"] == [2 * 2e9 * 50, 0.0, 0.0]  # batch 2 x 50 frames
+    assert work["vocoder"] == [0.0, 0.0, 0.0]
+
+
+def _fake_run(out: Path, rtfs: list[float]) -> None:
+    rate = {"fp32_flops": 100e9, "int8_ops": 200e9, "fp32_bytes": 10e9, "int8_bytes": 20e9,
+            "threads": 2}
+    out.mkdir()
+    (out / "raw.json").write_text(json.dumps({"rates": {"samples": [rate, rate]}}), "utf-8")
+    cells = [{"preset": "balanced", "workload": "paragraph", "mode": "streaming",
+              "runs": [{"rtf": r} for r in rtfs]},
+             {"preset": "balanced", "workload": "sentence", "mode": "streaming",
+              "runs": [{"rtf": 99.0}]}]
+    (out / "results.json").write_text(json.dumps({"cells": cells}), "utf-8")
+
+
+def test_check_prints_predicted_against_the_median_measured(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from wyoming_cosyvoice3.server.machine import MachineRates
+
+    predicted = predict_rtf(MachineRates(100e9, 200e9, 20e9), "balanced")
+    _fake_run(tmp_path / "near", [predicted * 1.2, predicted * 0.9, predicted * 1.1])
+    _fake_run(tmp_path / "far", [predicted * 2.0])
+    assert machine_table.main(["check", str(tmp_path / "near")]) == 0
+    near = capsys.readouterr().out
+    row = next(line for line in near.splitlines() if line.startswith("| balanced"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1].startswith(f"{predicted:.2f};")
+    assert cells[3] == f"{predicted * 1.1:.2f} (3)"  # the median of the three, not the sentence
+    assert cells[4] == f"{1 / 1.1:.2f}" and cells[5] == "yes"
+    machine_table.main(["check", str(tmp_path / "far"), "--probe", "100", "200", "20"])
+    far = capsys.readouterr().out
+    assert "| 0.50 | no |" in far and f"| {predicted:.2f} |" in far

@@ -48,7 +48,8 @@ class EngineOptions:
             The server sets it; off, voices are prepared in the calling thread.
         flow_precision: DiT estimator loaded at start: ``fp32`` (the upstream file) or
             ``int8`` (quantised once from it, see :mod:`.derive.flow.quantize`); a request
-            asking for the other precision loads it on first use. Set it to the preset's ``flow_precision``.
+            asking for the other precision loads it on first use. Set it to the preset's
+            ``flow_precision``.
         flow_chunk_causal: requests stream chunk-causally (the preset's
             ``SynthesisOptions.flow_chunk_causal``, e.g. ``quality``): the streaming DiT of
             ``flow_precision`` is derived (once, into ``cache_dir``) and opened at start, and

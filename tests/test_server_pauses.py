@@ -365,7 +365,8 @@ async def test_server_pauses_fall_between_pieces_over_tcp(
     [
         (8.0, 0.5, 0.7 * 8.0 * 1.0),  # r / (1 - r) = 1
         (8.0, None, 0.7 * 8.0 * 1.0),  # before any measurement: assumed r = 0.5
-        (10.0, 0.25, 0.7 * 10.0 / 3.0),
+        (6.0, 0.25, 0.7 * 6.0 / 3.0),  # a bound below the planned 8 s hold plans with it
+        (30.0, 0.5, 0.7 * 8.0 * 1.0),  # a larger bound does not make pieces longer
         (8.0, 0.8, 0.7 * 8.0 * 4.0),
         (8.0, 1.0, None),  # keeps up: pieces as upstream cuts them
         (0.0, 0.3, None),  # nothing is ever held
@@ -380,7 +381,7 @@ def test_piece_limit_keeps_a_pieces_hold_within_the_bound(
     else:
         assert limit == pytest.approx(expected)
         # a piece of that length, produced at r from nothing in hand, needs this much hold
-        assert needed_hold_s(limit, rate or 0.5) == pytest.approx(0.7 * max_hold_s)
+        assert needed_hold_s(limit, rate or 0.5) == pytest.approx(0.7 * min(max_hold_s, 8.0))
 
 
 class WordFrontend:

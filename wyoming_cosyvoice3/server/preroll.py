@@ -81,10 +81,16 @@ measurement (which dominates after about one sentence)."""
 HISTORY_DECAY = 0.5
 """Weight of the history against each new response: recent responses count most (the
 machine's load changes)."""
+PLANNED_HOLD_S = 8.0
+"""The pause between pieces that pieces are sized for on a slow machine (:func:`piece_limit_s`),
+seconds: about one sentence's hold at ``r`` = 0.5, where the splitter's sentences are the
+pieces. Pieces are never cut below a clause, so on a slower machine their holds grow past this
+(a 4 s sentence at ``r`` = 0.2 needs 16 s) up to ``--max-preroll-ms``; a larger bound therefore
+moves pauses out of sentences instead of making pieces longer."""
 PIECE_HOLD_SHARE = 0.7
-"""Share of one hold's bound (``--max-preroll-ms``) that a piece's planned hold may take
-(:func:`piece_limit_s`): the rest covers a chunk longer than planned, the length margin and a
-rate that drops within the piece."""
+"""Share of the planned hold (the smaller of :data:`PLANNED_HOLD_S` and ``--max-preroll-ms``)
+that a piece's hold may take (:func:`piece_limit_s`): the rest covers a chunk longer than
+planned, the length margin and a rate that drops within the piece."""
 ASSUMED_SLOW_RATE = 0.5
 """Production rate (audio seconds per second) assumed for sizing pieces before anything was
 measured: about ``balanced`` on the 2-core reference machine (RTF 1.9-2.2, BENCHMARKS.md), so a
@@ -128,12 +134,14 @@ def needed_hold_s(remaining_s: float, rate: float, chunk_s: float = 0.0) -> floa
 
 
 def piece_limit_s(max_hold_s: float, rate: float | None) -> float | None:
-    """Longest expected speech of a piece whose hold stays within ``max_hold_s`` at ``rate``.
+    """Longest expected speech of a piece whose hold stays within the planned hold at ``rate``.
 
     A piece of ``L`` seconds made at ``r`` < 1 can play through once about ``L (1 - r)``
     seconds of it are in hand, i.e. after ``L (1 / r - 1)`` seconds of audible hold
     (:func:`needed_hold_s` with nothing queued); keeping that within
-    :data:`PIECE_HOLD_SHARE` of the bound gives ``L <= share x max_hold_s x r / (1 - r)``.
+    :data:`PIECE_HOLD_SHARE` of ``H = min(max_hold_s, PLANNED_HOLD_S)`` gives
+    ``L <= share x H x r / (1 - r)``. The splitter keeps whole clauses, so on a very slow
+    machine the pieces stay longer than this and their holds longer than ``H``.
 
     Args:
         max_hold_s: the bound of one hold, seconds; 0 = audio is never held.
@@ -148,7 +156,8 @@ def piece_limit_s(max_hold_s: float, rate: float | None) -> float | None:
     r = ASSUMED_SLOW_RATE if rate is None else rate
     if r >= 1.0:
         return None
-    return PIECE_HOLD_SHARE * max_hold_s * r / (1.0 - max(r, 0.0))
+    planned_s = min(max_hold_s, PLANNED_HOLD_S)
+    return PIECE_HOLD_SHARE * planned_s * r / (1.0 - max(r, 0.0))
 
 
 class ProductionHistory:

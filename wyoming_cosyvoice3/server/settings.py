@@ -54,7 +54,7 @@ class Settings:
     speed: float = 1.0
     preset: str = AUTO
     samples_per_chunk: int = 1024
-    max_preroll_ms: int = 8000
+    max_preroll_ms: int = 20000
     max_concurrent: int = 1
     streaming: bool = True
     seed: int | None = None
@@ -209,7 +209,7 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("--max-preroll-ms", "max_preroll_ms", "longest silence one hold may add when "
             "synthesis is slower than real time: each piece (sentence) is held until it can "
             "play through without a pause inside it; the first audio is never held past 2.5 s "
-            "after synthesis started; 0 sends audio at once (default 8000)",
+            "after the answer began; 0 sends audio at once (default 20000)",
             convert=_non_negative_int),
     _Option("--max-concurrent", "max_concurrent", "syntheses running at once; others wait "
             "(default 1)", convert=_positive_int),

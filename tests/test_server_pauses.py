@@ -41,6 +41,7 @@ from wyoming_cosyvoice3.server.preroll import (
     FIRST_AUDIO_LIMIT_S,
     FIRST_PIECE_MAX_S,
     FIRST_PIECE_MIN_S,
+    LENGTH_MARGIN,
     PieceGate,
     ProductionHistory,
     expected_speech_s,
@@ -91,10 +92,18 @@ async def _produce(
     produced = []
     counts = [max(1, round(length_s / chunk_s)) for length_s in pieces_s]
     gate.begin_text([n * chunk_s * expected_factor for n in counts])  # whole chunks
+    async def advance(to_s: float) -> None:
+        # the gate's timer runs on the event loop's clock: fire it on the fake one
+        due = gate.release_due
+        if due is not None and due < to_s:
+            clock.now_s = max(clock.now_s, due)
+            await gate.release_if_due()
+        clock.now_s = to_s
+
     for index, count in enumerate(counts):
-        clock.now_s += overhead_s
+        await advance(clock.now_s + overhead_s)
         for _ in range(count):
-            clock.now_s += chunk_s / rate
+            await advance(clock.now_s + chunk_s / rate)
             produced.append(clock.now_s)
             await gate.audio([_chunk_event(chunk_s)], chunk_s, index)
     await gate.end_text()
@@ -136,13 +145,43 @@ async def test_without_the_gate_the_same_production_pauses_inside_pieces() -> No
 
 
 async def test_audio_queued_at_the_player_counts() -> None:
-    # piece 3 starts while piece 2 is still playing: what is queued (Q) covers its rest, so it
-    # goes out at once and only piece 2 waits (a gate that ignored Q would hold piece 3 too
-    # and add a second pause)
-    sent, starts, _ = await _produce([5.0, 1.0, 1.0], rate=0.85, chunk_s=0.25, overhead_s=0.1,
-                                     first_audio_limit_s=1e9)
+    # at r = 0.5 a piece with 0.25 s still to come needs 0.25 s + one 0.25 s chunk in hand;
+    # its first chunk alone (0.25 s) is short of that, but 0.4 s of the earlier piece are still
+    # queued at the player, so it goes out at once (a gate ignoring Q would hold it)
+    clock = FakeClock()
+    sent: list[float] = []
+
+    async def send(event: Event) -> None:
+        sent.append(clock.now_s)
+
+    history = ProductionHistory()
+    history.add_response(5.0, 10.0)
+    gate = PieceGate(send, 60.0, history, clock=clock, first_audio_limit_s=1e9)
+    gate.begin_text([2.0 / LENGTH_MARGIN, 0.5 / LENGTH_MARGIN])
+    for _ in range(8):
+        clock.now_s += 0.5
+        await gate.audio([_chunk_event(0.25)], 0.25, 0)
+    await gate.release()
+    # piece 0 went out at 2.5 s with 1.25 s in hand (0.75 s to come at r = 0.5 + one chunk):
+    # the player is busy until 4.5 s
+    assert len(sent) == 8 and gate.play_end == pytest.approx(4.5)
+    clock.now_s = 4.1
+    await gate.audio([_chunk_event(0.25)], 0.25, 1)
+    assert sent[-1] == 4.1 and len(sent) == 9
+
+
+async def test_a_held_piece_starts_between_chunks_when_waiting_covers_the_rest() -> None:
+    # r = 0.5, 1 s chunks every 2 s, a 4 s piece: at its 2nd chunk (t = 4) 2 s are in hand and
+    # 2 s + one chunk are needed; with nothing queued each second of waiting adds a second of
+    # production, so it can start at t = 5, a second before its 3rd chunk, and still not run
+    # dry (the 3rd chunk comes at 6 while the player is at 1 s, the 4th at 8 exactly in time)
+    sent, starts, produced = await _produce([4.0], rate=0.5, chunk_s=1.0, overhead_s=0.0,
+                                            first_audio_limit_s=1e9,
+                                            expected_factor=1 / LENGTH_MARGIN)
+    assert produced == [2.0, 4.0, 6.0, 8.0]
+    assert [t for t, _ in sent] == pytest.approx([5.0, 5.0, 6.0, 8.0])
     report = simulate_playback(sent, piece_starts_s=starts)
-    assert report.stalls == 1 and report.between_stalls == 1
+    assert report.inside_stalls == 0
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -277,6 +277,9 @@ class PieceGate:
         self.sent_samples = 0
         self.piece_starts_samples: list[int] = []
         self.holds: list[tuple[float, tuple[int, int]]] = []
+        self.release_due: float | None = None
+        """``clock()`` at which the held piece is released (the earliest safe start or its
+        bound), or None when nothing is held."""
         self._last_sent_key: tuple[int, int] | None = None
 
     # --- the production side ------------------------------------------------------------
@@ -352,8 +355,22 @@ class PieceGate:
             piece.held.append((events, duration_s))
             if self._can_play_through(piece, now) or now >= piece.deadline:
                 await self._release_piece(piece)
-            elif self._timer is None:
-                self._timer = asyncio.create_task(self._release_at(piece))
+            else:
+                self._schedule_release(piece, now)
+
+    async def release_if_due(self) -> None:
+        """Release the held piece if its planned release time (:attr:`release_due`) has come
+        by ``clock()`` (for a caller whose clock is not the event loop's; the gate's own
+        timer releases on time otherwise).
+
+        Raises:
+            ClientGone: the client disconnected.
+        """
+        async with self._lock:
+            piece = self._piece
+            if (piece is not None and not piece.released and self.release_due is not None
+                    and self._clock() >= self.release_due):
+                await self._release_piece(piece)
 
     async def release(self) -> None:
         """Send everything held; the current piece plays through (production pauses).
@@ -387,12 +404,31 @@ class PieceGate:
                       released=self.max_hold_s == 0)
 
     def _can_play_through(self, piece: _Piece, now: float) -> bool:
+        start = self._safe_start(piece, now)
+        return start is not None and max(self.play_end or now, now) >= start
+
+    def _safe_start(self, piece: _Piece, now: float) -> float | None:
+        """Earliest time the held piece can start playing and not run dry, or None before
+        any rate: ``now + R (1/r - 1) + d - A``. Waiting with nothing queued buys one second
+        of production per second, so a piece short of ``A + Q >= R (1/r - 1) + d`` at a
+        chunk is safe that much later, usually well before its next chunk (several seconds
+        apart late in a piece)."""
         rate = self.rate()
         if rate is None:
-            return False
-        queued = max((self.play_end or now) - now, 0.0)
+            return None
         remaining = max(piece.expected_s - piece.audio_s, 0.0)
-        return piece.audio_s + queued >= needed_hold_s(remaining, rate, self.longest_chunk_s)
+        return now + needed_hold_s(remaining, rate, self.longest_chunk_s) - piece.audio_s
+
+    def _schedule_release(self, piece: _Piece, now: float) -> None:
+        due = piece.deadline
+        start = self._safe_start(piece, now)
+        if start is not None:
+            due = min(due, start)
+        if due == self.release_due and self._timer is not None:
+            return
+        self._cancel_timer()
+        self.release_due = due
+        self._timer = asyncio.create_task(self._release_at(due))
 
     async def _finish_piece(self) -> None:
         piece, self._piece = self._piece, None
@@ -407,6 +443,7 @@ class PieceGate:
             return
         piece.released = True
         self._cancel_timer()
+        self.release_due = None
         now = self._clock()
         audible_from = max(piece.first_at, self.play_end or piece.first_at)
         if piece.held:
@@ -436,10 +473,12 @@ class PieceGate:
         if timer is not None and timer is not asyncio.current_task():
             timer.cancel()
 
-    async def _release_at(self, piece: _Piece) -> None:
-        await asyncio.sleep(max(piece.deadline - self._clock(), 0.0))
+    async def _release_at(self, due: float) -> None:
+        await asyncio.sleep(max(due - self._clock(), 0.0))
         with contextlib.suppress(ClientGone):  # the request's own next send reports it
             async with self._lock:
-                if self._timer is asyncio.current_task():
-                    self._timer = None
-                await self._release_piece(piece)
+                if self._timer is not asyncio.current_task():
+                    return  # rescheduled or released meanwhile
+                self._timer = None
+                if self._piece is not None:
+                    await self._release_piece(self._piece)

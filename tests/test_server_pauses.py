@@ -229,7 +229,8 @@ async def test_first_piece_hold_is_capped() -> None:
     assert inside and all(end <= sent[0][0] + 6.0 * (1 / 0.4) + 1.0 for _, end in inside)
 
 
-@pytest.mark.parametrize(("origin_s", "due_s"), [(None, FIRST_AUDIO_LIMIT_S), (-0.5, 2.0)])
+@pytest.mark.parametrize(("origin_s", "due_s"),
+                         [(None, FIRST_AUDIO_LIMIT_S), (-0.5, FIRST_AUDIO_LIMIT_S - 0.5)])
 async def test_first_audio_limit_counts_from_the_answers_start(
     origin_s: float | None, due_s: float
 ) -> None:

@@ -87,70 +87,93 @@ class StageWork:
         fp32_gop: float32 operations, 1e9 per audio second.
         int8_gop: int8 operations, 1e9 per audio second.
         int8_gb: int8 weight bytes streamed, 1e9 per audio second.
-        efficiency: measured stage seconds / seconds at the measured peak rates (>= 1).
+        efficiency: measured stage seconds / seconds at the probed rates, with two or more
+            intra-op threads (>= 1).
+        one_thread: factor on ``efficiency`` with one thread: the probe's large MatMuls
+            gain almost 2x from a second thread, the stages' smaller graph runs less, so
+            at one thread a stage is nearer to the probed rate.
     """
 
     fp32_gop: float
     int8_gop: float
     int8_gb: float
     efficiency: float
+    one_thread: float = 1.0
 
     def seconds_per_audio_s(self, rates: MachineRates) -> float:
         """Predicted stage seconds per audio second: the larger of compute and weight
         streaming at ``rates`` (the runs of one stage are all one or the other), times the
-        efficiency."""
+        efficiency at ``rates.threads``."""
         compute_s = 1e9 * (self.fp32_gop / rates.fp32_flops + self.int8_gop / rates.int8_ops)
         stream_s = 1e9 * self.int8_gb / rates.int8_bytes
-        return max(compute_s, stream_s) * self.efficiency
+        factor = self.efficiency * (self.one_thread if _threads(rates) == 1 else 1.0)
+        return max(compute_s, stream_s) * factor
 
 
-# Regenerate (module doc of bench/machine_table.py): the graph runs of the
-# paragraph streamed as Home Assistant streams it (10 characters every 50 ms) on the tiny-dit
-# synthetic model, which has the full-size model's input shapes and keeps up with the stream
-# as a machine faster than playback does; counted with the full-size graphs' cost models:
-#   python -m bench --model-dir TINY_DIT --voice-clip \
-#       ../shared/voices/cross-lingual-prompt.wav --cross-lingual --out SHAPES \
-#       --presets quality,balanced,fast --workloads paragraph --modes streaming --runs 1 \
-#       --markdown ''
-#   python -m bench.machine_table table --shapes SHAPES \
-#       --efficiency FULL_RUN --model-dir /work/models-full --rates 168.44 336.34 33.4
-# FULL_RUN: the full-size `balanced` streamed paragraph of BENCHMARKS.md "What a listener hears
-# with the piece gate" (bench-pauses, 2026-12-02; its rates fp32 168 GFLOP/s, int8 336 GOP/s,
-# 29.4 GB/s with the weight partly cached; measured RTF 2.09). Efficiencies: LLM prefill 1.63,
-# flow (int8 streaming DiT) 1.73, vocoder 1.88 from that run (its rates); LLM decoding 2.44:
-# its 26.5 ms per token against 10.9 ms to stream 364 MB at 33.4 GB/s, this probe's rate with
-# the weight evicted (EVICT_BYTES) on the same machine, quiet, median of 3 (2026-12-03; the
-# run's own figure, 2.15 against its 29.4 GB/s, is the same within 1 %). Predicted at the run's
-# compute rates and 33.4 GB/s: RTF 2.11.
-# `quality`'s fp32 DiT 1.41 (BENCHMARKS.md "Where the time goes: quality", 450 s measured /
-# 320 s at peak: no run of today's fp32 streaming DiT has its graph runs recorded).
-# How the server cuts the text into pieces moves the flow's work by about +-8 %: sentence
-# pieces (a machine slower than playback, preroll.piece_limit_s) 182.6 / 84.3 / 1199 GOP per
-# audio second for balanced / fast / quality, pieces of up to 80 text tokens 157.5 / 76.8 / 1054.
+def _threads(rates: MachineRates) -> int:
+    """Intra-op threads the engine runs with: ``rates.threads``, or for 0 (onnxruntime's
+    choice, one per core) the CPUs this process may run on."""
+    if rates.threads > 0:
+        return rates.threads
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+# Work (operations, weight bytes per audio second): the graph runs of the paragraph streamed
+# as Home Assistant streams it (10 characters every 50 ms) on the tiny-dit synthetic model,
+# which has the full-size model's input shapes, counted with the full-size graphs' cost
+# models (regenerate: bench/machine_table.py `table`, module doc). How the server cuts the
+# text into pieces moves the flow's work by about +-8 %: sentence pieces (a machine slower
+# than playback) 182.6 / 84.3 / 1199 GOP per audio second for balanced / fast / quality,
+# pieces of up to 80 text tokens 157.5 / 76.8 / 1054.
+#
+# Efficiencies (measured stage seconds / seconds at the probe's rates; bench/machine_table.py
+# `efficiencies`), from full-size streamed-paragraph runs on two machines, BENCHMARKS.md "The
+# preset that fits the machine": two threads: prefill 1.6-2.3, flow (int8 DiT) 1.54-1.73,
+# vocoder 1.84-2.04, fp32 DiT 1.28-1.41, the same within about 10 % on both machines; LLM
+# decoding 1.39-1.67 on one and 2.44 on the other (the one-row probe does not run the fused
+# graph's kernel, so decoding varies most between CPUs): the geometric mean 1.92 errs by about
+# 25 % either way on decoding alone, less on the whole. One thread / two threads, same machine
+# and runs: prefill 0.66-0.77, decoding 0.73-0.82, int8 flow 0.74-0.81, fp32 flow 0.93,
+# vocoder 0.70-0.74.
+_PREFILL = (1.75, 0.70)
+_DECODE = (1.92, 0.77)
+_FLOW_INT8 = (1.64, 0.77)
+_FLOW_FP32 = (1.34, 0.93)
+_VOCODER = (1.90, 0.72)
+FUSED_Q4_DECODE_RATIO = 0.73
+"""``fast``'s LLM (``fused-q4``) decoding time / the int8 ``fused`` graph's, per token: 16.3
+against 22.4 ms, 80 tokens after a 187-position prompt, two threads, the graphs taking turns
+(``python -m bench.llm_decode``, BENCHMARKS.md "LLM decode graph")."""
+
 STAGE_WORK: dict[str, dict[str, StageWork]] = {
     "quality": {
-        "llm_prefill": StageWork(0.01215, 3.152, 0.06119, 1.632),
-        "llm_decode": StageWork(0.2975, 18.07, 9.044, 2.443),
-        "flow": StageWork(1195.0, 0.0, 0.0, 1.410),
-        "vocoder": StageWork(33.70, 0.0, 0.0, 1.881),
+        "llm_prefill": StageWork(0.01215, 3.152, 0.06119, *_PREFILL),
+        "llm_decode": StageWork(0.2975, 18.07, 9.044, *_DECODE),
+        "flow": StageWork(1195.0, 0.0, 0.0, *_FLOW_FP32),
+        "vocoder": StageWork(33.70, 0.0, 0.0, *_VOCODER),
     },
     "balanced": {
-        "llm_prefill": StageWork(0.01462, 2.955, 0.04889, 1.632),
-        "llm_decode": StageWork(0.4251, 18.10, 9.056, 2.443),
-        "flow": StageWork(18.88, 167.5, 0.4463, 1.728),
-        "vocoder": StageWork(33.70, 0.0, 0.0, 1.881),
+        "llm_prefill": StageWork(0.01462, 2.955, 0.04889, *_PREFILL),
+        "llm_decode": StageWork(0.4251, 18.10, 9.056, *_DECODE),
+        "flow": StageWork(18.88, 167.5, 0.4463, *_FLOW_INT8),
+        "vocoder": StageWork(33.70, 0.0, 0.0, *_VOCODER),
     },
     "fast": {
-        "llm_prefill": StageWork(0.01017, 3.557, 0.08613, 1.632),
-        "llm_decode": StageWork(0.1973, 18.02, 9.019, 2.443),
-        "flow": StageWork(4.011, 84.29, 0.3494, 1.728),
-        "vocoder": StageWork(33.70, 0.0, 0.0, 1.881),
+        "llm_prefill": StageWork(0.01017, 3.557, 0.08613, *_PREFILL),
+        "llm_decode": StageWork(0.1973, 18.02, 9.019,
+                                _DECODE[0] * FUSED_Q4_DECODE_RATIO, _DECODE[1]),
+        "flow": StageWork(4.011, 84.29, 0.3494, *_FLOW_INT8),
+        "vocoder": StageWork(33.70, 0.0, 0.0, *_VOCODER),
     },
 }
 """Preset -> stage -> :class:`StageWork` of the streamed benchmark paragraph (about 30 s of
-speech, 5 s voice prompt) on the full-size model with the server's default LLM graph
-(``--llm-precision int8 --llm-graph fused``): the LLM streams 0.36 GB of int8 weights per
-token, the vocoder runs 33.7 GFLOP per second of audio; the presets differ in the flow."""
+speech, 5 s voice prompt) on the full-size model with each preset's LLM graph (int8
+``fused``; ``fast``: ``fused-q4``, its decoding scaled by :data:`FUSED_Q4_DECODE_RATIO`): the
+int8 LLM streams 0.36 GB of weights per token, the vocoder runs 33.7 GFLOP per second of
+audio; the presets differ in the flow."""
 
 
 @dataclass(frozen=True)

@@ -173,13 +173,14 @@ async def test_audio_queued_at_the_player_counts() -> None:
 async def test_a_held_piece_starts_between_chunks_when_waiting_covers_the_rest() -> None:
     # r = 0.5, 1 s chunks every 2 s, a 4 s piece: at its 2nd chunk (t = 4) 2 s are in hand and
     # 2 s + one chunk are needed; with nothing queued each second of waiting adds a second of
-    # production, so it can start at t = 5, a second before its 3rd chunk, and still not run
-    # dry (the 3rd chunk comes at 6 while the player is at 1 s, the 4th at 8 exactly in time)
+    # production, so it could start at t = 5 and still not run dry (the 3rd chunk comes at 6
+    # while the player is at 1 s, the 4th at 8 exactly in time); with the 10 % rate margin
+    # (r taken as 0.5 / 1.1: 2 x 1.2 + 1 s needed) it starts at 5.4, still before its 3rd chunk
     sent, starts, produced = await _produce([4.0], rate=0.5, chunk_s=1.0, overhead_s=0.0,
                                             first_audio_limit_s=1e9,
                                             expected_factor=1 / LENGTH_MARGIN)
     assert produced == [2.0, 4.0, 6.0, 8.0]
-    assert [t for t, _ in sent] == pytest.approx([5.0, 5.0, 6.0, 8.0])
+    assert [t for t, _ in sent] == pytest.approx([5.4, 5.4, 6.0, 8.0])
     report = simulate_playback(sent, piece_starts_s=starts)
     assert report.inside_stalls == 0
 
@@ -230,7 +231,7 @@ async def test_first_piece_hold_is_capped() -> None:
 
 
 @pytest.mark.parametrize(("origin_s", "due_s"),
-                         [(None, FIRST_AUDIO_LIMIT_S), (-0.5, FIRST_AUDIO_LIMIT_S - 0.5)])
+                         [(None, FIRST_AUDIO_LIMIT_S), (-0.5, 2.0)])
 async def test_first_audio_limit_counts_from_the_answers_start(
     origin_s: float | None, due_s: float
 ) -> None:

@@ -3,7 +3,7 @@
 Each role below lists its forms in order of preference. A derived form is used when its
 condition holds and it can be made (once, into the cache directory, by its module under
 :mod:`.derive`; reused from there on later starts); otherwise the next form is tried after ONE
-warning (:func:`.derive.common.forms.load_first`). "(cached)" below means the option (on by
+warning (:func:`.derive.common.forms.load_first`). "auto" below means the option (on by
 default) and a ``EngineOptions.cache_dir``: a bare engine derives none of them. Tags name the
 cached files
 (``<source stem>.<tag>-<size>-<mtime_ns>.onnx``, :func:`.derive.common.files.keyed_name`).
@@ -20,7 +20,7 @@ LLM stage
 
 * ``text_embedding``:
 
-  1. memory-mapped table -- ``mmap_embeddings`` (cached) and the graph is a plain lookup (else
+  1. memory-mapped table -- ``mmap_embeddings`` (auto) and the graph is a plain lookup (else
      no warning) -- llm/embedding_table (table);
   2. the published graph.
 
@@ -38,7 +38,7 @@ Flow stage, per DiT precision p ("fp32" or "int8")
   1. the streaming DiT run with full attention -- the preset is ``flow_chunk_causal``, p is
      its ``flow_precision`` and the streaming DiT loaded -- (the streaming form above);
   2. split time / per-frame pair, the per-frame part int8 for int8 -- ``split_estimator``
-     (cached) -- flow/estimator_split (main or int8main, time);
+     (auto) -- flow/estimator_split (main or int8main, time);
   3. the whole graph in int8 -- p is "int8" -- flow/quantize (int8r2);
   4. the published fp32 graph.
 
@@ -46,13 +46,13 @@ Vocoder stage
 
 * ``hift_stream`` (streamed chunks):
 
-  1. streamed, convolution context carried -- ``stream_vocoder`` (cached) --
+  1. streamed, convolution context carried -- ``stream_vocoder`` (auto) --
      vocoder/hift_stream (stream2);
   2. none: windowed calls of ``hift``.
 
 * ``hift``:
 
-  1. phase-carrying -- ``phase_vocoder`` (cached) -- vocoder/hift_phase (phase1);
+  1. phase-carrying -- ``phase_vocoder`` (auto) -- vocoder/hift_phase (phase1);
   2. the published ``hift.onnx``.
 
 Streamed chunks use ``hift_stream`` when there is one, else windowed calls of ``hift``.

@@ -14,9 +14,9 @@ dropped; the hop doubles after every chunk up to ``max_hop_tokens`` (``token_hop
 token.
 
 The streaming estimator of a precision is derived from the model directory once
-(``derive/streaming_estimator.py``) and opened by the model, at start when
-``EngineOptions.preset`` is ``flow_chunk_causal``, else on first use; when that fails (a graph
-without upstream's DiT structure, such as the tiny test model; out of memory; a failed validation)
+(``derive/streaming_estimator.py``) and opened by the model, at start with
+``EngineOptions.flow_chunk_causal``, else on first use; when that fails (a graph without
+upstream's DiT structure, such as the tiny test model; out of memory; a failed validation)
 the model logs one warning and the piece runs full attention.
 """
 

@@ -33,9 +33,11 @@ import numpy as np
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.flow.stream import GRID_TOKENS, prompt_noise
-from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.engine.options import EngineOptions, SynthesisOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.types import VoiceFeatures
+
+from .recorder import FixedDecoding
 
 
 def schedule(prompt_tokens: int, gen_tokens: int, max_hop: int = 100) -> list[tuple[int, bool]]:
@@ -56,7 +58,8 @@ def schedule(prompt_tokens: int, gen_tokens: int, max_hop: int = 100) -> list[tu
 def run(args: argparse.Namespace) -> dict[str, Any]:
     engine = CosyVoice3Engine.load(Path(args.model_dir),
                                    EngineOptions(cache_dir=Path(args.cache_dir),
-                                                 flow_precision=args.precision))
+                                                 preset=SynthesisOptions(
+                                                     flow_precision=args.precision)))
     chunked = engine.chunked.get(args.precision)
     if chunked is None:
         raise SystemExit("the streaming estimator is not available for this model")
@@ -122,9 +125,10 @@ def first_audio(args: argparse.Namespace) -> dict[str, Any]:
     from wyoming_cosyvoice3.engine.options import PRESETS
 
     engine = CosyVoice3Engine.load(Path(args.model_dir), EngineOptions(
-        cache_dir=Path(args.cache_dir), load_voice_encoders=True))
+        cache_dir=Path(args.cache_dir), load_voice_encoders=True,
+        observer=FixedDecoding(TOKENS_PER_CHAR)))
     voice = engine.prepare_voice(Path(args.clip), name="bench")
-    new = PRESETS["quality"].replace(fixed_tokens_per_char=TOKENS_PER_CHAR)
+    new = PRESETS["quality"]
     old = new.replace(flow_chunk_causal=False, first_hop_on_chunk_grid=False)
     for _ in engine.synthesize("Hello.", voice, new):  # warm-up: derivation, prompt cache
         pass

@@ -43,6 +43,8 @@ from wyoming_cosyvoice3.engine.types import SynthesisResult, VoicePrompt
 from wyoming_cosyvoice3.engine.vocoder.hift import VocoderStream
 from wyoming_cosyvoice3.engine.voice.features import prompt_mel
 
+from .recorder import FixedDecoding
+
 SENTENCE = "The kitchen lights are on and the front door is locked now."  # 60 characters
 PARAGRAPH = (
     "Good evening. The living room lights are on and the kitchen is at twenty one degrees. "
@@ -169,9 +171,7 @@ def record_tokens(engine: CosyVoice3Engine, text: str, voice: VoicePrompt) -> li
 
     engine.llm.decode = decode  # type: ignore[method-assign]
     try:
-        opts = QUALITY.replace(
-            fixed_tokens_per_char=TOKENS_PER_CHAR, euler_steps=1, max_request_s=7200.0
-        )
+        opts = QUALITY.replace(euler_steps=1, max_request_s=7200.0)
         for _ in engine.synthesize(text, voice, opts):
             pass
     finally:
@@ -192,7 +192,6 @@ def timed(
     engine: CosyVoice3Engine, text: str, voice: VoicePrompt, opts: SynthesisOptions
 ) -> dict[str, Any]:
     result = SynthesisResult()
-    opts = opts.replace(fixed_tokens_per_char=TOKENS_PER_CHAR)
     arrivals = [
         (chunk.elapsed_s, len(chunk.samples) / chunk.sample_rate_hz)
         for chunk in engine.synthesize(text, voice, opts, result=result)
@@ -253,7 +252,8 @@ def main() -> None:
     table = SETS[args.set]
     names = args.only or list(table)
     cache = args.cache_dir or args.model_dir
-    engine = CosyVoice3Engine.load(args.model_dir, EngineOptions(cache_dir=cache))
+    engine = CosyVoice3Engine.load(args.model_dir, EngineOptions(
+        cache_dir=cache, observer=FixedDecoding(TOKENS_PER_CHAR)))
     clip = args.clip or args.model_dir / "voices" / "en-male.wav"
     voice = engine.prepare_voice(clip, TRANSCRIPT, name="bench")
     engine.model.release_voice_encoders()

@@ -1,7 +1,8 @@
 """The benchmark's server observer: one JSON line per request and per voice preparation.
 
 Installed into the server by ``python -m bench.serve --bench-stats-file PATH`` (:mod:`.serve`,
-through :class:`wyoming_cosyvoice3.server.hooks.ServerHooks`). Each line holds the
+through :class:`wyoming_cosyvoice3.server.hooks.ServerHooks`), together with the fixed
+decoding length of ``--bench-tokens-per-char`` (:class:`FixedDecoding`). Each line holds the
 request's :class:`~wyoming_cosyvoice3.engine.options.StageTimes` and result figures
 (``kind: "request"``) or a voice preparation's time (``kind: "voice"``), wall-clock start and
 end, and every graph run since the previous line (file name of the graph the session runs,
@@ -36,12 +37,35 @@ _SKIPPED_INPUT_PREFIX = "past_key_values."
 """KV-cache inputs are not recorded: their length is ``attention_mask`` minus the new tokens."""
 
 
-class StatsRecorder(ServerObserver):
-    """Collects graph runs and appends JSON lines to ``path`` (thread-safe)."""
+class FixedDecoding(ServerObserver):
+    """The benchmark's decoding length, installed through the engine's hook
+    (:meth:`~wyoming_cosyvoice3.engine.hooks.EngineObserver.fixed_speech_tokens`): exactly
+    ``max(1, round(tokens_per_char x characters))`` speech tokens per text piece, ignoring the
+    stop token, because random weights never stop sensibly. ``None``: decode normally.
+
+    Raises:
+        ValueError: ``tokens_per_char`` is not > 0 (also for nan).
+    """
+
+    def __init__(self, tokens_per_char: float | None = None) -> None:
+        if tokens_per_char is not None and not tokens_per_char > 0:
+            raise ValueError(f"tokens per character must be > 0, got {tokens_per_char}")
+        self.tokens_per_char = tokens_per_char
+
+    def fixed_speech_tokens(self, piece_text: str) -> int | None:
+        if self.tokens_per_char is None:
+            return None
+        return max(1, round(self.tokens_per_char * len(piece_text)))
+
+
+class StatsRecorder(FixedDecoding):
+    """Collects graph runs and appends JSON lines to ``path`` (thread-safe); with
+    ``tokens_per_char`` it also fixes the decoding length (:class:`FixedDecoding`)."""
 
     observes_graph_runs = True
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, tokens_per_char: float | None = None) -> None:
+        super().__init__(tokens_per_char)
         self.path = Path(path)
         self._lock = threading.Lock()
         self._runs: list[list[Any]] = []

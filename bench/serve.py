@@ -10,7 +10,8 @@ flag. The benchmark flags:
   response to PATH (:class:`.recorder.StatsRecorder`: stage times, every graph run, the
   pieces of each response).
 - ``--bench-tokens-per-char RATE``: decode exactly ``max(1, round(RATE x characters))``
-  speech tokens per text piece, ignoring the stop token (random weights never stop sensibly).
+  speech tokens per text piece, ignoring the stop token (random weights never stop sensibly;
+  :class:`.recorder.FixedDecoding`, installed through the engine's decoding-length hook).
 - ``--bench-synthesis-options FIELD=VALUE,...``: change fields of the preset's synthesis
   options (e.g. ``euler_steps=3,flow_chunk_causal=true``) to measure one lever through the
   server; values are ``true``/``false``, ``none``, numbers or text.
@@ -32,7 +33,7 @@ from wyoming_cosyvoice3.engine.options import SynthesisOptions
 from wyoming_cosyvoice3.server import cli
 from wyoming_cosyvoice3.server.hooks import ServerHooks
 
-from .recorder import StatsRecorder
+from .recorder import FixedDecoding, StatsRecorder
 
 
 def positive_float(text: str) -> float:
@@ -114,12 +115,15 @@ def parse(argv: Sequence[str]) -> tuple[ServerHooks, list[str]]:
         SystemExit: a benchmark flag has a bad value (argparse prints which).
     """
     args, server_argv = build_parser().parse_known_args(list(argv))
-    overrides = dict(args.bench_synthesis_options)
-    if args.bench_tokens_per_char is not None:
-        overrides["fixed_tokens_per_char"] = args.bench_tokens_per_char
-    observer = (StatsRecorder(args.bench_stats_file.expanduser())
-                if args.bench_stats_file is not None else None)
-    return ServerHooks(observer=observer, synthesis_overrides=overrides), server_argv
+    rate = args.bench_tokens_per_char
+    observer: FixedDecoding | None = None
+    if args.bench_stats_file is not None:
+        observer = StatsRecorder(args.bench_stats_file.expanduser(), tokens_per_char=rate)
+    elif rate is not None:
+        observer = FixedDecoding(rate)
+    hooks = ServerHooks(observer=observer,
+                        synthesis_overrides=dict(args.bench_synthesis_options))
+    return hooks, server_argv
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -387,10 +387,10 @@ def parity_engine(parity: Parity, *, published_estimator: bool = False) -> Any:
     """
     key = (parity.root, published_estimator)
     if key not in _ENGINES:
-        from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
+        from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
 
         options = EngineOptions(llm_precision="fp32", cache_dir=derived_cache_dir(parity),
-                                flow_chunk_causal=not published_estimator)
+                                preset=SynthesisOptions(flow_chunk_causal=not published_estimator))
         _ENGINES[key] = CosyVoice3Engine.load(parity.model_dir, options)
     return _ENGINES[key]
 

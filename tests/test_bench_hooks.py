@@ -1,17 +1,21 @@
-"""The engine's observer hooks and the benchmark's recorder (bench/recorder.py), on the tiny
-model; the benchmark's server flags (bench/serve.py), which the product does not have."""
+"""The engine's observer hooks and the benchmark's recorder and fixed decoding length
+(bench/recorder.py), on the tiny model; the benchmark's server flags (bench/serve.py), which
+the product does not have."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from bench import serve
-from bench.recorder import StatsRecorder
+from bench.recorder import FixedDecoding, StatsRecorder
 from wyoming_cosyvoice3.engine import EngineOptions, SynthesisOptions, graphs
+from wyoming_cosyvoice3.engine.errors import CosyVoiceError
+from wyoming_cosyvoice3.engine.hooks import EngineObserver
 from wyoming_cosyvoice3.engine.text.frontend import TextFrontend
 from wyoming_cosyvoice3.server.hooks import ServerHooks
 from wyoming_cosyvoice3.server.runtime import ServerRuntime
@@ -29,8 +33,11 @@ def recording(tmp_path: Path) -> Iterator[Path]:
 
 def test_no_observer_by_default() -> None:
     assert EngineOptions().observer is None
-    assert SynthesisOptions().fixed_tokens_per_char is None
+    assert EngineObserver().fixed_speech_tokens("Hello there.") is None
     assert graphs._run_observer is None
+    # the decoding length is no option of the product (issue 25: benchmark knobs leave it)
+    names = {f.name for f in fields(SynthesisOptions)} | {f.name for f in fields(EngineOptions)}
+    assert not any("tokens_per_char" in name or name.startswith("fixed") for name in names)
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "abc", "nan"])
@@ -44,17 +51,59 @@ def test_bench_flags_become_hooks_and_the_rest_goes_to_the_server(tmp_path: Path
         ["--data-dir", str(tmp_path), "--bench-tokens-per-char", "2.5", "--preset", "fast",
          "--bench-stats-file", str(tmp_path / "s.jsonl")])
     assert server_argv == ["--data-dir", str(tmp_path), "--preset", "fast"]
-    assert dict(hooks.synthesis_overrides) == {"fixed_tokens_per_char": 2.5}
+    assert dict(hooks.synthesis_overrides) == {}
     assert isinstance(hooks.observer, StatsRecorder)
     assert hooks.observer.path == tmp_path / "s.jsonl"
+    # max(1, round(2.5 x characters)) tokens per piece: 10 characters -> 25, 1 -> 2 (2.5
+    # rounds to even), 0 -> at least 1
+    assert [hooks.observer.fixed_speech_tokens(t) for t in ("0123456789", "a", "")] == [25, 2, 1]
     settings = resolve_settings(server_argv, environ={})
     runtime = ServerRuntime(settings, hooks=hooks)
     assert runtime.observer is hooks.observer
-    assert runtime.synthesis_options(seed=3).fixed_tokens_per_char == 2.5
-    assert ServerRuntime(settings).synthesis_options(seed=3).fixed_tokens_per_char is None
+    # the request options are the preset's, as without the benchmark
+    assert runtime.synthesis_options(seed=3) == ServerRuntime(settings).synthesis_options(seed=3)
     assert serve.parse(["--data-dir", "/d"])[0] == ServerHooks()
+    rate_only = serve.parse(["--data-dir", "/d", "--bench-tokens-per-char", "0.5"])[0].observer
+    assert isinstance(rate_only, FixedDecoding) and not isinstance(rate_only, StatsRecorder)
+    assert [rate_only.fixed_speech_tokens(t) for t in ("abcd", "abc")] == [2, 2]
+    stats_only = serve.parse(["--data-dir", "/d", "--bench-stats-file", "s.jsonl"])[0].observer
+    assert isinstance(stats_only, StatsRecorder)
+    assert stats_only.fixed_speech_tokens("abcd") is None
     with pytest.raises(ValueError):
-        SynthesisOptions(fixed_tokens_per_char=0.0).validate()
+        FixedDecoding(0.0)
+
+
+@pytest.mark.parametrize(("preset", "flags", "precision", "chunk_causal"), [
+    ("quality", [], "fp32", True),
+    ("fast", [], "int8", True),
+    ("balanced", ["--bench-synthesis-options", "flow_chunk_causal=false"], "int8", False),
+])
+def test_the_engine_is_loaded_for_the_preset_with_the_benchmark_observer(
+        tmp_path: Path, preset: str, flags: list[str], precision: str,
+        chunk_causal: bool) -> None:
+    """The server hands the engine the preset record (whose DiT graphs open at start) and the
+    benchmark's observer, which carries the fixed decoding length."""
+    loaded: list[EngineOptions] = []
+
+    def factory(model_dir: Path, options: EngineOptions) -> object:
+        loaded.append(options)
+        raise CosyVoiceError("stop after the options were given")
+
+    hooks, server_argv = serve.parse(["--model-dir", str(tmp_path), "--preset", preset,
+                                      "--bench-tokens-per-char", "2", *flags])
+    runtime = ServerRuntime(resolve_settings(server_argv, environ={}), hooks=hooks,
+                            engine_factory=factory,  # type: ignore[arg-type]
+                            model_locator=lambda settings, stopping: tmp_path)
+    try:
+        runtime.start_loading()
+        assert runtime.ready_event.wait(30)
+    finally:
+        runtime.shutdown()
+    (options,) = loaded
+    assert options.observer is hooks.observer
+    assert options.observer is not None and options.observer.fixed_speech_tokens("ab") == 4
+    assert (options.preset.flow_precision, options.preset.flow_chunk_causal) == (
+        precision, chunk_causal)
 
 
 @pytest.mark.parametrize("flag", ["--bench-stats-file", "--bench-tokens-per-char",
@@ -114,13 +163,13 @@ def test_fixed_length_and_records(tiny_model_dir: Path, make_clip, tmp_path: Pat
                                   recording: Path) -> None:
     from wyoming_cosyvoice3.engine import CosyVoice3Engine
 
+    rate = 1.5
     engine = CosyVoice3Engine.load(
-        tiny_model_dir, EngineOptions(observer=StatsRecorder(recording)))
+        tiny_model_dir, EngineOptions(observer=StatsRecorder(recording, tokens_per_char=rate)))
     voice = engine.prepare_voice(make_clip(tmp_path / "v.wav", seconds=3.0),
                                  transcript="A short prompt.", name="v")
     text = "First sentence here. And a second, longer one follows it."
-    rate = 1.5
-    chunks = list(engine.synthesize(text, voice, SynthesisOptions(fixed_tokens_per_char=rate)))
+    chunks = list(engine.synthesize(text, voice, SynthesisOptions()))
     assert chunks and chunks[-1].is_last
     lines = [json.loads(line) for line in recording.read_text().splitlines()]
     assert [r["kind"] for r in lines] == ["voice", "request"]

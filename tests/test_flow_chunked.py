@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from decoding_support import FixedDecoding
 
 from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
@@ -56,7 +57,8 @@ def test_cache_geometry() -> None:
 def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> CosyVoice3Engine:
     cache = tmp_path_factory.mktemp("derived")
     return CosyVoice3Engine.load(
-        tiny_model_dir, EngineOptions(threads=1, llm_precision="fp32", cache_dir=cache)
+        tiny_model_dir, EngineOptions(threads=1, llm_precision="fp32", cache_dir=cache,
+                                      observer=FixedDecoding(2.0))
     )
 
 
@@ -68,8 +70,7 @@ def test_quality_preset_falls_back_to_full_attention_with_one_warning(
     text = "The kitchen lights are on and the front door is locked."
     # vocoder deferral follows the wall clock (a slow run merges chunks); without it every
     # flow chunk gives one audio chunk
-    options = PRESETS["quality"].replace(euler_steps=2, fixed_tokens_per_char=2.0,
-                                         vocoder_defer=False)
+    options = PRESETS["quality"].replace(euler_steps=2, vocoder_defer=False)
     with caplog.at_level(logging.WARNING):
         engine.warm_up(voice, options)
         first = [c.samples for c in engine.synthesize(text, voice, options)]

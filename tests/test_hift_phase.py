@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from decoding_support import FixedDecoding
 from parity_support import load_parity
 
 from wyoming_cosyvoice3.engine import constants as C
@@ -167,13 +168,13 @@ def _engine_audio(model_dir: Path, cache: Path, phase_vocoder: bool, window: int
     from wyoming_cosyvoice3.engine.options import SynthesisOptions
     from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 
-    options = EngineOptions(cache_dir=cache, phase_vocoder=phase_vocoder, stream_vocoder=False)
+    options = EngineOptions(cache_dir=cache, phase_vocoder=phase_vocoder, stream_vocoder=False,
+                            observer=FixedDecoding(2.0))
     engine = CosyVoice3Engine.load(model_dir, options)
     assert (engine.model.hift_phase_period is not None) == phase_vocoder
     voice = engine.prepare_voice(model_dir / "voices" / "en-male.wav", "A test voice.")
     request = SynthesisOptions(seed=3, first_hop_tokens=5, max_hop_tokens=20,
-                               vocoder_window_frames=window, vocoder_defer=False,
-                               fixed_tokens_per_char=2.0)
+                               vocoder_window_frames=window, vocoder_defer=False)
     chunks = engine.synthesize("The lights in the kitchen are off now.", voice, request)
     return np.concatenate([c.samples for c in chunks])
 
@@ -198,7 +199,8 @@ def test_engine_windowed_vocoder_matches_the_exact_stream(
 def carrying_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> object:
     from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 
-    engine = CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(cache_dir=tiny_dit_cache_dir))
+    engine = CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
+        cache_dir=tiny_dit_cache_dir, observer=FixedDecoding(2.0)))
     assert engine.model.hift_phase_period is not None
     return engine
 
@@ -215,8 +217,7 @@ def test_cases_c14_c15_with_the_phase_carried(
 
     voice = carrying_engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav",
                                           "A test voice.")
-    base = PRESETS[preset].replace(streaming=streaming, vocoder_defer=False, seed=2,
-                                   fixed_tokens_per_char=2.0)
+    base = PRESETS[preset].replace(streaming=streaming, vocoder_defer=False, seed=2)
     text = "The lights in the kitchen are off now, and the door is locked."
     normal = list(carrying_engine.synthesize(text, voice, base))
     normal_samples = sum(len(c.samples) for c in normal)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from decoding_support import FixedDecoding
 from parity_support import load_parity
 
 from wyoming_cosyvoice3.engine import constants as C
@@ -216,7 +217,8 @@ def engines(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> dict[bool, An
 
     out = {}
     for on in (True, False):
-        options = EngineOptions(cache_dir=tiny_dit_cache_dir, stream_vocoder=on)
+        options = EngineOptions(cache_dir=tiny_dit_cache_dir, stream_vocoder=on,
+                                observer=FixedDecoding(2.0))
         out[on] = CosyVoice3Engine.load(tiny_dit_model_dir, options)
         assert (out[on].model.hift_stream is not None) == on
     return out
@@ -259,8 +261,7 @@ def _engine_run(
     monkeypatch.setattr(VocoderStream, "push", push)
     voice = engine.prepare_voice(model_dir / "voices" / "en-male.wav", "A test voice.")
     request = SynthesisOptions(seed=3, first_hop_tokens=5, max_hop_tokens=20,
-                               vocoder_window_frames=0, vocoder_defer=False,
-                               fixed_tokens_per_char=2.0)
+                               vocoder_window_frames=0, vocoder_defer=False)
     chunks = list(engine.synthesize("The lights in the kitchen are off.", voice, request))
     assert len(streams) == 1  # one text piece
     return (np.concatenate([c.samples for c in chunks]), log, np.concatenate(mels, axis=1),

@@ -26,7 +26,7 @@ from wyoming_cosyvoice3.engine.derive.llm.embedding_table import (
 from wyoming_cosyvoice3.engine.errors import ModelLoadError, SynthesisFailed
 from wyoming_cosyvoice3.engine.graphs import TEXT_EMBEDDING, Graph
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
-from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.engine.options import EngineOptions, SynthesisOptions
 
 EST = "flow.decoder.estimator.fp32.onnx"
 
@@ -140,8 +140,8 @@ def test_estimator_without_per_frame_matmuls_stays_fp32(
     # the tiny estimator is convolutional: nothing to quantise -> one warning, fp32 graph
     opts = EngineOptions(  # the tiny vocoder has neither a harmonic source nor causal
         # convolutions: its derived forms are not asked for
-        threads=1, cache_dir=tmp_path, flow_precision="int8", split_estimator=False,
-        phase_vocoder=False, stream_vocoder=False,
+        threads=1, cache_dir=tmp_path, preset=SynthesisOptions(flow_precision="int8"),
+        split_estimator=False, phase_vocoder=False, stream_vocoder=False,
     )
     for _ in range(2):  # the second load reads the failure marker: again one warning
         caplog.clear()
@@ -246,8 +246,8 @@ def test_int8_failure_falls_back_to_the_fp32_estimator(
     monkeypatch.setattr(quantize, "ensure_int8_estimator", fail)
     opts = EngineOptions(  # the tiny vocoder has neither a harmonic source nor causal
         # convolutions: its derived forms are not asked for
-        threads=1, cache_dir=tmp_path, flow_precision="int8", split_estimator=False,
-        phase_vocoder=False, stream_vocoder=False,
+        threads=1, cache_dir=tmp_path, preset=SynthesisOptions(flow_precision="int8"),
+        split_estimator=False, phase_vocoder=False, stream_vocoder=False,
     )
     model = CosyVoice3Model.load(tiny_model_dir, opts)
     assert model.estimator.path == tiny_model_dir / EST

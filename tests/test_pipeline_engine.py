@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from decoding_support import fixed_decoding
 
 from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import (
@@ -263,8 +264,9 @@ def test_unpunctuated_10k_text_is_bounded_pieces(engine, voice, monkeypatch) -> 
     assert len(text) == 10_000 and not any(c in text for c in ".,;:!?")
     result = SynthesisResult()
     per_char = 0.02
-    chunks = list(engine.synthesize(text, voice, SynthesisOptions(
-        streaming=False, seed=1, fixed_tokens_per_char=per_char), result=result))
+    with fixed_decoding(engine, per_char):
+        chunks = list(engine.synthesize(text, voice, SynthesisOptions(streaming=False, seed=1),
+                                        result=result))
     pieces = engine.frontend.split_pieces(text)
     counts = [engine.frontend.text_token_count(p) for p in pieces]
     assert result.pieces == len(pieces) == len(rec.pieces) >= 15  # ~555 characters each
@@ -294,8 +296,9 @@ def test_vocoder_defer_is_exact_and_runs_fewer_frames(engine, voice, monkeypatch
                             lambda self: 60.0 if real_lead(self) != 0.0 else 0.0)
         result = SynthesisResult()
         opts = SynthesisOptions(seed=4, first_hop_tokens=5, max_hop_tokens=10,
-                                vocoder_defer=defer, fixed_tokens_per_char=0.8)
-        chunks = list(engine.synthesize(LONG_TEXT, voice, opts, result=result))
+                                vocoder_defer=defer)
+        with fixed_decoding(engine, 0.8):
+            chunks = list(engine.synthesize(LONG_TEXT, voice, opts, result=result))
         runs[defer] = (audio(chunks), rec.calls.count("hift"), rec.calls.count("flow_encoder"),
                        result.times.vocoder_frames)
         monkeypatch.undo()
@@ -318,7 +321,8 @@ def test_language_hint_reads_a_sentence_without_cue(engine, voice, monkeypatch) 
         return build(piece, voice_prompt)
 
     monkeypatch.setattr(engine.frontend, "build_prompt", recording)
-    options = SynthesisOptions(streaming=False, fixed_tokens_per_char=1.0)
-    list(engine.synthesize("Kitchen, 21 °C.", voice, options))
-    list(engine.synthesize("Kitchen, 21 °C.", voice, options.replace(language_hint="en")))
+    options = SynthesisOptions(streaming=False)
+    with fixed_decoding(engine, 1.0):
+        list(engine.synthesize("Kitchen, 21 °C.", voice, options))
+        list(engine.synthesize("Kitchen, 21 °C.", voice, options.replace(language_hint="en")))
     assert prompts == ["Kitchen, 21 °C.", "Kitchen, twenty-one degrees Celsius."]

@@ -130,6 +130,43 @@ def test_every_option_is_documented() -> None:
         assert row in readme and f"`{opt.env}`" in readme and f"`{opt.key}`" in readme, opt.flag
 
 
+HELP_GROUPS = {
+    "model and files": ["--options-file", "--data-dir", "--download-dir", "--model-dir",
+                        "--voices", "--local-files-only", "--llm-precision", "--llm-graph",
+                        "--threads", "--providers", "--no-warm-up"],
+    "speech": ["--voice", "--preset", "--speed", "--seed", "--samples-per-chunk",
+               "--max-preroll-ms"],
+    "server and limits": ["--uri", "--zeroconf", "--no-streaming", "--max-concurrent",
+                          "--max-text-chars", "--max-pending-requests",
+                          "--max-queued-requests", "--max-request-seconds",
+                          "--max-connections", "--idle-timeout-seconds",
+                          "--write-timeout-seconds", "--max-event-header-bytes",
+                          "--max-event-data-bytes", "--max-event-payload-bytes",
+                          "--max-clip-bytes"],
+    "voice page": ["--http-port", "--http-host", "--http-allow-from"],
+    "logging": ["--debug", "--log-format"],
+}
+"""The sections of ``--help`` (issue 25: model and files, speech, server and limits, voice
+page, logging) and the flags each must list, written out here, not read from the code."""
+
+
+def test_help_is_grouped(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        resolve_settings(["--help"], environ={})
+    assert exit_info.value.code == 0
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in capsys.readouterr().out.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            current = sections.setdefault(line[:-1], [])
+        elif current is not None and line.startswith("  -"):
+            current.append(line.split()[0].rstrip(","))
+    assert sections == {"options": ["-h", "--version"], **HELP_GROUPS}
+    # the table makes every flag (the README rows and the add-on keys follow it)
+    assert [opt.flag for opt in OPTIONS] == [
+        flag for flags in HELP_GROUPS.values() for flag in flags if flag != "--options-file"]
+
+
 @pytest.mark.parametrize(("flags", "advertised"), [([], True), (["--no-streaming"], False)])
 def test_streaming_is_advertised_unless_turned_off(tmp_path: Path, flags: list[str],
                                                     advertised: bool) -> None:

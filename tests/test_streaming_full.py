@@ -1,7 +1,7 @@
 """One DiT graph for chunk-causal streaming and full attention (issue 11, memory).
 
-With ``EngineOptions.flow_chunk_causal`` the engine opens the derived streaming DiT at start
-and runs the full-attention passes (final chunks, one-shot requests) through it, so the
+With a ``flow_chunk_causal`` ``EngineOptions.preset`` the engine opens the derived streaming
+DiT at start and runs the full-attention passes (final chunks, one-shot requests) through it, so the
 published estimator of that precision is never loaded. tiny-dit has an upstream-structured
 DiT, so the streaming derivation works there; the tiny model's DiT does not have that
 structure, so the engine falls back with one warning. The parity tests
@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from decoding_support import FixedDecoding, fixed_decoding
 
-from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
+from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
 from wyoming_cosyvoice3.engine.derive.flow.estimator_split import SplitEstimator
 from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
 from wyoming_cosyvoice3.engine.errors import SynthesisFailed
@@ -28,7 +29,8 @@ TEXT = "The kitchen lights are on and the front door is locked."
 
 def _engine(model_dir: Path, cache: Path, one_graph: bool) -> CosyVoice3Engine:
     return CosyVoice3Engine.load(model_dir, EngineOptions(
-        threads=1, llm_precision="fp32", cache_dir=cache, flow_chunk_causal=one_graph))
+        threads=1, llm_precision="fp32", cache_dir=cache,
+        preset=SynthesisOptions(flow_chunk_causal=one_graph)))
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +45,9 @@ def engines(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path
 def _audio(engine: CosyVoice3Engine, model_dir: Path, streaming: bool) -> list[np.ndarray]:
     voice = engine.prepare_voice(model_dir / "voices" / "en-male.wav", "A test voice.")
     options = PRESETS["quality"].replace(euler_steps=3, streaming=streaming, vocoder_defer=False,
-                                         fixed_tokens_per_char=2.0, seed=3)
-    return [c.samples for c in engine.synthesize(TEXT, voice, options)]
+                                         seed=3)
+    with fixed_decoding(engine, 2.0):
+        return [c.samples for c in engine.synthesize(TEXT, voice, options)]
 
 
 def test_one_graph_is_loaded_instead_of_the_published_estimator(
@@ -138,8 +141,9 @@ def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
     monkeypatch.setattr(engine.flow, "mel_for_tokens", mel)
     monkeypatch.setattr(MelStream, "next_mel", next_mel)
     voice = engine.prepare_voice(tiny_model_dir / "voices" / "en-male.wav", "A test voice.")
-    options = PRESETS["balanced"].replace(fixed_tokens_per_char=4.0, vocoder_defer=False)
-    chunks = list(engine.synthesize(TEXT, voice, options))
+    options = PRESETS["balanced"].replace(vocoder_defer=False)
+    with fixed_decoding(engine, 4.0):
+        chunks = list(engine.synthesize(TEXT, voice, options))
     assert chunks and chunks[-1].is_last
     assert prompts == [25]
     pairs = list(zip(starts, offsets, strict=True))  # one full-attention pass per chunk
@@ -180,7 +184,8 @@ def test_case_c5_chunk_causal_presets_keep_their_caches_bounded(
     opts = PRESETS[preset]
     assert opts.flow_chunk_causal and opts.flow_final_chunk_causal
     engine = CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
-        threads=1, cache_dir=tmp_path / "cache", flow_precision="int8", flow_chunk_causal=True))
+        threads=1, cache_dir=tmp_path / "cache", observer=FixedDecoding(2.0),
+        preset=SynthesisOptions(flow_precision="int8", flow_chunk_causal=True)))
     voice = engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav", "A test voice.")
     flow = engine.chunked.get("int8")
     assert flow is not None
@@ -198,7 +203,7 @@ def test_case_c5_chunk_causal_presets_keep_their_caches_bounded(
     flow.chunk_mel = recording  # type: ignore[method-assign]
     text = ("The kitchen lights are on and the front door is locked and the heating is set "
             "to twenty one degrees for the rest of the evening in every room of the house")
-    options = opts.replace(fixed_tokens_per_char=2.0, vocoder_defer=False)
+    options = opts.replace(vocoder_defer=False)
     chunks = list(engine.synthesize(text, voice, options))
     bound = C.TOKEN_MEL_RATIO * opts.flow_left_context_tokens
     assert len(chunks) >= 5 and chunks[-1].is_last
@@ -263,7 +268,7 @@ def test_quality_frees_the_history_before_its_full_attention_final_chunk(
     monkeypatch.setattr(flow, "chunk_mel", recording)
     monkeypatch.setattr(engine.flow, "mel_for_tokens", final)
     voice = engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav", "A test voice.")
-    options = PRESETS["quality"].replace(euler_steps=2, vocoder_defer=False,
-                                         fixed_tokens_per_char=3.0)
-    assert list(engine.synthesize(TEXT, voice, options))[-1].is_last
+    options = PRESETS["quality"].replace(euler_steps=2, vocoder_defer=False)
+    with fixed_decoding(engine, 3.0):
+        assert list(engine.synthesize(TEXT, voice, options))[-1].is_last
     assert histories and alive_at_final == [False]

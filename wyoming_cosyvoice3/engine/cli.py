@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
             voice_cache_dir=args.voice_cache_dir,
             cache_dir=args.cache_dir or DEFAULT_CACHE_DIR,
-            flow_precision=options.flow_precision,
-            flow_chunk_causal=options.flow_chunk_causal,
+            preset=options,  # its DiT (and streaming DiT) are opened at start
         )
         engine_options.validate()
     except ValueError as exc:

@@ -1,5 +1,6 @@
 """Observer callbacks of the engine: how a caller (the benchmark, a profiler, a test) watches
-what the engine does without the engine knowing who watches.
+what the engine does without the engine knowing who watches, plus the one hook that changes
+what it does: a fixed decoding length (:meth:`EngineObserver.fixed_speech_tokens`).
 
 Pass an :class:`EngineObserver` subclass as ``EngineOptions.observer``. Every method defaults
 to doing nothing; the engine calls them on its own threads, so implementations must be
@@ -34,3 +35,19 @@ class EngineObserver:
 
     def request_finished(self, text: str, result: SynthesisResult) -> None:
         """A synthesis request ended (done, failed or cancelled) with these figures."""
+
+    def fixed_speech_tokens(self, piece_text: str) -> int | None:
+        """How many speech tokens to decode for one text piece, ignoring the stop token;
+        None (the default) decodes until the stop token or the request's cap.
+
+        For measurements only: a model with random weights (the synthetic ones) never stops
+        sensibly, so the benchmark fixes the length from the text (``python -m bench``,
+        ``--bench-tokens-per-char``). Called once per piece when the request starts.
+
+        Args:
+            piece_text: the normalised text of the piece.
+
+        Returns:
+            A token count >= 1, or None.
+        """
+        return None

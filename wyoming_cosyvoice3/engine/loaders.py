@@ -3,8 +3,9 @@
 Each role below lists its forms in order of preference. A derived form is used when its
 condition holds and it can be made (once, into the cache directory, by its module under
 :mod:`.derive`; reused from there on later starts); otherwise the next form is tried after ONE
-warning (:func:`.derive.common.forms.load_first`). "auto" below means the option is None: on
-exactly when ``EngineOptions.cache_dir`` is set. Tags name the cached files
+warning (:func:`.derive.common.forms.load_first`). "auto" below means the option (on by
+default) and a ``EngineOptions.cache_dir``: a bare engine derives none of them. Tags name the
+cached files
 (``<source stem>.<tag>-<size>-<mtime_ns>.onnx``, :func:`.derive.common.files.keyed_name`).
 
 Each line: form -- enabled when -- derived by (module under derive/, file tag).
@@ -25,8 +26,8 @@ LLM stage
 
 Flow stage, per DiT precision p ("fp32" or "int8")
 
-* ``streaming`` (chunk-causal chunks; asked for at load with ``flow_chunk_causal``, else by
-  the first chunk-causal request):
+* ``streaming`` (chunk-causal chunks; asked for at load when ``EngineOptions.preset`` is
+  ``flow_chunk_causal``, else by the first chunk-causal request):
 
   1. chunk-causal streaming DiT -- a ``cache_dir`` -- flow/streaming_estimator (stream2main or
      stream2int8main, stream1time);
@@ -34,8 +35,8 @@ Flow stage, per DiT precision p ("fp32" or "int8")
 
 * ``estimator`` (full-attention passes):
 
-  1. the streaming DiT run with full attention -- ``flow_chunk_causal``, p is
-     ``flow_precision`` and the streaming DiT loaded -- (the streaming form above);
+  1. the streaming DiT run with full attention -- the preset is ``flow_chunk_causal``, p is
+     its ``flow_precision`` and the streaming DiT loaded -- (the streaming form above);
   2. split time / per-frame pair, the per-frame part int8 for int8 -- ``split_estimator``
      (auto) -- flow/estimator_split (main or int8main, time);
   3. the whole graph in int8 -- p is "int8" -- flow/quantize (int8r2);
@@ -83,9 +84,9 @@ Estimator = Graph | SplitEstimator | FullAttentionDiT
 or the streaming DiT run with full attention (:mod:`.derive.flow.full_attention`)."""
 
 
-def _wanted(option: bool | None, options: EngineOptions) -> bool:
-    """A derived form's option: its value, or (None) on when ``options.cache_dir`` is set."""
-    return options.cache_dir is not None if option is None else option
+def _wanted(option: bool, options: EngineOptions) -> bool:
+    """A cached derived form is wanted: its option is on and ``options.cache_dir`` is set."""
+    return option and options.cache_dir is not None
 
 
 # -- flow --------------------------------------------------------------------------------------
@@ -115,8 +116,8 @@ def estimator_forms(
 
     return [
         Form("full-attention streaming DiT", derived=False,
-             wanted=(streaming is not None and options.flow_chunk_causal
-                     and precision == options.flow_precision),
+             wanted=(streaming is not None and options.preset.flow_chunk_causal
+                     and precision == options.preset.flow_precision),
              open=lambda _cache: FullAttentionDiT(streaming)),
         Form("split DiT estimator", open=split,
              wanted=_wanted(options.split_estimator, options),

@@ -185,8 +185,8 @@ class CosyVoice3Model:
     """Tokenizer, graphs and dimensions of one model directory (shared, read-only).
 
     Graph sessions are thread-safe for ``run``; per-request state never lives here.
-    ``estimator`` is the DiT estimator of ``options.flow_precision``; the other precision is
-    loaded on first use by :meth:`estimator_for`. ``text_embedding`` is a memory-mapped
+    ``estimator`` is the DiT estimator of ``options.preset.flow_precision``; the other
+    precision is loaded on first use by :meth:`estimator_for`. ``text_embedding`` is a memory-mapped
     :class:`~.embedding_table.TableEmbedding` when ``options.mmap_embeddings`` and the graph is
     a plain lookup, else the graph.
     """
@@ -227,7 +227,7 @@ class CosyVoice3Model:
         self._voice_lock = threading.Lock()
         self._voice_encoders: tuple[Graph, Graph] | None = None
         self._graphs: dict[tuple[str, str], Estimator | StreamingEstimator | None] = {
-            ("estimator", options.flow_precision): self.estimator,
+            ("estimator", options.preset.flow_precision): self.estimator,
             **{("streaming", p): est for p, est in (streaming or {}).items()},
         }
         """The one cache of per-precision DiT graphs: (role, precision) -> the loaded form;
@@ -257,7 +257,6 @@ class CosyVoice3Model:
         threads, providers = options.threads, options.providers
 
         spin = options.spin_wait
-        llm_threads = threads if options.llm_threads is None else options.llm_threads
 
         def graph(spec: GraphSpec) -> Graph:
             return Graph(model_dir / spec.file, spec, threads, providers, spin_wait=spin)
@@ -265,15 +264,15 @@ class CosyVoice3Model:
         speech_embedding = graph(SPEECH_EMBEDDING)
         hift, hift_phase_period = load_hift(model_dir, options)
         hift_stream = load_hift_stream(model_dir, options)
-        precision = options.flow_precision
+        precision = options.preset.flow_precision
         streaming: dict[str, StreamingEstimator | None] = {}
-        if options.flow_chunk_causal:
+        if options.preset.flow_chunk_causal:
             streaming[precision] = load_streaming_or_none(model_dir, options, precision)
         # one DiT graph serves chunks and full attention when the streaming DiT loaded
         estimator = load_estimator(model_dir, options, precision, streaming.get(precision))
         graphs: dict[str, Graph | TableEmbedding | Estimator] = {
             "speech_embedding": speech_embedding,
-            "llm": load_llm_graph(model_dir, options, llm_threads, speech_embedding),
+            "llm": load_llm_graph(model_dir, options, threads, speech_embedding),
             "flow_encoder": graph(FLOW_ENCODER),
             "estimator": estimator,
             "hift": hift,

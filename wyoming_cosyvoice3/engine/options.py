@@ -21,113 +21,6 @@ LLM_FILES: dict[str, str] = {"fp32": "llm.onnx", "int8": "llm_int8.onnx", "q4": 
 
 
 @dataclass(frozen=True)
-class EngineOptions:
-    """How the model directory is loaded.
-
-    Attributes:
-        llm_precision: which LLM graph to load: ``fp32`` (llm.onnx), ``int8`` (llm_int8.onnx,
-            the CPU default recommended by the export's model card) or ``q4`` (llm_q4.onnx).
-        threads: intra-op threads per onnxruntime session; 0 lets onnxruntime choose
-            (one per physical core).
-        llm_threads: intra-op threads of the LLM session; ``None`` = ``threads``. With
-            ``overlap_decoding`` the LLM runs beside the flow and vocoder: one LLM thread
-            leaves the other core(s) to them instead of oversubscribing.
-        spin_wait: let idle onnxruntime worker threads spin before sleeping
-            (``session.intra_op.allow_spinning``): lowest latency for one busy session, but
-            spinning threads steal the core from a concurrent session (overlapped decoding).
-        providers: onnxruntime execution providers in order of preference; the CPU provider
-            is always appended as the fallback.
-        voice_cache_dir: directory for cached voice features; ``None`` disables the disk cache.
-        load_voice_encoders: load campplus and speech_tokenizer_v3 at start (True) or only
-            while a new voice is prepared (False, saves memory on small boards). With
-            ``voice_process`` True keeps the voice encoder process running instead.
-        voice_process: prepare new voices in a child process (:mod:`.voice.worker`): the
-            encoder sessions never load in this process (no share of its interpreter lock,
-            heap or CPU priority), and their memory is returned when the child exits. Costs
-            the child's start (about 1 s) per batch of preparations.
-            The server sets it; off, voices are prepared in the calling thread.
-        flow_precision: DiT estimator loaded at start: ``fp32`` (the upstream file) or
-            ``int8`` (quantised once from it, see :mod:`.derive.flow.quantize`); a request
-            asking for the other precision loads it on first use. Set it to the preset's
-            ``flow_precision``.
-        flow_chunk_causal: requests stream chunk-causally (the preset's
-            ``SynthesisOptions.flow_chunk_causal``, e.g. ``quality``): the streaming DiT of
-            ``flow_precision`` is derived (once, into ``cache_dir``) and opened at start, and
-            it also serves that precision's full-attention passes (final chunks, one-shot
-            requests; :mod:`.derive.flow.full_attention`: equal to the published estimator up to
-            float rounding, checked when derived), so the published estimator of that
-            precision is not loaded: one copy of the DiT weights instead of two (0.76 GB fp32
-            at full size). Not derivable: the published estimator, with one warning.
-        cache_dir: where derived files go (int8 estimator, extracted embedding tables, the
-            chunk-causal streaming DiT of ``SynthesisOptions.flow_chunk_causal``, which needs it);
-            ``None`` = the model directory if writable, else ``~/.cache/wyoming-cosyvoice3``.
-        mmap_embeddings: serve the text embedding from a memory-mapped table extracted once
-            from text_embedding_fp16.onnx into ``cache_dir`` (only when the graph is a plain
-            Gather [+ Cast], so the output is bit-identical; otherwise the graph is used).
-            ``None`` (default) = on when ``cache_dir`` is set, so a bare engine writes nothing.
-        llm_graph: ``published`` runs the LLM file of ``llm_precision`` as shipped; ``fused``
-            derives once (into ``cache_dir``) a graph with fused onnxruntime operators from
-            it: same weights and numbers (lossless: log-probs equal to float rounding, and
-            to the published int8 graph's own rounding of activations), about 11 instead of
-            90 nodes per layer; ``fused-q4`` the same graph with 4-bit weights (lossy,
-            deviation measured at derivation and logged). Not derivable (q4 file, another
-            structure, failed validation): the published graph, with one warning. See
-            :mod:`.derive.llm.fused`.
-        split_estimator: split the DiT estimator once into its time-conditioning graph
-            (AdaLN modulation: 0.55 GB of fp32 weights that depend on ``t`` only, run once per
-            distinct ``t`` and released) and its per-frame graph, written to ``cache_dir``
-            (see :mod:`.estimator_split`; same numbers). ``None`` = on when ``cache_dir`` is set.
-        phase_vocoder: derive once (into ``cache_dir``) the phase-carrying form of
-            hift.onnx (:mod:`.derive.vocoder.hift_phase`): the same numbers without a carry, and a
-            windowed vocoder call (``SynthesisOptions.vocoder_window_frames``) continues the
-            harmonic source's phase instead of restarting it, so windowed audio matches the
-            one-call audio. ``None`` = on when ``cache_dir`` is set. Not derivable:
-            hift.onnx, with one warning.
-        stream_vocoder: derive once (into ``cache_dir``) the streamed form of hift.onnx
-            (:mod:`.derive.vocoder.hift_stream`): convolution context, delay lines and the source
-            phase carried as state, so streaming runs each mel frame once (about one call's
-            cost) and equals one call up to float rounding (validated when derived). It
-            replaces ``SynthesisOptions.vocoder_window_frames``. ``None`` = on when
-            ``cache_dir`` is set. Not derivable: the windowed vocoder, with one warning.
-        observer: callbacks the engine makes while it works (:mod:`.hooks`; the benchmark's
-            recorder); ``None`` = nobody watches.
-    """
-
-    llm_precision: LlmPrecision = "int8"
-    threads: int = 0
-    llm_threads: int | None = None
-    spin_wait: bool = True
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    voice_cache_dir: Path | None = None
-    load_voice_encoders: bool = False
-    voice_process: bool = False
-    flow_precision: FlowPrecision = "fp32"
-    flow_chunk_causal: bool = False
-    cache_dir: Path | None = None
-    mmap_embeddings: bool | None = None
-    split_estimator: bool | None = None
-    observer: EngineObserver | None = field(default=None, compare=False)
-    llm_graph: LlmGraph = "published"
-    phase_vocoder: bool | None = None
-    stream_vocoder: bool | None = None
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the option when a value is out of range."""
-        if self.llm_precision not in LLM_FILES:
-            raise ValueError(
-                f"llm_precision must be one of {sorted(LLM_FILES)}, got {self.llm_precision!r}"
-            )
-        if self.llm_graph not in ("published", "fused", "fused-q4"):
-            raise ValueError(
-                f"llm_graph must be published, fused or fused-q4, got {self.llm_graph!r}"
-            )
-        if self.threads < 0 or (self.llm_threads is not None and self.llm_threads < 0):
-            raise ValueError(f"threads must be >= 0, got {self.threads} / {self.llm_threads}")
-        if self.flow_precision not in ("fp32", "int8"):
-            raise ValueError(f"flow_precision must be fp32 or int8, got {self.flow_precision!r}")
-
-
-@dataclass(frozen=True)
 class SynthesisOptions:
     """How one request runs. Defaults are the spec-exact upstream values.
 
@@ -206,10 +99,6 @@ class SynthesisOptions:
             it (:meth:`.text.frontend.TextFrontend.split_pieces`): the server asks for this
             when synthesis runs slower than playback, so that each piece's audio can be held
             until it plays through without a pause inside it.
-        fixed_tokens_per_char: benchmarks only: decode exactly ``max(1, round(rate x
-            characters))`` speech tokens per text piece, ignoring the stop token (random
-            weights never stop sensibly); ``None`` (default) decodes normally. The
-            benchmark sets it through the server's hooks (``ServerHooks.synthesis_overrides``).
     """
 
     speed: float = 1.0
@@ -235,7 +124,6 @@ class SynthesisOptions:
     max_request_s: float = 300.0
     output_dtype: Literal["float32", "int16"] = "float32"
     language_hint: str | None = None
-    fixed_tokens_per_char: float | None = None
     max_piece_tokens: int = C.DEFAULT_MAX_PIECE_TOKENS
 
     def validate(self) -> None:
@@ -259,8 +147,6 @@ class SynthesisOptions:
             raise ValueError(f"flow_precision must be fp32 or int8, got {self.flow_precision!r}")
         if self.max_decode_tokens < 1 or self.max_request_s <= 0:
             raise ValueError("max_decode_tokens and max_request_s must be positive")
-        if self.fixed_tokens_per_char is not None and not self.fixed_tokens_per_char > 0:
-            raise ValueError("fixed_tokens_per_char must be None or > 0")
         if self.max_piece_tokens < 1:
             raise ValueError(f"max_piece_tokens must be >= 1, got {self.max_piece_tokens}")
         if self.output_dtype not in ("float32", "int16"):
@@ -281,6 +167,105 @@ class SynthesisOptions:
     def replace(self, **changes: object) -> SynthesisOptions:
         """Return a copy with ``changes`` applied."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the model directory is loaded (fixed for the engine's life; per request:
+    :class:`SynthesisOptions`).
+
+    Attributes:
+        llm_precision: which LLM graph to load: ``fp32`` (llm.onnx), ``int8`` (llm_int8.onnx,
+            the CPU default recommended by the export's model card) or ``q4`` (llm_q4.onnx).
+        llm_graph: ``published`` runs the LLM file of ``llm_precision`` as shipped; ``fused``
+            derives once (into ``cache_dir``) a graph with fused onnxruntime operators from
+            it: same weights and numbers (lossless: log-probs equal to float rounding, and
+            to the published int8 graph's own rounding of activations), about 11 instead of
+            90 nodes per layer; ``fused-q4`` the same graph with 4-bit weights (lossy,
+            deviation measured at derivation and logged). Not derivable (q4 file, another
+            structure, failed validation): the published graph, with one warning. See
+            :mod:`.derive.llm.fused`.
+        preset: the synthesis options most requests will run with (the server's preset).
+            The graphs they need are opened at start: the DiT estimator of its
+            ``flow_precision`` (a request asking for the other precision loads that on first
+            use), and for a ``flow_chunk_causal`` preset (e.g. ``quality``) the streaming DiT
+            of that precision, derived once into ``cache_dir``. The streaming DiT then also
+            serves that precision's full-attention passes (final chunks, one-shot requests;
+            :mod:`.derive.flow.full_attention`: equal to the published estimator up to float
+            rounding, checked when derived), so the published estimator is not loaded: one
+            copy of the DiT weights instead of two (0.76 GB fp32 at full size). Not
+            derivable: the published estimator, with one warning.
+        threads: intra-op threads per onnxruntime session; 0 lets onnxruntime choose
+            (one per physical core).
+        spin_wait: let idle onnxruntime worker threads spin before sleeping
+            (``session.intra_op.allow_spinning``): lowest latency for one busy session, but
+            spinning threads steal the core from a concurrent session (overlapped decoding).
+        providers: onnxruntime execution providers in order of preference; the CPU provider
+            is always appended as the fallback.
+        cache_dir: where derived files go. ``None``: a bare engine; the four forms below
+            stay off and the streaming DiT cannot be made (full attention, one warning); a
+            form asked for by name (the int8 estimator, a fused LLM graph) goes to the model
+            directory if writable, else ``~/.cache/wyoming-cosyvoice3``.
+        mmap_embeddings: with a ``cache_dir``, serve the text embedding from a memory-mapped
+            table extracted once from text_embedding_fp16.onnx (only when the graph is a
+            plain Gather [+ Cast], so the output is bit-identical; otherwise the graph).
+        split_estimator: with a ``cache_dir``, split the DiT estimator once into its
+            time-conditioning graph (AdaLN modulation: 0.55 GB of fp32 weights that depend on
+            ``t`` only, run once per distinct ``t`` and released) and its per-frame graph
+            (:mod:`.derive.flow.estimator_split`; same numbers).
+        phase_vocoder: with a ``cache_dir``, derive once the phase-carrying form of hift.onnx
+            (:mod:`.derive.vocoder.hift_phase`): the same numbers without a carry, and a
+            windowed vocoder call (``SynthesisOptions.vocoder_window_frames``) continues the
+            harmonic source's phase instead of restarting it, so windowed audio matches the
+            one-call audio. Not derivable: hift.onnx, with one warning.
+        stream_vocoder: with a ``cache_dir``, derive once the streamed form of hift.onnx
+            (:mod:`.derive.vocoder.hift_stream`): convolution context, delay lines and the
+            source phase carried as state, so streaming runs each mel frame once (about one
+            call's cost) and equals one call up to float rounding (validated when derived).
+            It replaces ``SynthesisOptions.vocoder_window_frames``. Not derivable: the
+            windowed vocoder, with one warning.
+        voice_cache_dir: directory for cached voice features; ``None`` disables the disk cache.
+        voice_process: prepare new voices in a child process (:mod:`.voice.worker`): the
+            encoder sessions never load in this process (no share of its interpreter lock,
+            heap or CPU priority), and their memory is returned when the child exits. Costs
+            the child's start (about 1 s) per batch of preparations.
+            The server sets it; off, voices are prepared in the calling thread.
+        load_voice_encoders: load campplus and speech_tokenizer_v3 at start (True) or only
+            while a new voice is prepared (False, saves memory on small boards). With
+            ``voice_process`` True keeps the voice encoder process running instead.
+        observer: callbacks the engine makes while it works, and the benchmark's fixed
+            decoding length (:mod:`.hooks`); ``None`` = nobody watches.
+    """
+
+    llm_precision: LlmPrecision = "int8"
+    llm_graph: LlmGraph = "published"
+    preset: SynthesisOptions = field(default_factory=lambda: SynthesisOptions())
+    threads: int = 0
+    spin_wait: bool = True
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    cache_dir: Path | None = None
+    mmap_embeddings: bool = True
+    split_estimator: bool = True
+    phase_vocoder: bool = True
+    stream_vocoder: bool = True
+    voice_cache_dir: Path | None = None
+    voice_process: bool = False
+    load_voice_encoders: bool = False
+    observer: EngineObserver | None = field(default=None, compare=False)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the option when a value is out of range."""
+        if self.llm_precision not in LLM_FILES:
+            raise ValueError(
+                f"llm_precision must be one of {sorted(LLM_FILES)}, got {self.llm_precision!r}"
+            )
+        if self.llm_graph not in ("published", "fused", "fused-q4"):
+            raise ValueError(
+                f"llm_graph must be published, fused or fused-q4, got {self.llm_graph!r}"
+            )
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0, got {self.threads}")
+        self.preset.validate()
 
 
 PRESETS: dict[str, SynthesisOptions] = {

@@ -126,7 +126,7 @@ class CosyVoice3Engine:
         from .schedule import cosine_t_schedule
 
         started = time.perf_counter()
-        base = options or SynthesisOptions(flow_precision=self.options.flow_precision)
+        base = options or SynthesisOptions(flow_precision=self.options.preset.flow_precision)
         estimator = self.model.estimator_for(base.flow_precision)
         if isinstance(estimator, SplitEstimator):
             steps = {base.euler_steps, *(p.euler_steps for p in PRESETS.values())}
@@ -227,8 +227,9 @@ class CosyVoice3Engine:
         req.result.pieces = len(pieces)
         if not pieces:
             return
-        fixed = req.options.fixed_tokens_per_char
-        fixed_tokens = [None if fixed is None else max(1, round(fixed * len(p))) for p in pieces]
+        observer = self.options.observer
+        fixed_tokens = [None if observer is None else observer.fixed_speech_tokens(p)
+                        for p in pieces]
         flow_voice = flow_prompt_features(voice.features, req.options.flow_prompt_tokens)
         # the trimmed prompt's frames and every generated frame read the noise columns they
         # read with the whole prompt

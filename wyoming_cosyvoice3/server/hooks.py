@@ -17,8 +17,9 @@ from ..engine.options import SynthesisOptions
 
 
 class ServerObserver(EngineObserver):
-    """The engine's callbacks (:class:`~..engine.hooks.EngineObserver`, handed to the engine
-    as ``EngineOptions.observer``) plus what only the server sees. Every method defaults to
+    """The engine's callbacks and decoding-length hook
+    (:class:`~..engine.hooks.EngineObserver`, handed to the engine as
+    ``EngineOptions.observer``) plus what only the server sees. Every method defaults to
     doing nothing; they are called from the event loop and the worker threads, so
     implementations must be thread-safe and quick."""
 
@@ -32,12 +33,13 @@ class ServerHooks:
     """What a caller installs into a server it starts in its own process.
 
     Attributes:
-        observer: receives the engine's callbacks and :meth:`ServerObserver.response_pieces`
-            (None: nobody watches; the engine then pays one ``is None`` test per callback).
+        observer: receives the engine's callbacks and :meth:`ServerObserver.response_pieces`,
+            and may fix the decoding length
+            (:meth:`~..engine.hooks.EngineObserver.fixed_speech_tokens`); None: nobody watches
+            (the engine then pays one ``is None`` test per callback).
         synthesis_overrides: fields of :class:`~..engine.options.SynthesisOptions` replaced in
             the preset's options, for loading and every request, before the server's own
-            ``--speed``, seed and time limit are applied; e.g. ``{"euler_steps": 3}`` or
-            ``{"fixed_tokens_per_char": 1.667}``.
+            ``--speed``, seed and time limit are applied; e.g. ``{"euler_steps": 3}``.
     """
 
     observer: ServerObserver | None = None

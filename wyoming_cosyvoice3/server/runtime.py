@@ -139,10 +139,7 @@ class ServerRuntime(SynthesisRunner):
                 voice_cache_dir=self.settings.cache_dir,
                 voice_process=True,  # voice encoders never load in this process
                 cache_dir=self.settings.engine_cache_dir,
-                # load the DiT estimator the preset uses (int8 for balanced/fast) at start
-                flow_precision=self.synthesis_options().flow_precision,
-                # quality: one DiT graph (the streaming one) for chunks and full attention
-                flow_chunk_causal=self.synthesis_options().flow_chunk_causal,
+                preset=self.synthesis_options(),  # its DiT graphs are opened at start
                 observer=self.observer,
             )
             engine = self._built_engine = self._engine_factory(model_dir, options)

@@ -152,11 +152,13 @@ def _providers(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class _Option:
-    """One setting: its flag, destination, converter and documentation."""
+    """One setting: its flag, destination, ``--help`` group (one of :data:`GROUPS`),
+    converter and documentation."""
 
     flag: str
     dest: str
     help: str
+    group: str
     convert: Callable[[str], Any] | None = str
     kind: str = "value"  # value | list | bool-true | bool-false | optional-name
     choices: Sequence[str] | None = None
@@ -177,93 +179,114 @@ class _Option:
         return self.dest if self.kind == "bool-false" else None
 
 
+MODEL = "model and files"
+SPEECH = "speech"
+SERVER = "server and limits"
+VOICE_PAGE = "voice page"
+LOGGING = "logging"
+GROUPS: tuple[str, ...] = (MODEL, SPEECH, SERVER, VOICE_PAGE, LOGGING)
+"""The ``--help`` sections, in order: what is loaded and from where; how speech is made;
+what clients get and how much they may ask for; the voice page; the log."""
+
 OPTIONS: tuple[_Option, ...] = (
-    _Option("--uri", "uri", f"where to listen: tcp://HOST:PORT, unix:///PATH or stdio:// "
-            f"(default {DEFAULT_URI})"),
+    # model and files: what is loaded, from where, and how onnxruntime runs it
     _Option("--data-dir", "data_dirs", "directory with models, voices and the voice cache; "
-            "repeatable (environment: separated by the path separator ':')", kind="list"),
+            "repeatable (environment: separated by the path separator ':')", MODEL,
+            kind="list"),
     _Option("--download-dir", "download_dir", "where the model is downloaded "
-            "(default: the first --data-dir)"),
-    _Option("--model-dir", "model_dir", "a ready model directory; skips downloading"),
+            "(default: the first --data-dir)", MODEL),
+    _Option("--model-dir", "model_dir", "a ready model directory; skips downloading", MODEL),
     _Option("--voices", "voices_file", "an extra voice catalog (YAML) read after the built-in "
-            "one and the data dirs' voices.yaml"),
-    _Option("--voice", "voice", "default voice name (default: the first voice of the catalog)"),
-    _Option("--llm-precision", "llm_precision", "LLM graph to load (default int8)",
+            "one and the data dirs' voices.yaml", MODEL),
+    _Option("--local-files-only", "local_files_only", "never use the network; fail with a "
+            "list of missing files instead", MODEL, convert=None, kind="bool-true"),
+    _Option("--llm-precision", "llm_precision", "LLM graph to load (default int8)", MODEL,
             choices=tuple(LLM_FILES)),
     _Option("--llm-graph", "llm_graph", "fused (default): a fused-operator graph derived "
             "once from the LLM file (same int8 numbers, 274 instead of 2222 nodes per "
             "token, ~15 %% faster decoding); "
             "published: run the LLM file as shipped; fused-q4: fused with 4-bit weights (lossy)",
-            choices=("published", "fused", "fused-q4")),
+            MODEL, choices=("published", "fused", "fused-q4")),
     _Option("--threads", "threads", "onnxruntime threads per graph; 0 = one per core (default)",
-            convert=_non_negative_int),
+            MODEL, convert=_non_negative_int),
     _Option("--providers", "providers", "onnxruntime execution providers, comma-separated "
-            "(default CPUExecutionProvider)", convert=_providers),
-    _Option("--speed", "speed", "speaking rate, 0.5..2.0 (default 1.0)", convert=_speed),
+            "(default CPUExecutionProvider)", MODEL, convert=_providers),
+    _Option("--no-warm-up", "warm_up", "skip the short warm-up synthesis after loading",
+            MODEL, convert=None, kind="bool-false"),
+    # speech: how each request is spoken
+    _Option("--voice", "voice", "default voice name (default: the first voice of the catalog)",
+            SPEECH),
     _Option("--preset", "preset", "synthesis preset: auto (default) measures this machine at "
             "start (about 1 s) and takes the most exact preset that keeps up with playback and "
-            "fits in memory, else balanced; or quality, balanced, fast",
+            "fits in memory, else balanced; or quality, balanced, fast", SPEECH,
             choices=(AUTO, *PRESETS)),
+    _Option("--speed", "speed", "speaking rate, 0.5..2.0 (default 1.0)", SPEECH,
+            convert=_speed),
+    _Option("--seed", "seed", "fixed random seed: the same text and voice give the same audio "
+            "(default: a new seed per request)", SPEECH, convert=int),
     _Option("--samples-per-chunk", "samples_per_chunk", "samples per audio-chunk event "
-            "(default 1024)", convert=_positive_int),
+            "(default 1024)", SPEECH, convert=_positive_int),
     _Option("--max-preroll-ms", "max_preroll_ms", "longest silence one hold may add when "
             "synthesis is slower than real time: each piece (sentence) is held until it can "
             "play through without a pause inside it; the first audio is never held past 2.5 s "
-            "after the answer began; 0 sends audio at once (default 20000)",
+            "after the answer began; 0 sends audio at once (default 20000)", SPEECH,
             convert=_non_negative_int),
-    _Option("--max-concurrent", "max_concurrent", "syntheses running at once; others wait "
-            "(default 1)", convert=_positive_int),
-    _Option("--no-streaming", "streaming", "do not advertise streaming text input "
-            "(synthesize-start/-chunk/-stop)", convert=None, kind="bool-false"),
-    _Option("--seed", "seed", "fixed random seed: the same text and voice give the same audio "
-            "(default: a new seed per request)", convert=int),
+    # server and limits: where it listens, what it advertises, what one client may ask for
+    # (see limits.Limits; each exceeded limit is a coded error)
+    _Option("--uri", "uri", f"where to listen: tcp://HOST:PORT, unix:///PATH or stdio:// "
+            f"(default {DEFAULT_URI})", SERVER),
     _Option("--zeroconf", "zeroconf", "announce the server over mDNS for Home Assistant "
-            f"discovery, optionally under NAME (default name {DEFAULT_ZEROCONF_NAME})",
+            f"discovery, optionally under NAME (default name {DEFAULT_ZEROCONF_NAME})", SERVER,
             kind="optional-name", metavar="NAME"),
-    _Option("--local-files-only", "local_files_only", "never use the network; fail with a "
-            "list of missing files instead", convert=None, kind="bool-true"),
-    _Option("--no-warm-up", "warm_up", "skip the short warm-up synthesis after loading",
-            convert=None, kind="bool-false"),
-    _Option("--debug", "debug", "log at DEBUG level", convert=None, kind="bool-true"),
-    _Option("--log-format", "log_format", "logging format string"),
+    _Option("--no-streaming", "streaming", "do not advertise streaming text input "
+            "(synthesize-start/-chunk/-stop)", SERVER, convert=None, kind="bool-false"),
+    _Option("--max-concurrent", "max_concurrent", "syntheses running at once; others wait "
+            "(default 1)", SERVER, convert=_positive_int),
+    _Option("--max-text-chars", "max_text_chars", "longest text accepted per request, also "
+            "per stream (default 10000)", SERVER, convert=_positive_int),
+    _Option("--max-pending-requests", "max_pending_requests", "requests one connection may "
+            "have waiting for their answer (default 16)", SERVER, convert=_positive_int),
+    _Option("--max-queued-requests", "max_queued_requests", "syntheses allowed to wait for a "
+            "worker before server-busy errors (default 16)", SERVER, convert=_non_negative_int),
+    _Option("--max-request-seconds", "max_request_s", "wall-clock limit of one synthesis "
+            "(default 600)", SERVER, convert=_positive_float),
+    _Option("--max-connections", "max_connections", "simultaneous client connections "
+            "(default 32)", SERVER, convert=_positive_int),
+    _Option("--idle-timeout-seconds", "idle_timeout_s", "close a connection that has sent "
+            "nothing and waited for nothing this long (default 120)", SERVER,
+            convert=_positive_float),
+    _Option("--write-timeout-seconds", "write_timeout_s", "drop a client that reads nothing "
+            "for this long (default 60)", SERVER, convert=_positive_float),
+    _Option("--max-event-header-bytes", "max_event_header_bytes", "longest event header "
+            "line (default 65536)", SERVER, convert=_positive_int),
+    _Option("--max-event-data-bytes", "max_event_data_bytes", "largest event data block "
+            "(default 1048576)", SERVER, convert=_positive_int),
+    _Option("--max-event-payload-bytes", "max_event_payload_bytes", "largest event payload "
+            "(default 1048576)", SERVER, convert=_positive_int),
+    _Option("--max-clip-bytes", "max_clip_bytes", "largest reference clip file of a "
+            "catalog voice (default 67108864)", SERVER, convert=_positive_int),
+    # voice page
     _Option("--http-port", "http_port", "serve the voice page (add, preview and delete voices "
-            "in a browser) on this TCP port; off by default; no authentication", convert=_port),
+            "in a browser) on this TCP port; off by default; no authentication", VOICE_PAGE,
+            convert=_port),
     _Option("--http-host", "http_host", "address the voice page listens on (default "
-            f"{DEFAULT_HTTP_HOST}: this machine only)"),
+            f"{DEFAULT_HTTP_HOST}: this machine only)", VOICE_PAGE),
     _Option("--http-allow-from", "http_allow_from", "answer voice page requests only from "
             "these addresses or networks, comma-separated (e.g. 172.30.32.2, Home Assistant's "
-            "ingress proxy; default: anyone who can connect)", convert=_networks),
-    # limits (see limits.Limits; each exceeded one is a coded error)
-    _Option("--max-text-chars", "max_text_chars", "longest text accepted per request, also "
-            "per stream (default 10000)", convert=_positive_int),
-    _Option("--max-pending-requests", "max_pending_requests", "requests one connection may "
-            "have waiting for their answer (default 16)", convert=_positive_int),
-    _Option("--max-queued-requests", "max_queued_requests", "syntheses allowed to wait for a "
-            "worker before server-busy errors (default 16)", convert=_non_negative_int),
-    _Option("--max-request-seconds", "max_request_s", "wall-clock limit of one synthesis "
-            "(default 600)", convert=_positive_float),
-    _Option("--max-connections", "max_connections", "simultaneous client connections "
-            "(default 32)", convert=_positive_int),
-    _Option("--idle-timeout-seconds", "idle_timeout_s", "close a connection that has sent "
-            "nothing and waited for nothing this long (default 120)", convert=_positive_float),
-    _Option("--write-timeout-seconds", "write_timeout_s", "drop a client that reads nothing "
-            "for this long (default 60)", convert=_positive_float),
-    _Option("--max-event-header-bytes", "max_event_header_bytes", "longest event header "
-            "line (default 65536)", convert=_positive_int),
-    _Option("--max-event-data-bytes", "max_event_data_bytes", "largest event data block "
-            "(default 1048576)", convert=_positive_int),
-    _Option("--max-event-payload-bytes", "max_event_payload_bytes", "largest event payload "
-            "(default 1048576)", convert=_positive_int),
-    _Option("--max-clip-bytes", "max_clip_bytes", "largest reference clip file of a "
-            "catalog voice (default 67108864)", convert=_positive_int),
+            "ingress proxy; default: anyone who can connect)", VOICE_PAGE, convert=_networks),
+    # logging
+    _Option("--debug", "debug", "log at DEBUG level", LOGGING, convert=None, kind="bool-true"),
+    _Option("--log-format", "log_format", "logging format string", LOGGING),
 )
-"""Every setting, in the order of ``--help``."""
+"""Every setting, grouped and in the order of ``--help``: the parser, the environment
+variables and the options-file keys are all made from this table."""
 
 _LIMIT_FIELDS = frozenset(f.name for f in fields(Limits))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``wyoming-cosyvoice3`` argument parser; values left out stay unset (``SUPPRESS``)."""
+    """The ``wyoming-cosyvoice3`` argument parser, one argument group per entry of
+    :data:`GROUPS`; values left out stay unset (``SUPPRESS``)."""
     parser = argparse.ArgumentParser(
         prog="wyoming-cosyvoice3",
         description="Wyoming text-to-speech server running Fun-CosyVoice3-0.5B on onnxruntime. "
@@ -271,24 +294,26 @@ def build_parser() -> argparse.ArgumentParser:
         f"{ENV_PREFIX}VOICE) or a key of the add-on options file (e.g. \"voice\").",
         argument_default=argparse.SUPPRESS,
     )
+    parser.add_argument("--version", action="version", version=__version__)
+    sections = {name: parser.add_argument_group(name) for name in GROUPS}
+    sections[MODEL].add_argument(
+        "--options-file", dest="options_file", help="add-on options file "
+        f"(default {DEFAULT_OPTIONS_FILE} when it exists) [env {ENV_PREFIX}OPTIONS_FILE]")
     for opt in OPTIONS:
+        section = sections[opt.group]
         text = f"{opt.help} [env {opt.env}]"
         if opt.kind == "list":
-            parser.add_argument(opt.flag, dest=opt.dest, action="append", help=text)
+            section.add_argument(opt.flag, dest=opt.dest, action="append", help=text)
         elif opt.kind == "bool-true":
-            parser.add_argument(opt.flag, dest=opt.dest, action="store_true", help=text)
+            section.add_argument(opt.flag, dest=opt.dest, action="store_true", help=text)
         elif opt.kind == "bool-false":
-            parser.add_argument(opt.flag, dest=opt.dest, action="store_false", help=text)
+            section.add_argument(opt.flag, dest=opt.dest, action="store_false", help=text)
         elif opt.kind == "optional-name":
-            parser.add_argument(opt.flag, dest=opt.dest, nargs="?", const=DEFAULT_ZEROCONF_NAME,
-                                metavar=opt.metavar, help=text)
+            section.add_argument(opt.flag, dest=opt.dest, nargs="?", const=DEFAULT_ZEROCONF_NAME,
+                                 metavar=opt.metavar, help=text)
         else:
-            parser.add_argument(opt.flag, dest=opt.dest, type=_argparse_type(opt),
-                                choices=opt.choices, help=text)
-    parser.add_argument("--options-file", dest="options_file", help="add-on options file "
-                        f"(default {DEFAULT_OPTIONS_FILE} when it exists) "
-                        f"[env {ENV_PREFIX}OPTIONS_FILE]")
-    parser.add_argument("--version", action="version", version=__version__)
+            section.add_argument(opt.flag, dest=opt.dest, type=_argparse_type(opt),
+                                 choices=opt.choices, help=text)
     return parser
 
 

@@ -11,6 +11,7 @@ from wyoming_cosyvoice3 import __version__
 from wyoming_cosyvoice3.server.settings import (
     DEFAULT_URI,
     OPTIONS,
+    Settings,
     SettingsError,
     build_parser,
     resolve_settings,
@@ -182,3 +183,34 @@ def test_streaming_is_advertised_unless_turned_off(tmp_path: Path, flags: list[s
     finally:
         runtime.shutdown()
     assert program.supports_synthesize_streaming is advertised
+
+
+@pytest.mark.parametrize(("argv", "graph"), [
+    (["--preset", "balanced"], "fused"),
+    (["--preset", "quality"], "fused"),
+    (["--preset", "fast"], "fused-q4"),  # the lossy preset takes the 4-bit LLM
+    (["--preset", "fast", "--llm-graph", "fused"], "fused"),  # an explicit graph wins
+    (["--preset", "balanced", "--llm-graph", "published"], "published"),
+])
+def test_the_llm_graph_loaded_follows_the_preset(
+        tmp_path: Path, argv: list[str], graph: str) -> None:
+    from wyoming_cosyvoice3.engine.errors import CosyVoiceError
+    from wyoming_cosyvoice3.engine.options import EngineOptions
+    from wyoming_cosyvoice3.server.runtime import ServerRuntime
+
+    loaded: list[EngineOptions] = []
+
+    def factory(model_dir: Path, options: EngineOptions) -> object:
+        loaded.append(options)
+        raise CosyVoiceError("stop after the options were given")
+
+    settings = resolve_settings(["--model-dir", str(tmp_path), *argv], environ={})
+    assert Settings.llm_graph == "preset"
+    runtime = ServerRuntime(settings, engine_factory=factory,  # type: ignore[arg-type]
+                            model_locator=lambda settings, stopping: tmp_path)
+    try:
+        runtime.start_loading()
+        assert runtime.ready_event.wait(30)
+    finally:
+        runtime.shutdown()
+    assert [options.llm_graph for options in loaded] == [graph]

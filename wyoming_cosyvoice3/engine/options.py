@@ -311,5 +311,16 @@ PRESETS: dict[str, SynthesisOptions] = {
 }
 """Named option sets; tuned with the benchmark (BENCHMARKS.md)."""
 
+PRESET_LLM_GRAPHS: dict[str, LlmGraph] = {
+    "quality": "fused",
+    "balanced": "fused",
+    # the lossy preset takes the 4-bit LLM: 0.73x the decoding time per token on two threads
+    # at a mean log-probability deviation of 0.10 from the int8 numbers (BENCHMARKS.md "LLM
+    # decode graph" and "Levers")
+    "fast": "fused-q4",
+}
+"""The LLM graph each preset loads unless ``--llm-graph`` names one (the server's default
+``preset``); a load-time choice, so a request asking for another preset keeps the loaded one."""
 
-__all__ = ["PRESETS", "EngineOptions", "StageTimes", "SynthesisOptions"]
+
+__all__ = ["PRESETS", "PRESET_LLM_GRAPHS", "EngineOptions", "StageTimes", "SynthesisOptions"]

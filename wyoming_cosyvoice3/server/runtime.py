@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..engine.errors import CosyVoiceError, ModelFilesMissing, ModelNotReady
-from ..engine.options import EngineOptions, SynthesisOptions
+from ..engine.options import PRESET_LLM_GRAPHS, EngineOptions, LlmGraph, SynthesisOptions
 from . import download_wait
 from .catalog import load_catalogs, with_model_dir
 from .engine_port import (
@@ -133,7 +133,7 @@ class ServerRuntime(SynthesisRunner):
             self.phase = "loading the model"
             options = EngineOptions(
                 llm_precision=self.settings.llm_precision,  # type: ignore[arg-type]
-                llm_graph=self.settings.llm_graph,  # type: ignore[arg-type]
+                llm_graph=self.llm_graph(),
                 threads=self.settings.threads,
                 providers=self.settings.providers,
                 voice_cache_dir=self.settings.cache_dir,
@@ -270,6 +270,13 @@ class ServerRuntime(SynthesisRunner):
         raise ModelNotReady(
             f"the model is still loading ({self.phase}); try again in a moment"
         )
+
+    def llm_graph(self) -> LlmGraph:
+        """The LLM graph to load: ``--llm-graph``, or for ``preset`` the one of the preset
+        chosen (:data:`~..engine.options.PRESET_LLM_GRAPHS`)."""
+        if self.settings.llm_graph == "preset":
+            return PRESET_LLM_GRAPHS.get(self.preset, "fused")
+        return self.settings.llm_graph  # type: ignore[return-value]
 
     def synthesis_options(self, seed: int | None = None) -> SynthesisOptions:
         """Per-request options: the preset with ``--speed``, the seed and the time limit."""

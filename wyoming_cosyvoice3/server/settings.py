@@ -48,7 +48,7 @@ class Settings:
     voices_file: Path | None = None
     voice: str | None = None
     llm_precision: str = "int8"
-    llm_graph: str = "fused"
+    llm_graph: str = "preset"
     threads: int = 0
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     speed: float = 1.0
@@ -202,11 +202,12 @@ OPTIONS: tuple[_Option, ...] = (
             "list of missing files instead", MODEL, convert=None, kind="bool-true"),
     _Option("--llm-precision", "llm_precision", "LLM graph to load (default int8)", MODEL,
             choices=tuple(LLM_FILES)),
-    _Option("--llm-graph", "llm_graph", "fused (default): a fused-operator graph derived "
-            "once from the LLM file (same int8 numbers, 274 instead of 2222 nodes per "
-            "token, ~15 %% faster decoding); "
-            "published: run the LLM file as shipped; fused-q4: fused with 4-bit weights (lossy)",
-            MODEL, choices=("published", "fused", "fused-q4")),
+    _Option("--llm-graph", "llm_graph", "preset (default): the preset's, fused for quality "
+            "and balanced, fused-q4 for fast; fused: a fused-operator graph derived once from "
+            "the LLM file (same int8 numbers, 274 instead of 2222 nodes per token, ~15 %% "
+            "faster decoding); published: run the LLM file as shipped; fused-q4: fused with "
+            "4-bit weights (lossy, 0.73x the decoding time)",
+            MODEL, choices=("preset", "published", "fused", "fused-q4")),
     _Option("--threads", "threads", "onnxruntime threads per graph; 0 = one per core (default)",
             MODEL, convert=_non_negative_int),
     _Option("--providers", "providers", "onnxruntime execution providers, comma-separated "

@@ -32,8 +32,8 @@ import numpy.typing as npt
 
 from .. import constants as C
 from ..chunkmask import CHUNK_FRAMES
-from ..noise import GrowingNoise, request_streams
 from ..options import EngineOptions, StageTimes, SynthesisOptions
+from ..request import GrowingNoise, request_streams
 from ..types import ShouldStop, VoiceFeatures
 from .chunked import ChunkedFlow, KvCache
 from .euler import EulerSchedule
@@ -52,7 +52,7 @@ GRID_TOKENS = CHUNK_FRAMES // C.TOKEN_MEL_RATIO
 
 def prompt_noise(frames: int) -> FloatArray:
     """float32 [80, frames]: the first frames of the flow noise of a request with seed
-    :data:`PROMPT_NOISE_SEED` (:func:`..noise.request_streams`)."""
+    :data:`PROMPT_NOISE_SEED` (:func:`..request.request_streams`)."""
     noise = request_streams(PROMPT_NOISE_SEED)[1]
     return np.ascontiguousarray(noise.take(frames).T)
 

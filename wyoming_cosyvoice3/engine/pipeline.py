@@ -159,8 +159,8 @@ class CosyVoice3Engine:
         ``flow_chunk_causal`` the voice's prompt key/value cache is computed here too.
         """
         from .derive.flow.estimator_split import SplitEstimator
+        from .flow.euler import cosine_t_schedule
         from .options import PRESETS
-        from .schedule import cosine_t_schedule
 
         started = time.perf_counter()
         base = options or SynthesisOptions(flow_precision=self.options.flow_precision)

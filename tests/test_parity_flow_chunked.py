@@ -38,7 +38,6 @@ from parity_support import (
     quality_options,
 )
 
-from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias as chunk_bias
 from wyoming_cosyvoice3.engine.derive.flow.dit_structure import StructureError, read_dit
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import (
     StreamingEstimator,
@@ -51,6 +50,7 @@ from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.options import SynthesisOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.request import RequestState
+from wyoming_cosyvoice3.engine.streaming_dit import chunk_attention_bias as chunk_bias
 from wyoming_cosyvoice3.engine.types import SynthesisResult, VoicePrompt
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"

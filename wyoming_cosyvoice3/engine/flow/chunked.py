@@ -40,8 +40,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import constants as C
-from ..chunkmask import CHUNK_FRAMES, chunk_attention_bias
 from ..options import StageTimes
+from ..streaming_dit import CHUNK_FRAMES, chunk_attention_bias
 from ..types import ShouldStop, VoiceFeatures
 from .euler import EulerSchedule, solve_euler
 from .solver import FlowRunner

@@ -31,9 +31,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import constants as C
-from ..chunkmask import CHUNK_FRAMES
 from ..options import EngineOptions, StageTimes, SynthesisOptions
 from ..request import GrowingNoise, request_streams
+from ..streaming_dit import CHUNK_FRAMES
 from ..types import ShouldStop, VoiceFeatures
 from .chunked import ChunkedFlow, KvCache
 from .euler import EulerSchedule

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ...chunkmask import chunk_attention_bias
 from ...errors import SynthesisFailed
 from ...graphs import ESTIMATOR, GraphSpec
+from ...streaming_dit import chunk_attention_bias
 
 VELOCITY = next(iter(ESTIMATOR.outputs))
 """The contract's output name (``estimator_out``, upstream export_onnx.py)."""

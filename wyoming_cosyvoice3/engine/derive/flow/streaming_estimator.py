@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from ...chunkmask import CHUNK_FRAMES
-from ...chunkmask import chunk_attention_bias as chunk_bias
 from ...errors import ModelLoadError
 from ...memory import return_freed_memory
+from ...streaming_dit import CHUNK_FRAMES
+from ...streaming_dit import chunk_attention_bias as chunk_bias
 from ..common.files import derive_once, run_child
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ VELOCITY = next(iter(ESTIMATOR.outputs))
 
 
 class FullAttentionDiT:
-    """A :class:`~.streaming_estimator.StreamingEstimator` run as the published estimator.
+    """A :class:`~...streaming_dit.StreamingEstimator` run as the published estimator.
 
     Args:
         streaming: the streaming DiT (``run(frames, t, start_frame, attn_bias)``).

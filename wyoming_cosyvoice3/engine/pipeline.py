@@ -24,9 +24,14 @@ import numpy.typing as npt
 
 from . import constants as C
 from . import graphs
-from .flow.melops import SpeedResampler
 from .flow.solver import FlowRunner
-from .flow.stream import ChunkedFlows, MelStream, MelStreamOptions, flow_prompt_features
+from .flow.stream import (
+    ChunkedFlows,
+    MelStream,
+    MelStreamOptions,
+    SpeedResampler,
+    flow_prompt_features,
+)
 from .llm.decoder import LlmDecoder
 from .llm.sampling import SilentRunFilter
 from .llm.tokens import request_tokens

@@ -2,7 +2,7 @@
 
 * :func:`normalize_text` (normalize.py): clean-up and number reading per language.
 * :class:`TextFrontend` (frontend.py): pieces of about 60-80 tokens and their prompt ids.
-* :func:`markdown_to_speech` / :class:`MarkdownSpeech` (markdown.py, markdown_inline.py):
+* :func:`markdown_to_speech` / :class:`MarkdownSpeech` (markdown.py):
   markdown as conversation agents write it turned into plain sentences, whole or streamed;
   applied by the server before the text reaches the engine.
 * :func:`read_tokenizer` (tokenizer_load.py): tokenizer.json read in steps that each release

@@ -36,6 +36,7 @@ from .graphs import (
     TEXT_EMBEDDING,
     Graph,
     GraphSpec,
+    return_freed_memory,
 )
 from .loaders import (
     Estimator,
@@ -46,7 +47,6 @@ from .loaders import (
     load_streaming_or_none,
     load_text_table,
 )
-from .memory import return_freed_memory
 from .options import LLM_FILES, EngineOptions, FlowPrecision
 from .streaming_dit import StreamingEstimator
 from .text.tokenizer_load import read_tokenizer

@@ -32,10 +32,10 @@ from .flow.stream import (
     SpeedResampler,
     flow_prompt_features,
 )
+from .graphs import return_freed_memory
 from .llm.decoder import LlmDecoder
 from .llm.sampling import SilentRunFilter
 from .llm.tokens import request_tokens
-from .memory import return_freed_memory
 from .model import CosyVoice3Model
 from .options import EngineOptions, SynthesisOptions
 from .request import RequestState

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import ModelLoadError
-from .memory import return_freed_memory
+from .graphs import return_freed_memory
 
 CHUNK_FRAMES = 50
 """Static chunk in mel frames (cosyvoice3.yaml DiT ``static_chunk_size``; model.py:

@@ -41,8 +41,7 @@ from ..engine.errors import CosyVoiceError
 from .info import build_info
 from .limits import IDLE_TIMEOUT, SERVER_BUSY, TOO_MANY_CONNECTIONS
 from .output import ClientGone, pcm16
-from .protocol import IdleTimeout, ProtocolError, read_event
-from .requests import SpeakRequest, parse_request
+from .protocol import IdleTimeout, ProtocolError, SpeakRequest, parse_request, read_event
 from .runtime import ServerRuntime
 from .sink import EventSink
 from .speech import run_one_shot

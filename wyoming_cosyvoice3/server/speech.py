@@ -36,7 +36,7 @@ from .preroll import (
     expected_speech_s,
     piece_limit_s,
 )
-from .requests import SpeakRequest, VoiceRequest, select_voice
+from .protocol import SpeakRequest, VoiceRequest, select_voice
 from .runtime import ServerRuntime, VoiceSlot
 from .sink import EventSink
 

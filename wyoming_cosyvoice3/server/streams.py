@@ -30,7 +30,7 @@ from ..engine.text.markdown import MarkdownSpeech
 from ..engine.text.script import english_cues
 from .output import ClientGone, RequestStats
 from .preroll import PieceGate, expected_speech_s
-from .requests import SpeakRequest, check_chunk_text
+from .protocol import SpeakRequest, check_chunk_text
 from .runtime import ServerRuntime, VoiceSlot
 from .sink import EventSink
 from .speech import (

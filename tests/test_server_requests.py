@@ -20,7 +20,6 @@ from wyoming_cosyvoice3.engine.errors import (
 )
 from wyoming_cosyvoice3.engine.types import VoiceFeatures, VoicePrompt
 from wyoming_cosyvoice3.server.catalog import VoiceEntry
-from wyoming_cosyvoice3.server.output import pcm16
 from wyoming_cosyvoice3.server.protocol import (
     ProtocolError,
     TextFormatNotSupported,
@@ -32,6 +31,7 @@ from wyoming_cosyvoice3.server.protocol import (
     select_voice,
 )
 from wyoming_cosyvoice3.server.runtime import VoiceSlot
+from wyoming_cosyvoice3.server.sink import pcm16
 
 
 def test_check_text() -> None:

@@ -28,7 +28,6 @@ from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, Synth
 from ..engine.text.markdown import markdown_to_speech
 from ..engine.text.split import split_first_clause
 from ..engine.types import AudioChunk
-from .output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
 from .preroll import (
     FIRST_PIECE_MAX_S,
     FIRST_PIECE_MIN_S,
@@ -38,7 +37,7 @@ from .preroll import (
 )
 from .protocol import SpeakRequest, VoiceRequest, select_voice
 from .runtime import ServerRuntime, VoiceSlot
-from .sink import EventSink
+from .sink import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, EventSink, RequestStats, pcm16
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -28,11 +28,10 @@ from wyoming.tts import SynthesizeStopped
 from ..engine.errors import CosyVoiceError, TextError, TextTooLong
 from ..engine.text.markdown import MarkdownSpeech
 from ..engine.text.script import english_cues
-from .output import ClientGone, RequestStats
 from .preroll import PieceGate, expected_speech_s
 from .protocol import SpeakRequest, check_chunk_text
 from .runtime import ServerRuntime, VoiceSlot
-from .sink import EventSink
+from .sink import ClientGone, EventSink, RequestStats
 from .speech import (
     INTERNAL_ERROR,
     audio_start,

@@ -12,7 +12,7 @@ Prompt modes (upstream llm.py ``Qwen2LM.inference``, cli/frontend.py ``frontend_
 The flow always gets the clip's tokens, mel and embedding (not this module's business).
 
 Zero-shot is used only when the transcript is written in the same script as the piece
-(:func:`.script.dominant_script`); otherwise the voice is used cross-lingually (the model card
+(:func:`.normalize.dominant_script`); otherwise the voice is used cross-lingually (the model card
 reports 25% WER for a Mandarin prompt reading German in zero-shot mode, 2-5% cross-lingual).
 
 Decode lengths: the LLM stage takes min/max lengths from ``len(tts_text_ids)`` (upstream
@@ -43,8 +43,7 @@ from ..constants import (
 )
 from ..errors import EmptyText, ModelLoadError
 from ..types import LlmPrompt, PromptMode, VoicePrompt
-from .normalize import normalize_text
-from .script import dominant_script
+from .normalize import dominant_script, normalize_text
 from .split import is_speakable, split_text
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 
-from .script import char_script
+from .normalize import char_script
 
 TokenCounter = Callable[[str], int]
 """Number of LLM text tokens of a string."""

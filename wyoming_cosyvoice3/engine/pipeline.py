@@ -1,7 +1,7 @@
 """The public engine: text + voice -> streamed 24 kHz audio (spec sections 4-7).
 
 The pipeline only wires the stages: text -> pieces and LLM prompts (:mod:`.text`) -> speech
-tokens (:mod:`.llm.tokens`) -> per piece, the silent-run filter and a mel stream
+tokens (:func:`.llm.decoder.request_tokens`) -> per piece, the silent-run filter and a mel stream
 (:class:`.flow.stream.MelStream`: chunk schedule, chunk-causal or full-attention flow) -> the
 speed resampler and the streaming vocoder (:mod:`.vocoder`) -> the samples that became final
 are yielded.
@@ -33,9 +33,8 @@ from .flow.stream import (
     flow_prompt_features,
 )
 from .graphs import return_freed_memory
-from .llm.decoder import LlmDecoder
+from .llm.decoder import LlmDecoder, request_tokens
 from .llm.sampling import SilentRunFilter
-from .llm.tokens import request_tokens
 from .model import CosyVoice3Model
 from .options import EngineOptions, SynthesisOptions
 from .request import RequestState

@@ -12,10 +12,9 @@
 Imports the top engine modules (constants, errors, types) and no other stage.
 """
 
-from .frontend import TextFrontend
+from .frontend import TextFrontend, is_speakable
 from .markdown import MarkdownSpeech, markdown_to_speech
 from .normalize import dominant_script, is_english, normalize_text
-from .split import is_speakable
 from .tokenizer_load import read_tokenizer
 
 __all__ = [

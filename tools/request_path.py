@@ -82,7 +82,7 @@ def profiled(calls: CallFiles) -> Iterator[None]:
     try:
         yield
     finally:
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
         sys.setprofile(None)
 
 

@@ -39,7 +39,9 @@ from wyoming_cosyvoice3.server.settings import Settings
 
 PACKAGE_DIR = Path(wyoming_cosyvoice3.__file__).resolve().parent
 DEFAULT_TEXT = "The front door is locked. It is 21 degrees in the kitchen."
-READ_TIMEOUT_S = 600.0
+READ_TIMEOUT_S = 1800.0
+"""Hang guard for the model load (derivations included) and for each event; generous: the
+count is often made on a shared machine at idle priority."""
 
 
 class CallFiles:

@@ -72,7 +72,7 @@ def _estimator_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int |
 
 
 def _stream_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int | None:
-    """The derived streaming DiT (engine/derive/streaming_graph.py): F new frames attending
+    """The derived streaming DiT (engine/derive/flow/streaming_graph.py): F new frames attending
     to M cached ones (all given as prompt cache; the history inputs have 0 frames). Graphs
     derived before the fused attention (``stream1``, still run by older trees a benchmark
     compares against) take ``kv_prompt_<i>``/``kv_hist_<i>`` [M, 2, B, inner]."""
@@ -167,7 +167,7 @@ FAMILIES: dict[str, Family] = {
 def family_of(graph_file: str) -> Family | None:
     """The family of a contract file name (derived int8 / split estimator files included);
     None for lookup-only graphs (embeddings) and the split estimator's time-conditioning graph
-    (run once per Euler time value; engine/derive/estimator_split.py)."""
+    (run once per Euler time value; engine/derive/flow/estimator_split.py)."""
     if graph_file.startswith("llm"):
         return FAMILIES["llm"]
     if graph_file.startswith(("flow.decoder.estimator.time", "flow.decoder.estimator.stream1time")):
@@ -273,7 +273,7 @@ def fit_cost_model(stripped: StrippedGraph, family: Family, rel_tol: float = 1e-
 
 def derived_source(path: Path, beside: Iterable[Path]) -> Path | None:
     """The published graph a derived graph was made from, when the derivation's report
-    (``<file>.json``, engine/derive/llm_fused.py) names it and it lies beside one of the
+    (``<file>.json``, engine/derive/llm/fused.py) names it and it lies beside one of the
     ``beside`` graphs (the model directory). The fused LLM graph runs its source's matrix
     products with fused onnxruntime operators whose shapes onnx cannot infer, so its
     operations are counted on the source."""

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from wyoming_cosyvoice3.engine.derive.flow.full_attention import VELOCITY, FullAttentionDiT
+from wyoming_cosyvoice3.engine.graphs import return_freed_memory
 from wyoming_cosyvoice3.engine.loaders import load_estimator, load_streaming
-from wyoming_cosyvoice3.engine.memory import return_freed_memory
 from wyoming_cosyvoice3.engine.options import EngineOptions
 
 

@@ -147,7 +147,7 @@ def rss_of(args: argparse.Namespace, graph: str) -> float:
 
 
 def _child_rss(model_dir: Path, graph: str, cache_dir: Path, threads: int) -> float:
-    from wyoming_cosyvoice3.engine.memory import return_freed_memory
+    from wyoming_cosyvoice3.engine.graphs import return_freed_memory
 
     dec = LlmDecoder(_load(model_dir, graph, cache_dir, threads), prefix_cache_entries=0)
     state, _, _ = dec.prefill_prompt(_prompt(125))

@@ -41,7 +41,7 @@ import numpy.typing as npt
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.derive.vocoder.hift_phase import PHASE_HIFT, ensure_phase_hift
 from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
-from wyoming_cosyvoice3.engine.noise import GrowingNoise
+from wyoming_cosyvoice3.engine.request import GrowingNoise
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 
 FloatArray = npt.NDArray[np.float32]

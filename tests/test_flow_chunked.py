@@ -18,11 +18,11 @@ from decoding_support import FixedDecoding
 
 from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
-from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias
 from wyoming_cosyvoice3.engine.flow.chunked import cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.euler import EulerSchedule
 from wyoming_cosyvoice3.engine.flow.stream import first_hop_tokens
 from wyoming_cosyvoice3.engine.options import PRESETS
+from wyoming_cosyvoice3.engine.streaming_dit import chunk_attention_bias
 
 
 def test_chunk_bias_is_upstreams_static_chunk_mask() -> None:

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled, SynthesisFailed
-from wyoming_cosyvoice3.engine.flow.euler import cfg_combine
-from wyoming_cosyvoice3.engine.flow.melops import SpeedResampler, resample_mel_linear
+from wyoming_cosyvoice3.engine.flow.euler import cfg_combine, cosine_t_schedule
 from wyoming_cosyvoice3.engine.flow.solver import FlowRunner, l2_normalise
-from wyoming_cosyvoice3.engine.noise import GrowingNoise
-from wyoming_cosyvoice3.engine.schedule import cosine_t_schedule
+from wyoming_cosyvoice3.engine.flow.stream import SpeedResampler, resample_mel_linear
+from wyoming_cosyvoice3.engine.request import GrowingNoise
 from wyoming_cosyvoice3.engine.types import VoiceFeatures
 
 BINS = 80

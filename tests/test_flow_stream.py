@@ -11,8 +11,8 @@ import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.flow.stream import MelStream, MelStreamOptions
-from wyoming_cosyvoice3.engine.noise import GrowingNoise
 from wyoming_cosyvoice3.engine.options import StageTimes, SynthesisOptions
+from wyoming_cosyvoice3.engine.request import GrowingNoise
 from wyoming_cosyvoice3.engine.types import VoiceFeatures
 
 PROMPT_TOKENS = 7

@@ -38,19 +38,16 @@ from parity_support import (
     quality_options,
 )
 
-from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias as chunk_bias
 from wyoming_cosyvoice3.engine.derive.flow.dit_structure import StructureError, read_dit
-from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import (
-    StreamingEstimator,
-    _session,
-    ensure_streaming_estimator,
-)
+from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.options import SynthesisOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.request import RequestState
+from wyoming_cosyvoice3.engine.streaming_dit import StreamingEstimator, _session
+from wyoming_cosyvoice3.engine.streaming_dit import chunk_attention_bias as chunk_bias
 from wyoming_cosyvoice3.engine.types import SynthesisResult, VoicePrompt
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"

@@ -28,16 +28,16 @@ from parity_support import (
 )
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.chunkmask import chunk_attention_bias
-from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import (
-    StreamingEstimator,
-    _session,
-    ensure_streaming_estimator,
-)
+from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
 from wyoming_cosyvoice3.engine.flow import chunked
 from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, StepKv
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
+from wyoming_cosyvoice3.engine.streaming_dit import (
+    StreamingEstimator,
+    _session,
+    chunk_attention_bias,
+)
 from wyoming_cosyvoice3.engine.types import VoiceFeatures, VoicePrompt
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"

@@ -20,17 +20,18 @@ from wyoming_cosyvoice3.engine.errors import (
 )
 from wyoming_cosyvoice3.engine.types import VoiceFeatures, VoicePrompt
 from wyoming_cosyvoice3.server.catalog import VoiceEntry
-from wyoming_cosyvoice3.server.output import pcm16
-from wyoming_cosyvoice3.server.protocol import ProtocolError, read_event
-from wyoming_cosyvoice3.server.requests import (
+from wyoming_cosyvoice3.server.protocol import (
+    ProtocolError,
     TextFormatNotSupported,
     VoiceRequest,
     check_text,
     check_text_format,
     parse_voice,
+    read_event,
     select_voice,
 )
 from wyoming_cosyvoice3.server.runtime import VoiceSlot
+from wyoming_cosyvoice3.server.sink import pcm16
 
 
 def test_check_text() -> None:

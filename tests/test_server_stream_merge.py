@@ -54,7 +54,7 @@ async def test_queued_sentences_merge_up_to_the_budget(tmp_path: Path,
 async def test_merge_stops_at_errors_and_the_end_marker() -> None:
     """An error or the end marker behind queued sentences is never merged away: it is carried
     and comes next, after the merged text."""
-    from wyoming_cosyvoice3.server.requests import SpeakRequest
+    from wyoming_cosyvoice3.server.protocol import SpeakRequest
     from wyoming_cosyvoice3.server.streaming_text import SentenceBuffer
     from wyoming_cosyvoice3.server.streams import StreamError, StreamRequest
 

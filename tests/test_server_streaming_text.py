@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wyoming_cosyvoice3.server.requests import parse_request
+from wyoming_cosyvoice3.server.protocol import parse_request
 from wyoming_cosyvoice3.server.streaming_text import SentenceBuffer, find_boundary
 from wyoming_cosyvoice3.server.streams import (
     INLINE_CHUNK_CHARS,

@@ -26,7 +26,7 @@ from wyoming_cosyvoice3.engine.text.markdown import (
     line_kind_is_decided,
     markdown_to_speech,
 )
-from wyoming_cosyvoice3.server.requests import parse_request
+from wyoming_cosyvoice3.server.protocol import parse_request
 from wyoming_cosyvoice3.server.streaming_text import SentenceBuffer
 from wyoming_cosyvoice3.server.streams import StreamRequest
 

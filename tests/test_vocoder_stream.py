@@ -9,7 +9,7 @@ import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
-from wyoming_cosyvoice3.engine.noise import GrowingNoise
+from wyoming_cosyvoice3.engine.request import GrowingNoise
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream, fade_in_gain
 from wyoming_cosyvoice3.engine.vocoder.istft import istft
 

@@ -70,13 +70,14 @@ from .derive.common.forms import Form, load_first
 from .derive.flow import quantize
 from .derive.flow.estimator_split import SplitEstimator, ensure_split_estimator, main_graph_spec
 from .derive.flow.full_attention import FullAttentionDiT
-from .derive.flow.streaming_estimator import StreamingEstimator, load_streaming_estimator
+from .derive.flow.streaming_estimator import load_streaming_estimator
 from .derive.llm.embedding_table import TableEmbedding, load_table_embedding
 from .derive.vocoder.hift_phase import PHASE_WARNING, open_phase_hift
 from .derive.vocoder.hift_stream import STREAM_WARNING, open_stream_hift
 from .errors import ModelLoadError
 from .graphs import ESTIMATOR, HIFT, TEXT_EMBEDDING, Graph, load_llm, open_session
 from .options import LLM_FILES, PRESETS, EngineOptions
+from .streaming_dit import StreamingEstimator
 from .vocoder.hift import StreamedHift
 
 Estimator = Graph | SplitEstimator | FullAttentionDiT
@@ -158,7 +159,7 @@ def open_streaming(model_dir: Path, options: EngineOptions, precision: str,
             the derivation or its validation failed.
         ModelFilesMissing: the published estimator is absent.
     """
-    from .schedule import cosine_t_schedule
+    from .flow.euler import cosine_t_schedule
 
     if options.cache_dir is None:
         raise ModelLoadError("no cache_dir for the derived streaming estimator (set "

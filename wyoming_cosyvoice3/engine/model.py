@@ -24,7 +24,6 @@ from tokenizers import Tokenizer
 from . import constants as C
 from .derive.flow.estimator_split import SplitEstimator
 from .derive.flow.full_attention import FullAttentionDiT
-from .derive.flow.streaming_estimator import StreamingEstimator
 from .derive.llm.embedding_table import TableEmbedding
 from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
 from .graphs import (
@@ -37,6 +36,7 @@ from .graphs import (
     TEXT_EMBEDDING,
     Graph,
     GraphSpec,
+    return_freed_memory,
 )
 from .loaders import (
     Estimator,
@@ -47,8 +47,8 @@ from .loaders import (
     load_streaming_or_none,
     load_text_table,
 )
-from .memory import return_freed_memory
 from .options import LLM_FILES, EngineOptions, FlowPrecision
+from .streaming_dit import StreamingEstimator
 from .text.tokenizer_load import read_tokenizer
 from .vocoder.hift import StreamedHift
 
@@ -334,7 +334,7 @@ class CosyVoice3Model:
 
     def streaming_estimator(self, precision: str) -> StreamingEstimator | None:
         """The chunk-causal streaming DiT of ``precision``
-        (:class:`~.derive.flow.streaming_estimator.StreamingEstimator`), derived and opened on
+        (:class:`~.streaming_dit.StreamingEstimator`), derived and opened on
         first use (thread-safe), or None when it cannot be made (one warning; the caller keeps
         full attention)."""
         streaming: StreamingEstimator | None = self._cached(

@@ -1,13 +1,13 @@
 """The public engine: text + voice -> streamed 24 kHz audio (spec sections 4-7).
 
 The pipeline only wires the stages: text -> pieces and LLM prompts (:mod:`.text`) -> speech
-tokens (:mod:`.llm.tokens`) -> per piece, the silent-run filter and a mel stream
+tokens (:func:`.llm.decoder.request_tokens`) -> per piece, the silent-run filter and a mel stream
 (:class:`.flow.stream.MelStream`: chunk schedule, chunk-causal or full-attention flow) -> the
 speed resampler and the streaming vocoder (:mod:`.vocoder`) -> the samples that became final
 are yielded.
 
 Per-request state lives in a :class:`.request.RequestState` and per-piece state in a
-:class:`.piece.PieceState` (which holds the piece's mel stream), both created per call; the
+:class:`PieceState` (which holds the piece's mel stream), both created per call; the
 engine's graphs and helpers are shared and may serve several threads at once.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,15 +24,19 @@ import numpy.typing as npt
 
 from . import constants as C
 from . import graphs
-from .flow.melops import SpeedResampler
 from .flow.solver import FlowRunner
-from .flow.stream import ChunkedFlows, MelStream, MelStreamOptions, flow_prompt_features
-from .llm.decoder import LlmDecoder
-from .llm.tokens import request_tokens
-from .memory import return_freed_memory
+from .flow.stream import (
+    ChunkedFlows,
+    MelStream,
+    MelStreamOptions,
+    SpeedResampler,
+    flow_prompt_features,
+)
+from .graphs import return_freed_memory
+from .llm.decoder import LlmDecoder, request_tokens
+from .llm.sampling import SilentRunFilter
 from .model import CosyVoice3Model
 from .options import EngineOptions, SynthesisOptions
-from .piece import PieceState
 from .request import RequestState
 from .text.frontend import TextFrontend
 from .types import (
@@ -41,12 +46,48 @@ from .types import (
     VoicePrompt,
 )
 from .vocoder.hift import HiftRunner, VocoderStream
+from .vocoder.schedule import may_defer
 from .voice.prepare import VoiceFeatureExtractor
 from .voice.worker import worker_for
 
 logger = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "Hello."
+
+
+@dataclass
+class PieceState:
+    """State of one text piece inside a request.
+
+    Attributes:
+        index: the piece's index in the request's text.
+        mel: the piece's flow (tokens, chunk offsets, hop, key/value history).
+        resampler: the speed resampler of the piece's mel.
+        vocoder: the piece's streaming vocoder.
+        silent_filter: drops the LLM's over-long silent-token runs.
+        last_chunk_s: request-relative time of the piece's previous flow chunk (or of its
+            start).
+    """
+
+    index: int
+    mel: MelStream
+    resampler: SpeedResampler
+    vocoder: VocoderStream
+    silent_filter: SilentRunFilter = field(default_factory=SilentRunFilter)
+    last_chunk_s: float = 0.0
+
+    def defer_vocoder(self, req: RequestState, new_frames: int, final: bool) -> bool:
+        """Whether the vocoder leaves this chunk's ``new_frames`` mel frames for its next
+        call (``SynthesisOptions.vocoder_defer``, :func:`.vocoder.schedule.may_defer`); also
+        starts timing the next chunk."""
+        now = req.now()
+        since, self.last_chunk_s = now - self.last_chunk_s, now
+        if final or not req.options.vocoder_defer:
+            return False
+        times = req.times
+        per_frame = times.vocoder_s / times.vocoder_frames if times.vocoder_frames else None
+        next_frames = new_frames + C.TOKEN_MEL_RATIO * self.mel.hop_tokens
+        return may_defer(req.lead_s(), since, per_frame, self.vocoder.frames_for_call(next_frames))
 
 
 class CosyVoice3Engine:
@@ -122,8 +163,8 @@ class CosyVoice3Engine:
         ``flow_chunk_causal`` the voice's prompt key/value cache is computed here too.
         """
         from .derive.flow.estimator_split import SplitEstimator
+        from .flow.euler import cosine_t_schedule
         from .options import PRESETS
-        from .schedule import cosine_t_schedule
 
         started = time.perf_counter()
         base = options or SynthesisOptions(flow_precision=self.options.preset.flow_precision)

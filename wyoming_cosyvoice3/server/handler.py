@@ -40,11 +40,9 @@ from wyoming.tts import (
 from ..engine.errors import CosyVoiceError
 from .info import build_info
 from .limits import IDLE_TIMEOUT, SERVER_BUSY, TOO_MANY_CONNECTIONS
-from .output import ClientGone, pcm16
-from .protocol import IdleTimeout, ProtocolError, read_event
-from .requests import SpeakRequest, parse_request
+from .protocol import IdleTimeout, ProtocolError, SpeakRequest, parse_request, read_event
 from .runtime import ServerRuntime
-from .sink import EventSink
+from .sink import ClientGone, EventSink, pcm16
 from .speech import run_one_shot
 from .streaming_text import SentenceBuffer
 from .streams import StreamRequest, run_stream

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 from wyoming.event import Event
 
-from .output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone
+from .sink import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -25,10 +25,9 @@ from wyoming.audio import AudioStart, AudioStop
 
 from ..engine.constants import DEFAULT_MAX_PIECE_TOKENS, OUTPUT_SAMPLE_RATE_HZ
 from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, SynthesisTimeout
+from ..engine.text.frontend import split_first_clause
 from ..engine.text.markdown import markdown_to_speech
-from ..engine.text.split import split_first_clause
 from ..engine.types import AudioChunk
-from .output import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
 from .preroll import (
     FIRST_PIECE_MAX_S,
     FIRST_PIECE_MIN_S,
@@ -36,9 +35,9 @@ from .preroll import (
     expected_speech_s,
     piece_limit_s,
 )
-from .requests import SpeakRequest, VoiceRequest, select_voice
+from .protocol import SpeakRequest, VoiceRequest, select_voice
 from .runtime import ServerRuntime, VoiceSlot
-from .sink import EventSink
+from .sink import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, EventSink, RequestStats, pcm16
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -233,7 +232,7 @@ async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
 def first_pieces(runtime: ServerRuntime, gate: PieceGate | None, text: str) -> list[str]:
     """``text`` as the texts of the engine requests of a response's start: a long first
     sentence gives a short first request, cut at a clause boundary
-    (:func:`~..engine.text.split.split_first_clause`, :data:`.preroll.FIRST_PIECE_MAX_S`),
+    (:func:`~..engine.text.frontend.split_first_clause`, :data:`.preroll.FIRST_PIECE_MAX_S`),
     so the first piece can play through early. Only when audio may be held (``gate`` with a
     bound), nothing was produced yet, and production is not known to be faster than
     playback (a fast machine keeps the sentence whole: one LLM pass, unbroken prosody).

@@ -27,12 +27,11 @@ from wyoming.tts import SynthesizeStopped
 
 from ..engine.errors import CosyVoiceError, TextError, TextTooLong
 from ..engine.text.markdown import MarkdownSpeech
-from ..engine.text.script import english_cues
-from .output import ClientGone, RequestStats
+from ..engine.text.normalize import english_cues
 from .preroll import PieceGate, expected_speech_s
-from .requests import SpeakRequest, check_chunk_text
+from .protocol import SpeakRequest, check_chunk_text
 from .runtime import ServerRuntime, VoiceSlot
-from .sink import EventSink
+from .sink import ClientGone, EventSink, RequestStats
 from .speech import (
     INTERNAL_ERROR,
     audio_start,
@@ -109,7 +108,7 @@ class StreamRequest:
     has_carry: bool = False
     english_cues: tuple[int, int] = (0, 0)
     """English / other-language function words of the sentences spoken so far
-    (:func:`~..engine.text.script.english_cues`)."""
+    (:func:`~..engine.text.normalize.english_cues`)."""
 
     def language_hint(self, text: str) -> str | None:
         """The language hint for the next engine request, whose text is ``text``: "en" when

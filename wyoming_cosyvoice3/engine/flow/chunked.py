@@ -15,9 +15,9 @@ at an Euler step depend only on frames of its own and earlier chunks, so:
   every Euler step and CFG row (:class:`KvCache`);
 * **history cache** (per request piece): each chunk's keys/values are appended.
 
-A chunk then runs the derived streaming estimator (``derive/streaming_estimator.py``) on its
-new frames only: the prompt frames after the cached ones (first chunk only) and its generated
-frames, with rotary positions continuing after the cached frames.
+A chunk then runs the derived streaming estimator (:class:`..streaming_dit.StreamingEstimator`)
+on its new frames only: the prompt frames after the cached ones (first chunk only) and its
+generated frames, with rotary positions continuing after the cached frames.
 
 Memory: per cached frame, Euler step and CFG row, ``depth x 2 x inner x 4`` bytes (180 KB
 with the published dims: depth 22, inner 1024).
@@ -40,8 +40,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import constants as C
-from ..chunkmask import CHUNK_FRAMES, chunk_attention_bias
 from ..options import StageTimes
+from ..streaming_dit import CHUNK_FRAMES, chunk_attention_bias
 from ..types import ShouldStop, VoiceFeatures
 from .euler import EulerSchedule, solve_euler
 from .solver import FlowRunner
@@ -135,8 +135,8 @@ class ChunkedFlow:
 
     Args:
         runner: the full-attention flow (encoder, final chunks).
-        estimator: the derived streaming estimator (``derive/streaming_estimator.py``
-            ``StreamingEstimator``: ``run``, ``depth``, ``inner``).
+        estimator: the derived streaming estimator
+            (:class:`..streaming_dit.StreamingEstimator`: ``run``, ``depth``, ``inner``).
         prompt_noise: ``frames -> float32 [80, frames]``, the fixed noise of the prompt frames.
         disk_dir: where prompt caches are stored (None: memory only); disk_tag: file name
             part naming the estimator (precision and source file key).

@@ -7,11 +7,13 @@ guidance ``(1 + rate) * v_cond - rate * v_uncond``, ``x += dt * v``).
 
 The full-attention flow (:class:`.solver.FlowRunner`) and the chunk-causal flow
 (:class:`.chunked.ChunkedFlow`) differ only in how one step's velocity rows are computed;
-:func:`solve_euler` runs the steps for both.
+:func:`solve_euler` runs the steps for both. The loaders read :func:`cosine_t_schedule` too,
+to compute a derived DiT's time conditioning ahead of the requests.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +21,6 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SynthesisCancelled
-from ..schedule import cosine_t_schedule
 from ..types import ShouldStop
 
 FloatArray = npt.NDArray[np.float32]
@@ -29,6 +30,21 @@ VelocityRows = Callable[[FloatArray, int, float, bool], FloatArray]
 estimator output. Guided steps return B = 2 rows (conditional, then unconditional with mu,
 spks and cond zeroed); unguided steps return B >= 1 rows of which row 0 (conditional) is
 used."""
+
+
+def cosine_t_schedule(n_steps: int) -> npt.NDArray[np.float32]:
+    """Time points of the Euler solver: ``t_k = 1 - cos(k / n * pi / 2)``, k = 0..n.
+
+    Args:
+        n_steps: number of Euler steps n (>= 1).
+
+    Returns:
+        float32 [n + 1], from 0 to 1 (flow_matching.py ``t_scheduler == "cosine"``).
+    """
+    if n_steps < 1:
+        raise ValueError(f"n_steps must be >= 1, got {n_steps}")
+    k = np.arange(n_steps + 1, dtype=np.float64)
+    return (1.0 - np.cos(k / n_steps * (math.pi / 2.0))).astype(np.float32)
 
 
 def cfg_combine(v_cond: FloatArray, v_uncond: FloatArray, rate: float) -> FloatArray:

@@ -8,7 +8,9 @@ returns ``logits`` of the last position and ``present.{i}.{key,value}``).
 
 The decoder object is shared and stateless with respect to requests: the KV cache, position and
 decoded tokens of one request live in a :class:`DecodeState`, the random generator is the
-caller's.
+caller's. The state after a voice's fixed prompt prefix is kept in a :class:`PrefixCache`.
+A request's tokens, piece after piece, come from :func:`request_tokens`, optionally decoded in
+a thread (``SynthesisOptions.overlap_decoding``, :mod:`.producer`).
 
 KV cache hand-over (``kv_mode``). The graph itself returns ``present = Concat(past, new)``, so
 every step writes the whole cache once inside onnxruntime; the host must not add more copies.
@@ -28,8 +30,12 @@ every step writes the whole cache once inside onnxruntime; the host must not add
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -41,17 +47,118 @@ from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed
 from ..graphs import ORT_ERRORS
 from ..options import StageTimes
 from ..types import LlmPrompt, ShouldStop
-from .prefix_cache import PrefixCache
+from .producer import TokenProducer
 from .sampling import decode_limits, sample_step
-from .state import DecodeState, KvValue
 
 if TYPE_CHECKING:
     from ..model import CosyVoice3Model
+    from ..request import RequestState
 
 _LOGGER = logging.getLogger(__name__)
 
 KvMode = Literal["auto", "iobinding", "numpy"]
 """How the KV cache is handed from one step to the next (see the module docstring)."""
+
+
+# -- state ----------------------------------------------------------------------------------
+
+KvValue = Any
+"""One KV tensor: an ``onnxruntime.OrtValue`` (IOBinding path) or a numpy array (fallback)."""
+
+
+@dataclass
+class DecodeState:
+    """Per-request LLM state: the KV cache and the number of positions it holds.
+
+    Attributes:
+        kv: one tensor per ``past_key_values.{i}.{key,value}`` input, in layer order
+            (key before value), each float32 [1, kv_heads, past_len, head_dim].
+        past_len: positions already in the cache (the next position id).
+        tokens: speech tokens generated so far (the RAS window sees all of them).
+
+    Tensors in ``kv`` are never written to after creation (every model step allocates new
+    ``present.*`` tensors), so a state may be copied with :meth:`fork` and both copies decoded
+    independently; :class:`PrefixCache` keeps the state of a voice's fixed prefix
+    ``[SOS, prompt text]`` and forks it for each request.
+    """
+
+    kv: list[KvValue]
+    past_len: int = 0
+    tokens: list[int] = field(default_factory=list)
+
+    def fork(self) -> DecodeState:
+        """A copy sharing the (immutable) KV tensors, with its own token list."""
+        return DecodeState(kv=list(self.kv), past_len=self.past_len, tokens=list(self.tokens))
+
+
+class PrefixCache:
+    """Thread-safe LRU map ``prompt-text ids -> DecodeState`` after the prefix.
+
+    Every LLM prompt starts with ``[speech_emb(SOS), text_emb(prompt text)]`` (spec section 4):
+    for a zero-shot voice the prompt text is ``SYS + transcript`` and is the same for every
+    request of that voice. Its KV cache is computed once and each request continues from a fork
+    of it (:meth:`DecodeState.fork`: the KV tensors are immutable and shared).
+
+    The decoder always prefills in two calls (prefix, then the rest), whether or not the cache is
+    enabled, so cached and uncached requests see bit-identical logits. With dynamic int8
+    quantisation one call and two calls are not bit-identical (activations are quantised per
+    tensor over the positions of one call); the benchmark's "levers" section records the
+    difference.
+
+    Size: 24 KiB per cached position with the published dims (24 layers x key+value x 2 heads x
+    64 x 4 bytes), e.g. 0.9 MiB for a 40-token transcript. One cache per decoder = per LLM
+    precision; entries are keyed by the prompt-text ids, least recently used dropped first.
+
+    Args:
+        max_entries: entries kept (0 disables the cache: :meth:`get` always misses).
+    """
+
+    def __init__(self, max_entries: int = 16) -> None:
+        if max_entries < 0:
+            raise ValueError(f"max_entries must be >= 0, got {max_entries}")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[bytes, DecodeState] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(prompt_text_ids: npt.ArrayLike) -> bytes:
+        """Cache key of a prompt text: its int64 ids as bytes."""
+        return np.asarray(prompt_text_ids, dtype=np.int64).reshape(-1).tobytes()
+
+    def get(self, key: bytes) -> DecodeState | None:
+        """A fork of the cached state (the caller may extend it), or None."""
+        with self._lock:
+            state = self._entries.get(key)
+            if state is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return state.fork()
+
+    def put(self, key: bytes, state: DecodeState) -> None:
+        """Store a fork of ``state`` (taken right after the prefix prefill)."""
+        if self.max_entries == 0:
+            return
+        with self._lock:
+            self._entries[key] = state.fork()
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+
+# -- decoding -------------------------------------------------------------------------------
 
 def run_outputs_are_zero_copy(version: str = ort.__version__) -> bool:
     """True when ``InferenceSession.run`` returns CPU outputs without copying them.
@@ -356,3 +463,80 @@ class LlmDecoder:
                 f"LLM decoding passed the request deadline at step {step}; raise "
                 "max_request_s or send shorter text"
             )
+
+
+# -- a request's tokens -----------------------------------------------------------------------
+
+PieceToken = tuple[int, int | None]
+"""``(piece index, speech token)``; the token is None at the end of the piece."""
+
+
+def token_stream(
+    llm: LlmDecoder,
+    prompts: list[LlmPrompt],
+    fixed_tokens: list[int | None],
+    req: RequestState,
+    stopped: ShouldStop | None,
+) -> Iterator[PieceToken]:
+    """``(piece index, token)`` for every accepted LLM token of every piece of a request, then
+    ``(piece index, None)`` at the end of each piece.
+
+    Runs in the producer thread with ``overlap_decoding``. It records "llm" timeline spans,
+    split where the consumer ran a chunk in between.
+
+    Args:
+        llm: the model's decoder (``llm.decode`` is looked up at each piece).
+        prompts: one LLM prompt per text piece.
+        fixed_tokens: per piece, the benchmark's fixed token count or None.
+        req: the request (seeded generator, limits, cancellation, stage times).
+        stopped: the producer thread's stop flag, or None.
+
+    Raises:
+        as ``LlmDecoder.decode`` (cancellation, timeout, graph failure).
+    """
+
+    def should_stop() -> bool:
+        return (stopped is not None and stopped()) or req.check()
+
+    opts = req.options
+    for index, prompt in enumerate(prompts):
+        span = req.now()
+        tokens = llm.decode(
+            prompt,
+            req.rng,
+            should_stop=should_stop,
+            max_tokens=opts.max_decode_tokens,
+            deadline=req.deadline_monotonic,
+            times=req.times,
+            fixed_tokens=fixed_tokens[index],
+        )
+        for token in tokens:
+            handed = req.now()
+            yield index, token
+            if req.now() - handed > 1e-3:  # the consumer ran a chunk in between
+                req.event("llm", span, handed)
+                span = req.now()
+        req.event("llm", span)
+        yield index, None
+
+
+@contextmanager
+def request_tokens(
+    llm: LlmDecoder,
+    prompts: list[LlmPrompt],
+    fixed_tokens: list[int | None],
+    req: RequestState,
+) -> Iterator[Iterator[PieceToken]]:
+    """:func:`token_stream` of the request, decoded in a :class:`.producer.TokenProducer`
+    thread when ``req.options.overlap_decoding`` (the items are the same either way); the
+    thread is stopped and joined when the context exits."""
+    if not req.options.overlap_decoding:
+        yield token_stream(llm, prompts, fixed_tokens, req, None)
+        return
+    producer: TokenProducer[PieceToken] = TokenProducer(
+        lambda stop: token_stream(llm, prompts, fixed_tokens, req, stop)
+    ).start()
+    try:
+        yield iter(producer)
+    finally:
+        producer.close()

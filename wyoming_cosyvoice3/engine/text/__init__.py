@@ -1,8 +1,9 @@
 """Text front end: normalisation, splitting into pieces, LLM prompt ids (spec sections 3-4).
 
-* :func:`normalize_text` (normalize.py): clean-up and number reading per language.
+* :func:`normalize_text` (normalize.py): clean-up and number reading per language, picked by
+  the text's writing system (:func:`dominant_script`, :func:`is_english`).
 * :class:`TextFrontend` (frontend.py): pieces of about 60-80 tokens and their prompt ids.
-* :func:`markdown_to_speech` / :class:`MarkdownSpeech` (markdown.py, markdown_inline.py):
+* :func:`markdown_to_speech` / :class:`MarkdownSpeech` (markdown.py):
   markdown as conversation agents write it turned into plain sentences, whole or streamed;
   applied by the server before the text reaches the engine.
 * :func:`read_tokenizer` (tokenizer_load.py): tokenizer.json read in steps that each release
@@ -11,11 +12,9 @@
 Imports the top engine modules (constants, errors, types) and no other stage.
 """
 
-from .frontend import TextFrontend
+from .frontend import TextFrontend, is_speakable
 from .markdown import MarkdownSpeech, markdown_to_speech
-from .normalize import normalize_text
-from .script import dominant_script, is_english
-from .split import is_speakable
+from .normalize import dominant_script, is_english, normalize_text
 from .tokenizer_load import read_tokenizer
 
 __all__ = [

@@ -43,8 +43,8 @@ import numpy.typing as npt
 
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled
-from ..noise import GrowingNoise
 from ..options import StageTimes
+from ..request import GrowingNoise
 from ..types import ShouldStop
 from .istft import istft
 

@@ -238,8 +238,7 @@ class SplitEstimator:
             return
         import onnxruntime as ort
 
-        from ...graphs import open_session
-        from ...memory import return_freed_memory
+        from ...graphs import open_session, return_freed_memory
 
         threads, providers, spin = self._session_args
         with self._lock:

@@ -19,7 +19,7 @@ input                           meaning
 ``mod_<i>``, ``mod_final``      float32 [1 or B, 6D] / [1 or B, 2D]: the time graph's outputs
 ``rope_cos``, ``rope_sin``      float32 [n, head_dim]: rotary tables of the new frames'
                                 absolute positions (x-transformers ``RotaryEmbedding``),
-                                host-computed
+                                host-computed (:func:`...streaming_dit.rope_tables`)
 ``attn_bias``                   float32 [1 or B, 1, n, m + n]: 0 where a new frame may attend
                                 a key, -inf where not (upstream's chunk mask, or all zeros)
 ``conv1_past``, ``conv2_past``  float32 [B, D, K - 1]: the inputs of the two causal position
@@ -140,26 +140,6 @@ def rotate_half_matrix(head_dim: int, layout: str) -> np.ndarray:
             p[i + half, i] = -1.0
             p[i, i + half] = 1.0
     return p
-
-
-def rope_tables(
-    inv_freq: np.ndarray, freq_div: float, layout: str, start: int, count: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(cos, sin) float32 [count, head_dim] for absolute positions ``start .. start+count-1``.
-
-    x-transformers ``RotaryEmbedding.forward_from_seq_len``: ``freqs = einsum(t, inv_freq) /
-    interpolation_factor``, each frequency used for a pair of channels (interleaved) or both
-    halves ("half"); computed in float32 as torch does.
-    """
-    pos = np.arange(start, start + count, dtype=np.float32)
-    freqs = (pos[:, None] * np.asarray(inv_freq, np.float32)[None, :]).astype(np.float32)
-    if freq_div != 1.0:
-        freqs = (freqs / np.float32(freq_div)).astype(np.float32)
-    if layout == "interleaved":
-        table = np.repeat(freqs, 2, axis=1)
-    else:
-        table = np.concatenate([freqs, freqs], axis=1)
-    return np.cos(table).astype(np.float32), np.sin(table).astype(np.float32)
 
 
 def build_main(w: DitWeights, layout: str) -> Any:

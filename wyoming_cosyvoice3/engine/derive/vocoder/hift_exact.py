@@ -8,14 +8,16 @@ ulp of a rad value stays in every later partial sum, so a last-bit difference in
 the source by about 1e-3 rad after a few seconds. onnxruntime makes such differences
 depending on how many frames a call has, so a streamed call and one call over the whole mel
 rounded f0 differently (measured: 2.4e-4 to 1.25e-3 max abs on the audio). Three causes,
-each found by comparing intermediate tensors of one call over 30 and over 90 frames:
+found by exposing intermediate tensors as outputs (one call over 30 frames against one over
+90; streamed calls against one call):
 
 * MLAS SGEMM (under onnxruntime's Conv and MatMul) adds the K products of an output in
   blocks and the block partial sums one after another; the block length depends on the
   output columns N of the call (``MlasSgemmOperation``, ``MlasConvOperation``: StrideK 128
   for N > 64, doubled while StrideN halves down to N, up to 1024 for N <= 16; with several
   threads, on the N of each thread's segment). K = input channels x taps is 320 for the
-  parity model's first f0 convolution, 1536 for the full-size model's.
+  first f0 convolution (80 mel bins x 4 taps), 96 to 1536 for the others (32 to 512
+  channels x 3 taps) on the models here.
 * MLAS takes a GEMV kernel with its own summation order for one output column (N = 1) or
   one output row (M = 1): a one-frame call.
 * the linear ``Resize`` that takes the per-sample rad values to the frame rate computes
@@ -29,8 +31,8 @@ so both compute the same sums):
 * each ``Conv`` upstream of the ``CumSum`` whose K exceeds :data:`MAX_BLOCK_K` is cut into
   Convs over groups of whole input channels with at most :data:`MAX_BLOCK_K` products each,
   added in channel order, the bias last: each piece is one MLAS block for every N. When the
-  taps divide 128 the groups are MLAS's own 128-blocks, so one call over more than 64 frames
-  on one thread computes exactly what the published graph computes;
+  taps divide 128 the groups are MLAS's own 128-blocks, so such a Conv gives the published
+  graph's numbers for one call over more than 64 frames on one thread;
 * those Convs and the MatMuls there get one zero frame more on the time axis, its output
   dropped: N and M are never 1;
 * a linear, half-pixel ``Resize`` there that downsamples the last axis by an integer factor

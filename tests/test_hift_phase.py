@@ -19,7 +19,7 @@ from decoding_support import FixedDecoding
 from parity_support import load_parity
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.derive.vocoder import hift_phase
+from wyoming_cosyvoice3.engine.derive.vocoder import hift_exact, hift_phase
 from wyoming_cosyvoice3.engine.derive.vocoder.hift_phase import (
     PHASE_HIFT,
     ensure_phase_hift,
@@ -79,6 +79,8 @@ def test_derivation_finds_the_source_and_validates(
     # upstream SineGen2: phase = 2 pi 480 cumsum(rad), so one period is 1/480 CumSum units
     assert report.period == pytest.approx(1.0 / C.SAMPLES_PER_MEL_FRAME, rel=1e-6)
     assert report.harmonics == C.HARMONIC_CHANNELS and report.exact_rel == 0.0
+    # the source's rad values (in [0, 1)) moved from hift.onnx's by float rounding only
+    assert report.published_rad <= 64 * float(np.finfo(np.float32).eps)
     assert report.window_rel < 1e-3 < 0.01 < report.window_rel_without
     model = onnx.load(str(path))
     assert [i.name for i in model.graph.input][-1] == hift_phase.CARRY_INPUT
@@ -88,20 +90,25 @@ def test_derivation_finds_the_source_and_validates(
     assert again == (path, report)
 
 
-def test_without_a_carry_it_is_the_published_vocoder(
-    derived: tuple[Path, hift_phase.PhaseCarryReport], parity_hift: Path
+def test_without_a_carry_it_is_the_one_call_graph(
+    derived: tuple[Path, hift_phase.PhaseCarryReport], parity_hift: Path, tmp_path: Path
 ) -> None:
+    """W = 0: exactly one call of hift.onnx with the f0-path rewrite (engine/derive/vocoder/
+    hift_exact.py) that the streamed vocoder shares; tests/test_hift_stream.py holds that
+    graph to hift.onnx within float rounding."""
     path, report = derived
-    published = HiftRunner(Graph(parity_hift, HIFT, threads=1))
+    model, _, _ = hift_exact.exact_one_call(onnx.load(str(parity_hift)))
+    onnx.save(model, str(tmp_path / HIFT.file))
+    one_call = HiftRunner(Graph(tmp_path / HIFT.file, HIFT, threads=1))
     carried = HiftRunner(Graph(path, PHASE_HIFT, threads=1), report.period)
     mel = _mel(90)
     noise = _noise().take(480 * 90)
     samples, phase = carried.run(mel, noise)
-    np.testing.assert_array_equal(samples, published.waveform(mel, noise))
+    np.testing.assert_array_equal(samples, one_call.waveform(mel, noise))
     assert phase is not None and phase.shape == (90, C.HARMONIC_CHANNELS)
     assert np.all((phase >= 0) & (phase < report.period))
     # the exact stream (window 0) of either graph gives the same samples
-    exact = _stream(published, mel, [20, 60], 0)
+    exact = _stream(one_call, mel, [20, 60], 0)
     np.testing.assert_array_equal(_stream(carried, mel, [20, 60], 0), exact)
 
 

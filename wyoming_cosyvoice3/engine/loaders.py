@@ -47,12 +47,12 @@ Vocoder stage
 * ``hift_stream`` (streamed chunks):
 
   1. streamed, convolution context carried -- ``stream_vocoder`` (auto) --
-     vocoder/hift_stream (stream2);
+     vocoder/hift_stream (stream3);
   2. none: windowed calls of ``hift``.
 
 * ``hift``:
 
-  1. phase-carrying -- ``phase_vocoder`` (auto) -- vocoder/hift_phase (phase1);
+  1. phase-carrying -- ``phase_vocoder`` (auto) -- vocoder/hift_phase (phase2);
   2. the published ``hift.onnx``.
 
 Streamed chunks use ``hift_stream`` when there is one, else windowed calls of ``hift``.

@@ -9,11 +9,16 @@ out phase-shifted against the one-call audio (the windowed ``balanced``/``fast``
 10 dB waveform SNR in BENCHMARKS.md). With the phase of the window's already-emitted frames
 given as an input, a windowed call computes what one call over the whole mel computes.
 
-The derived graph is ``hift.onnx`` plus one input and one output:
+The derived graph is ``hift.onnx``, its nodes upstream of the accumulated phase rewritten so
+that they round the same at every call length (:mod:`.hift_exact`; the streamed vocoder
+carries the same rewrite, so its chunks equal this graph's one call), plus one input and one
+output:
 
 * ``phase_carry`` float32 [1, W, H]: the accumulated phase (the CumSum's units, H harmonic
   channels) of the first W mel frames of ``speech_feat``, taken from earlier calls; W = 0
-  gives exactly the published graph's computation;
+  gives exactly the one-call graph's computation (:func:`.hift_exact.exact_one_call`), which
+  differs from ``hift.onnx``'s only by float rounding (checked on the source's rad values,
+  :data:`.hift_exact.MAX_RAD_DIFFERENCE`);
 * ``source_phase`` float32 [1, M, H]: the accumulated phase of every frame of this call:
   ``phase_carry`` for the first W frames, then ``phase_carry[W-1] + cumsum(rad)[j] -
   cumsum(rad)[W-1]`` (the graph's own cumsum continued from the carried value).
@@ -26,7 +31,7 @@ instead of letting it grow (upstream's float32 phase loses about 0.03 rad of pre
 30 s of audio; the carried one does not).
 
 Validated when derived, on seeded random mel (:func:`validate`): with W = 0 the outputs equal
-the published graph's; adding one period to the carry changes the output only by float
+the one-call graph's; adding one period to the carry changes the output only by float
 rounding (a wrong period would change it by order 1); a windowed call with the carry
 reproduces the one-call magnitude over its new frames within
 :data:`MAX_WINDOW_REL_ERROR` (the same call without the carry is recorded for comparison).
@@ -50,10 +55,11 @@ from ...graphs import HIFT, Graph, GraphSpec
 from ..common.files import derive_reported, run_child, validation_session
 from ..common.forms import Form
 from ..common.graph import GraphIndex
+from .hift_exact import MAX_RAD_DIFFERENCE, exact_one_call, rad_difference
 
 logger = logging.getLogger(__name__)
 
-PHASE_TAG = "phase1"
+PHASE_TAG = "phase2"
 """File tag of the derived graph (bumped when the recipe changes)."""
 CARRY_INPUT = "phase_carry"
 PHASE_OUTPUT = "source_phase"
@@ -79,7 +85,7 @@ against one call, and of a carry shifted by one period against the carry (measur
 parity model, 9e-3 full-size synthetic, whose float32 phase rounding its random weights
 amplify; without the carry 0.09 on the parity model)."""
 EXACT_REL = 1e-5
-"""W = 0: largest accepted relative difference from ``hift.onnx`` (float rounding)."""
+"""W = 0: largest accepted relative difference from the one-call graph (float rounding)."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,9 @@ class PhaseCarryReport:
         harmonics: H, channels of ``phase_carry`` / ``source_phase`` (9 upstream).
         period: CumSum units per 2 pi of source phase (``2 pi / product of the scalars``
             between the CumSum and the Sin; upstream ``1 / 480``).
-        exact_rel: W = 0 against ``hift.onnx``: max |difference| / max |value|.
+        exact_rel: W = 0 against the one-call graph: max |difference| / max |value|.
+        published_rad: the one-call graph against ``hift.onnx`` on the source's rad values
+            (the CumSum's input; :func:`.hift_exact.rad_difference`).
         window_rel: windowed call with the carry against one call (magnitude, new frames).
         window_rel_without: the same windowed call with the phase restarted (no carry).
         derive_s: seconds to derive and validate.
@@ -99,6 +107,7 @@ class PhaseCarryReport:
     harmonics: int
     period: float
     exact_rel: float
+    published_rad: float
     window_rel: float
     window_rel_without: float
     derive_s: float
@@ -206,18 +215,32 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(np.asarray(a, np.float64) - b).max()) / scale
 
 
-def validate(source: Path, derived: Any, radians: float, seed: int = 0) -> PhaseCarryReport:
+def validate(source: Path, one_call: Any, derived: Any, radians: float, seed: int = 0
+             ) -> PhaseCarryReport:
     """Run the checks of the module docstring on seeded random input; the report.
+
+    Args:
+        source: ``hift.onnx``; one_call: the one-call graph (onnx.ModelProto,
+            :func:`.hift_exact.exact_one_call`); derived: the phase-carrying graph.
 
     Raises:
         ModelLoadError: a check failed.
     """
+    import onnx
+
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     frames, spf = VALIDATION_FRAMES, C.SAMPLES_PER_MEL_FRAME
     mel = (rng.standard_normal((1, C.MEL_BINS, frames)) - 5.0).astype(np.float32)
     noise = rng.random((1, spf * frames, C.HARMONIC_CHANNELS), dtype=np.float32)
-    published, ours = validation_session(source), validation_session(derived)
+    try:
+        rad = rad_difference(onnx.load(str(source)), one_call,
+                             {"speech_feat": mel, "noise": noise})
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise ModelLoadError(f"the one-call hift does not run: {exc}") from exc
+    if not rad <= MAX_RAD_DIFFERENCE:
+        raise ModelLoadError(f"the one-call hift's source differs from hift.onnx's by {rad:.3g}")
+    published, ours = validation_session(one_call), validation_session(derived)
     reference = published.run(["magnitude", "phase"], {"speech_feat": mel, "noise": noise})
     del published
     names = ["magnitude", "phase", PHASE_OUTPUT]
@@ -236,7 +259,8 @@ def validate(source: Path, derived: Any, radians: float, seed: int = 0) -> Phase
     exact = max(_rel(reference[i], whole[i]) for i in range(2))
     if whole[2].shape[1:] != (frames, harmonics) or not exact <= EXACT_REL:
         raise ModelLoadError(
-            f"the phase-carrying hift differs from hift.onnx without a carry ({exact:.3g}) or "
+            f"the phase-carrying hift differs from the one-call graph without a carry "
+            f"({exact:.3g}) or "
             f"its source phase is not [frames, harmonics] ({whole[2].shape[1:]})"
         )
     emitted = 64 - C.VOCODER_RIGHT_CONTEXT_FRAMES  # frames final after a first call over 64
@@ -253,6 +277,7 @@ def validate(source: Path, derived: Any, radians: float, seed: int = 0) -> Phase
         harmonics=harmonics,
         period=float(period),
         exact_rel=exact,
+        published_rad=rad,
         window_rel=_rel(target, windowed[0][:, :, new]),
         window_rel_without=_rel(target, restarted[0][:, :, new]),
         derive_s=time.perf_counter() - started,
@@ -277,8 +302,14 @@ def write_phase_hift(source: Path, graph: Path, report_json: Path) -> PhaseCarry
     import onnx
 
     started = time.perf_counter()
-    model, radians = add_phase_carry(onnx.load(str(source)))
-    report = validate(source, model, radians)
+    try:
+        one_call, _, _ = exact_one_call(onnx.load(str(source)))
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise ModelLoadError(f"the vocoder does not run for probing: {exc}") from exc
+    model = onnx.ModelProto()
+    model.CopyFrom(one_call)
+    model, radians = add_phase_carry(model)
+    report = validate(source, one_call, model, radians)
     report = PhaseCarryReport(**{**asdict(report), "derive_s": time.perf_counter() - started})
     onnx.save(model, str(graph))
     report_json.write_text(json.dumps(asdict(report), indent=1), encoding="utf-8")

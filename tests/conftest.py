@@ -25,6 +25,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One engine cache for the in-process servers on ``tiny_model_dir`` whose tests are not
+    about loading (``server_support.make_settings(..., engine_cache=...)``): the failed
+    derivations of the tiny model (streaming DiT, split and int8 estimators, streamed and
+    phase-carrying vocoder; each a child process) are tried once per session and later starts
+    read their markers. Tests of a first start or of the derivations use their own data dir."""
+    return tmp_path_factory.mktemp("tiny_engine_cache")
+
+
+@pytest.fixture(scope="session")
 def tiny_dit_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Path of a synthetic ``tiny-dit`` model directory (seed 0): the tiny model with an
     upstream-structured DiT estimator, on which the split and int8 derivations work, so the

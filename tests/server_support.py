@@ -41,8 +41,14 @@ READ_TIMEOUT_S = 60.0
 """Upper bound for one event to arrive (a hang guard, not a speed assertion)."""
 
 
-def make_settings(model_dir: Path, data_dir: Path, **changes: Any) -> Settings:
+def make_settings(model_dir: Path, data_dir: Path, engine_cache: Path | None = None,
+                  **changes: Any) -> Settings:
     """Settings of an in-process server on 127.0.0.1 with an ephemeral port.
+
+    ``engine_cache``: a directory that ``<data_dir>/engine-cache`` links to, so the servers of
+    a session on one unmodified model derive each graph (or record that it cannot be derived)
+    once instead of once per data dir (conftest's ``tiny_engine_cache``). Tests about a first
+    start, a damaged cache or loading itself leave it None.
 
     The LLM graph is ``published`` unless a test asks otherwise: the default ``fused`` needs a
     Qwen2-structured LLM, which the tiny models' stand-in is not, so it would start one
@@ -54,7 +60,19 @@ def make_settings(model_dir: Path, data_dir: Path, **changes: Any) -> Settings:
                                   data_dirs=(data_dir,), warm_up=False, seed=1,
                                   llm_graph="published", preset="balanced")
     values.update(changes)
+    if engine_cache is not None:
+        link_engine_cache(data_dir, engine_cache)
     return Settings(**values)
+
+
+def link_engine_cache(data_dir: Path, engine_cache: Path) -> Path:
+    """``data_dir`` (created) whose ``engine-cache`` links to the shared ``engine_cache``
+    (see :func:`make_settings`); for servers started as a program."""
+    link = data_dir / "engine-cache"
+    if not link.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(engine_cache, target_is_directory=True)
+    return data_dir
 
 
 @contextlib.asynccontextmanager

@@ -190,11 +190,11 @@ def fixed_probe(monkeypatch: pytest.MonkeyPatch, rates: MachineRates,
 
 
 async def test_auto_chooses_before_loading_logs_one_line_and_shows_it(
-        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+        tiny_model_dir: Path, tiny_engine_cache: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     calls = fixed_probe(monkeypatch, MEDIUM)
-    settings = make_settings(tiny_model_dir, tmp_path / "data", preset="auto", threads=1,
-                             http_port=0)
+    settings = make_settings(tiny_model_dir, tmp_path / "data", tiny_engine_cache, preset="auto",
+                             threads=1, http_port=0)
     with caplog.at_level(logging.INFO):
         async with running_server(settings) as server:
             runtime = server.runtime
@@ -223,9 +223,11 @@ async def test_auto_chooses_before_loading_logs_one_line_and_shows_it(
 
 
 async def test_an_explicit_preset_is_not_replaced(
-        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tiny_model_dir: Path, tiny_engine_cache: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     calls = fixed_probe(monkeypatch, FAST)
-    settings = make_settings(tiny_model_dir, tmp_path / "data", preset="balanced", http_port=0)
+    settings = make_settings(tiny_model_dir, tmp_path / "data", tiny_engine_cache,
+                             preset="balanced", http_port=0)
     async with running_server(settings) as server:
         assert server.runtime.preset == "balanced" and server.runtime.preset_choice is None
         async with aiohttp.ClientSession() as session:

@@ -51,13 +51,13 @@ class Shared:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def shared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-                 ) -> AsyncIterator[Shared]:
+async def shared(tiny_model_dir: Path, tiny_engine_cache: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Shared]:
     data_dir = tmp_path_factory.mktemp("data")
     holder: list[SpyEngine] = []
     release = threading.Event()
     release.set()  # tests clear it to hold requests before their last chunk
-    settings = make_settings(tiny_model_dir, data_dir, max_concurrent=2)
+    settings = make_settings(tiny_model_dir, data_dir, tiny_engine_cache, max_concurrent=2)
     async with running_server(settings, spy_factory(holder, release)) as server:
         state = Shared()
         state.server, state.spy, state.release = server, holder[0], release

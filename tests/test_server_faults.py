@@ -56,12 +56,13 @@ class Shared:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def shared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-                 ) -> AsyncIterator[Shared]:
+async def shared(tiny_model_dir: Path, tiny_engine_cache: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Shared]:
     holder: list[SpyEngine] = []
     release = threading.Event()
     release.set()
-    settings = make_settings(tiny_model_dir, tmp_path_factory.mktemp("data"), max_concurrent=1)
+    settings = make_settings(tiny_model_dir, tmp_path_factory.mktemp("data"), tiny_engine_cache,
+                             max_concurrent=1)
     async with running_server(settings, spy_factory(holder, release)) as server:
         state = Shared()
         state.server, state.spy, state.release = server, holder[0], release
@@ -433,13 +434,14 @@ async def test_sigterm_exits_within_5_s_while_a_model_step_runs(tmp_path: Path,
 # --- half-written cache ------------------------------------------------------------------------
 
 
-async def test_second_start_over_a_damaged_voice_cache(tiny_model_dir: Path, tmp_path: Path,
+async def test_second_start_over_a_damaged_voice_cache(tiny_model_dir: Path,
+                                                       tiny_engine_cache: Path, tmp_path: Path,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     """The voice-feature cache of a first start is damaged as a crash mid-write would leave
     it (truncated and empty files, stray temporary files): the second start recomputes the
     features, serves, and leaves a readable cache."""
     data_dir = tmp_path / "data"
-    settings = make_settings(tiny_model_dir, data_dir)
+    settings = make_settings(tiny_model_dir, data_dir, tiny_engine_cache)
     async with running_server(settings) as server:
         assert all(slot.installed for slot in server.runtime.voices.values())
     cache = data_dir / "voice-cache"

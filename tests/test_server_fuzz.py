@@ -42,9 +42,10 @@ MARKERS = ("info", "audio-stop", "synthesize-stopped")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-                 ) -> AsyncIterator[RunningServer]:
-    settings = make_settings(tiny_model_dir, tmp_path_factory.mktemp("data"), max_concurrent=2)
+async def server(tiny_model_dir: Path, tiny_engine_cache: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RunningServer]:
+    settings = make_settings(tiny_model_dir, tmp_path_factory.mktemp("data"), tiny_engine_cache,
+                             max_concurrent=2)
     async with running_server(settings) as running:
         yield running
 

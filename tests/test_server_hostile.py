@@ -47,10 +47,11 @@ class Shared:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def shared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-                 ) -> AsyncIterator[Shared]:
+async def shared(tiny_model_dir: Path, tiny_engine_cache: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Shared]:
     holder: list[SpyEngine] = []
-    settings = make_settings(tiny_model_dir, tmp_path_factory.mktemp("data"), max_concurrent=2)
+    settings = make_settings(tiny_model_dir, tmp_path_factory.mktemp("data"), tiny_engine_cache,
+                             max_concurrent=2)
     release = threading.Event()
     release.set()
     async with running_server(settings, spy_factory(holder, release)) as server:
@@ -266,7 +267,8 @@ async def test_ten_thousand_characters_without_punctuation(shared: Shared) -> No
 # --- broken voice clips and catalogs (their own server) -----------------------------------------
 
 
-async def test_broken_reference_clips(tiny_model_dir: Path, tmp_path: Path, make_clip: MakeClip,
+async def test_broken_reference_clips(tiny_model_dir: Path, tiny_engine_cache: Path,
+                                      tmp_path: Path, make_clip: MakeClip,
                                       caplog: pytest.LogCaptureFixture) -> None:
     """Truncated, garbage, empty, directory, FIFO and looping clips, and a second catalog
     with a python tag: each broken voice is disabled with one log line naming it, the server
@@ -286,7 +288,7 @@ async def test_broken_reference_clips(tiny_model_dir: Path, tmp_path: Path, make
                               for n in broken), encoding="utf-8")
     evil = tmp_path / "evil.yaml"
     evil.write_text("voices: !!python/object/apply:os.getcwd []\n", encoding="utf-8")
-    settings = make_settings(tiny_model_dir, data, voices_file=evil)
+    settings = make_settings(tiny_model_dir, data, tiny_engine_cache, voices_file=evil)
     with caplog.at_level(logging.WARNING):
         async with running_server(settings) as server:
             info = await describe(server)
@@ -316,15 +318,17 @@ async def test_broken_reference_clips(tiny_model_dir: Path, tmp_path: Path, make
      ("llm_int8.onnx.data", "truncate"), ("flow.decoder.estimator.fp32.onnx", "empty"),
      ("campplus.onnx", "garbage")],
 )
-async def test_corrupted_model_file(tiny_model_copy: Path, tmp_path: Path, name: str,
-                                    damage: str) -> None:
+async def test_corrupted_model_file(tiny_model_copy: Path, tiny_engine_cache: Path,
+                                    tmp_path: Path, name: str, damage: str) -> None:
     """A damaged model file: a clear error at load naming the file (describe says so), every
-    request gets a coded error and a proper end, no crash at the first request."""
+    request gets a coded error and a proper end, no crash at the first request. (The derived
+    files are keyed by their source's size and time, so the damaged file is derived from anew
+    while the copy's intact files reuse the session's cache.)"""
     path = tiny_model_copy / name
     data = path.read_bytes()
     path.write_bytes({"truncate": data[: len(data) // 2], "garbage": os.urandom(4096),
                       "empty": b""}[damage])
-    settings = make_settings(tiny_model_copy, tmp_path / "data")
+    settings = make_settings(tiny_model_copy, tmp_path / "data", tiny_engine_cache)
     async with running_server(settings) as server:
         info = await describe(server, timeout_s=1.0)
         program = info.tts[0]

@@ -106,7 +106,8 @@ async def test_failed_model_is_reported(tmp_path: Path,
     assert len(error_lines) == 2 and all("\n" not in line for line in error_lines)
 
 
-async def test_broken_catalog_entry(tiny_model_dir: Path, tmp_path: Path, make_clip: MakeClip,
+async def test_broken_catalog_entry(tiny_model_dir: Path, tiny_engine_cache: Path,
+                                    tmp_path: Path, make_clip: MakeClip,
                                     caplog: pytest.LogCaptureFixture) -> None:
     """C16: a voice naming a missing clip is advertised not installed; the others work."""
     data_dir = tmp_path / "data"
@@ -132,7 +133,7 @@ async def test_broken_catalog_entry(tiny_model_dir: Path, tmp_path: Path, make_c
         "    clip: clips/mine.wav\n",
         encoding="utf-8",
     )
-    settings = make_settings(tiny_model_dir, data_dir)
+    settings = make_settings(tiny_model_dir, data_dir, tiny_engine_cache)
     with caplog.at_level(logging.WARNING):
         async with running_server(settings) as server:
             info = await describe(server)
@@ -206,10 +207,12 @@ async def test_zeroconf_announces_the_bound_port(tmp_path: Path, make_clip: Make
         assert announced == [("kitchen", server.port)]
 
 
-async def test_warm_up_uses_the_preset(tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_warm_up_uses_the_preset(tiny_model_dir: Path, tiny_engine_cache: Path,
+                                       tmp_path: Path) -> None:
     """The start-up warm-up runs the preset's options (its DiT precision and Euler steps)."""
     holder: list[SpyEngine] = []
-    settings = make_settings(tiny_model_dir, tmp_path, warm_up=True, preset="fast")
+    settings = make_settings(tiny_model_dir, tmp_path, tiny_engine_cache, warm_up=True,
+                             preset="fast")
     async with running_server(settings, spy_factory(holder)):
         (spy,) = holder
         options = spy.warm_up_options

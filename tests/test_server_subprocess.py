@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from server_support import collect
+from server_support import collect, link_engine_cache
 from wyoming.client import AsyncTcpClient
 from wyoming.event import async_read_event, async_write_event
 from wyoming.info import Describe, Info
@@ -95,7 +95,8 @@ def test_version_and_help() -> None:
     assert result.returncode == 2 and "--data-dir" in result.stderr
 
 
-async def test_sigterm_cancels_in_flight_requests(tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_sigterm_cancels_in_flight_requests(tiny_model_dir: Path, tiny_engine_cache: Path,
+                                                  tmp_path: Path) -> None:
     """SIGTERM during a long synthesis: the client gets a coded error and audio-stop, the
     process exits with code 0 within 5 s of the signal (measured)."""
     port = free_port()
@@ -103,7 +104,8 @@ async def test_sigterm_cancels_in_flight_requests(tiny_model_dir: Path, tmp_path
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSYVOICE3_")}
     process = subprocess.Popen(
         [sys.executable, "-m", "wyoming_cosyvoice3", "--uri", uri, "--model-dir",
-         str(tiny_model_dir), "--data-dir", str(tmp_path / "data"), "--no-warm-up"],
+         str(tiny_model_dir), "--data-dir",
+         str(link_engine_cache(tmp_path / "data", tiny_engine_cache)), "--no-warm-up"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
     )
     try:
@@ -132,12 +134,14 @@ async def test_sigterm_cancels_in_flight_requests(tiny_model_dir: Path, tmp_path
     assert "Traceback" not in stderr
 
 
-async def test_stdio_uri(tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_stdio_uri(tiny_model_dir: Path, tiny_engine_cache: Path,
+                         tmp_path: Path) -> None:
     """``--uri stdio://``: events on stdin/stdout, logs on stderr, ends with stdin."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSYVOICE3_")}
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "wyoming_cosyvoice3", "--uri", "stdio://", "--model-dir",
-        str(tiny_model_dir), "--data-dir", str(tmp_path / "data"), "--no-warm-up",
+        str(tiny_model_dir), "--data-dir",
+        str(link_engine_cache(tmp_path / "data", tiny_engine_cache)), "--no-warm-up",
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, env=env,
     )

@@ -11,6 +11,7 @@ structure, so the engine falls back with one warning. The parity tests
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -110,14 +111,14 @@ def test_without_the_streaming_structure_the_published_estimator_is_used(
 
 
 def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, tiny_engine_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without the streaming DiT, ``balanced`` runs full attention with its fallback bounds
     (25 prompt tokens, 10 of history) instead of the 100 / 50 it caches when chunk-causal."""
     from wyoming_cosyvoice3.engine import pipeline
     from wyoming_cosyvoice3.engine.flow.stream import MelStream
 
-    engine = _engine(tiny_model_dir, tmp_path / "cache", True)
+    engine = _engine(tiny_model_dir, tiny_engine_cache, True)
     assert engine.chunked.get("int8") is None
     prompts: list[int] = []
     starts: list[int] = []
@@ -154,7 +155,8 @@ def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
     assert PRESETS["quality"].fallback() == PRESETS["quality"].replace(flow_chunk_causal=False)
 
 
-def test_bench_dit_forms_compares_the_two_forms(tiny_dit_model_dir: Path, tmp_path: Path
+def test_bench_dit_forms_compares_the_two_forms(tiny_dit_model_dir: Path,
+                                                tiny_dit_cache_dir: Path, tmp_path: Path
                                                 ) -> None:
     """``python -m bench.dit_forms`` (BENCHMARKS.md) on tiny-dit."""
     import json
@@ -162,7 +164,7 @@ def test_bench_dit_forms_compares_the_two_forms(tiny_dit_model_dir: Path, tmp_pa
     from bench.dit_forms import main
 
     out = tmp_path / "forms.json"
-    assert main(["--model-dir", str(tiny_dit_model_dir), "--cache-dir", str(tmp_path / "c"),
+    assert main(["--model-dir", str(tiny_dit_model_dir), "--cache-dir", str(tiny_dit_cache_dir),
                  "--frames", "30", "--repeats", "2", "--threads", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert set(result["median_s"]) == {"split", "streaming"}
@@ -171,9 +173,18 @@ def test_bench_dit_forms_compares_the_two_forms(tiny_dit_model_dir: Path, tmp_pa
     assert result["max_abs_diff"] <= 1e-4 * max(1.0, result["max_abs_velocity"])
 
 
+@pytest.fixture(scope="module")
+def int8_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> CosyVoice3Engine:
+    """The engine of today's ``balanced`` and ``fast`` (int8 streaming DiT, chunk-causal)."""
+    return CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
+        threads=1, cache_dir=tiny_dit_cache_dir, observer=FixedDecoding(2.0),
+        preset=SynthesisOptions(flow_precision="int8", flow_chunk_causal=True)))
+
+
 @pytest.mark.parametrize("preset", ["balanced", "fast"])
 def test_case_c5_chunk_causal_presets_keep_their_caches_bounded(
-        tiny_dit_model_dir: Path, tmp_path: Path, preset: str) -> None:
+        int8_engine: CosyVoice3Engine, tiny_dit_model_dir: Path,
+        monkeypatch: pytest.MonkeyPatch, preset: str) -> None:
     """Case C5 on today's `balanced` and `fast` (chunk-causal, int8): a long one-shot text
     streams in chunks through the streaming DiT while every chunk's stored history stays
     within the preset's bound (50 / 5 tokens: 100 / 10 mel frames) and the prompt cache
@@ -183,12 +194,11 @@ def test_case_c5_chunk_causal_presets_keep_their_caches_bounded(
 
     opts = PRESETS[preset]
     assert opts.flow_chunk_causal and opts.flow_final_chunk_causal
-    engine = CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
-        threads=1, cache_dir=tmp_path / "cache", observer=FixedDecoding(2.0),
-        preset=SynthesisOptions(flow_precision="int8", flow_chunk_causal=True)))
+    engine = int8_engine
     voice = engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav", "A test voice.")
     flow = engine.chunked.get("int8")
     assert flow is not None
+    monkeypatch.setattr(flow, "_prompts", OrderedDict())  # no prompt cache of the other preset
     stored: list[int] = []
     seen: list[int] = []
     chunk_mel = flow.chunk_mel
@@ -200,7 +210,7 @@ def test_case_c5_chunk_causal_presets_keep_their_caches_bounded(
         seen.append(history.frames)  # type: ignore[attr-defined]
         return mel
 
-    flow.chunk_mel = recording  # type: ignore[method-assign]
+    monkeypatch.setattr(flow, "chunk_mel", recording)
     text = ("The kitchen lights are on and the front door is locked and the heating is set "
             "to twenty one degrees for the rest of the evening in every room of the house")
     options = opts.replace(vocoder_defer=False)
@@ -215,7 +225,7 @@ def test_case_c5_chunk_causal_presets_keep_their_caches_bounded(
 
 
 def test_int8_streaming_graph_uses_fused_kernels_and_quantises_every_block_layer(
-    tiny_dit_model_dir: Path, tmp_path: Path
+    tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path
 ) -> None:
     """The derived graph attends with the contrib ``MultiHeadAttention`` and ``FastGelu``
     (one each per block) and its int8 variant still quantises all six linear layers of every
@@ -229,11 +239,11 @@ def test_int8_streaming_graph_uses_fused_kernels_and_quantises_every_block_layer
 
     source = tiny_dit_model_dir / "flow.decoder.estimator.fp32.onnx"
     depth = read_dit(onnx.load(str(source))).depth
-    main, _time = ensure_streaming_estimator(source, tmp_path, "int8", in_process=True)
+    main, _time = ensure_streaming_estimator(source, tiny_dit_cache_dir, "int8", in_process=True)
     ops = [n.op_type for n in onnx.load(str(main)).graph.node]
     assert ops.count("MultiHeadAttention") == depth and ops.count("FastGelu") == depth
     assert "Softmax" not in ops and "Tanh" not in ops
-    fp32, _ = ensure_streaming_estimator(source, tmp_path, "fp32", in_process=True)
+    fp32, _ = ensure_streaming_estimator(source, tiny_dit_cache_dir, "fp32", in_process=True)
     selected = per_frame_matmuls(onnx.load(str(fp32)))
     assert len(selected) >= 6 * depth
     assert ops.count("MatMulInteger") == len(selected)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from server_support import link_engine_cache
 
 from wyoming_cosyvoice3.engine.errors import ModelFilesMissing, SynthesisFailed, VoiceError
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
@@ -249,14 +250,15 @@ def test_engine_prepares_voices_without_loading_encoders_here(
 
 
 def test_server_process_never_loads_the_voice_encoders(
-    tiny_model_dir: Path, make_clip, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, tiny_engine_cache: Path, make_clip, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The server's loader prepares the catalog voices (the model's two and a user voice) in the
     voice encoder process, which has exited when the model is ready."""
     from wyoming_cosyvoice3.server.runtime import ModelState, ServerRuntime
     from wyoming_cosyvoice3.server.settings import Settings
 
-    data_dir = tmp_path / "data"
+    data_dir = link_engine_cache(tmp_path / "data", tiny_engine_cache)
     make_clip(data_dir / "clips" / "mine.wav", seconds=4.0)
     (data_dir / "voices.yaml").write_text(
         "voices:\n  - name: mine\n    languages: [en]\n    clip: clips/mine.wav\n"

@@ -53,14 +53,15 @@ class Shared:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def shared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-                 ) -> AsyncIterator[Shared]:
+async def shared(tiny_model_dir: Path, tiny_engine_cache: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Shared]:
     data_dir = tmp_path_factory.mktemp("data")
     holder: list[SpyEngine] = []
     release = threading.Event()
     release.set()  # tests clear it to hold a synthesis before its last chunk
     # the quality preset keeps the fp32 estimator: no derivation at start on the tiny model
-    settings = make_settings(tiny_model_dir, data_dir, http_port=0, preset="quality")
+    settings = make_settings(tiny_model_dir, data_dir, tiny_engine_cache, http_port=0,
+                             preset="quality")
     async with running_server(settings, spy_factory(holder, release)) as server:
         state = Shared()
         state.server, state.spy, state.release = server, holder[0], release

@@ -83,11 +83,12 @@ class Shared:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def shared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-                 ) -> AsyncIterator[Shared]:
+async def shared(tiny_model_dir: Path, tiny_engine_cache: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Shared]:
     data_dir = tmp_path_factory.mktemp("data")
     holder: list[SpyEngine] = []
-    settings = make_settings(tiny_model_dir, data_dir, http_port=0, preset="quality")
+    settings = make_settings(tiny_model_dir, data_dir, tiny_engine_cache, http_port=0,
+                             preset="quality")
     async with running_server(settings, spy_factory(holder)) as server:
         state = Shared()
         state.server, state.spy, state.data_dir = server, holder[0], data_dir
@@ -311,15 +312,16 @@ async def test_record_a_voice_in_the_browser(shared: Shared, browser: Any) -> No
 
 
 
-async def test_the_page_shows_what_auto_chose(tiny_model_dir: Path, browser: Any,
-                                              tmp_path: Path,
+async def test_the_page_shows_what_auto_chose(tiny_model_dir: Path, tiny_engine_cache: Path,
+                                              browser: Any, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """``--preset auto`` with the machine probe replaced by the rates of the 2-core reference
     machine (test_server_auto_preset.py): balanced, slower than playback, shown on the page."""
     reference = MachineRates(168.44e9, 336.34e9, 33.4e9, 2)
     monkeypatch.setattr(machine, "probe_rates", lambda *_args, **_kw: reference)
     monkeypatch.setattr(machine, "available_memory_bytes", lambda: 16e9)
-    settings = make_settings(tiny_model_dir, tmp_path / "data", http_port=0, preset="auto")
+    settings = make_settings(tiny_model_dir, tmp_path / "data", tiny_engine_cache, http_port=0,
+                             preset="auto")
     async with running_server(settings) as server:
         def shown() -> str:
             browser.get(page_url(server))

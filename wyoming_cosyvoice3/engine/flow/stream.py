@@ -14,10 +14,10 @@ dropped; the hop doubles after every chunk up to ``max_hop_tokens`` (``token_hop
 token.
 
 The streaming estimator of a precision is derived from the model directory once
-(``derive/flow/streaming_estimator.py``) and opened by the model, at start with
-``EngineOptions.flow_chunk_causal``, else on first use; when that fails (a graph without
-upstream's DiT structure, such as the tiny test model; out of memory; a failed validation)
-the model logs one warning and the piece runs full attention.
+(``derive/flow/streaming_estimator.py``) and opened by the model, at start when the
+preset record ``EngineOptions.preset`` has ``flow_chunk_causal``, else on first use; when
+that fails (a graph without upstream's DiT structure, such as the tiny test model; out of
+memory; a failed validation) the model logs one warning and the piece runs full attention.
 
 The piece's mel frames are then resampled for ``speed`` (:class:`SpeedResampler`; source:
 cosyvoice/cli/model.py ``CosyVoice3Model.token2wav``, ``F.interpolate(mode="linear")`` to

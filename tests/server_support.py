@@ -22,7 +22,7 @@ from wyoming.event import Event
 from wyoming.info import Describe, Info
 from wyoming.tts import SynthesizeStopped
 
-from wyoming_cosyvoice3.engine.errors import SynthesisCancelled, SynthesisFailed
+from wyoming_cosyvoice3.engine.errors import CosyVoiceError, SynthesisCancelled, SynthesisFailed
 from wyoming_cosyvoice3.engine.options import EngineOptions, SynthesisOptions
 from wyoming_cosyvoice3.engine.types import (
     AudioChunk as EngineChunk,
@@ -34,7 +34,13 @@ from wyoming_cosyvoice3.engine.types import (
     VoicePrompt,
 )
 from wyoming_cosyvoice3.server.cli import RunningServer
-from wyoming_cosyvoice3.server.runtime import Engine, EngineFactory, default_engine_factory
+from wyoming_cosyvoice3.server.hooks import ServerHooks
+from wyoming_cosyvoice3.server.runtime import (
+    Engine,
+    EngineFactory,
+    ServerRuntime,
+    default_engine_factory,
+)
 from wyoming_cosyvoice3.server.settings import Settings
 
 READ_TIMEOUT_S = 60.0
@@ -419,3 +425,23 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return predicate()
+
+
+def loaded_engine_options(settings: Settings, model_dir: Path,
+                          hooks: ServerHooks | None = None) -> list[EngineOptions]:
+    """The engine options a runtime of ``settings`` hands its engine factory when it loads
+    (the factory records them and stops the load)."""
+    loaded: list[EngineOptions] = []
+
+    def factory(model_dir: Path, options: EngineOptions) -> Engine:
+        loaded.append(options)
+        raise CosyVoiceError("stop after the options were given")
+
+    runtime = ServerRuntime(settings, hooks=hooks, engine_factory=factory,
+                            model_locator=lambda settings, stopping: model_dir)
+    try:
+        runtime.start_loading()
+        assert runtime.ready_event.wait(30)
+    finally:
+        runtime.shutdown()
+    return loaded

@@ -10,11 +10,11 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from server_support import loaded_engine_options
 
 from bench import serve
 from bench.recorder import FixedDecoding, StatsRecorder
 from wyoming_cosyvoice3.engine import EngineOptions, SynthesisOptions, graphs
-from wyoming_cosyvoice3.engine.errors import CosyVoiceError
 from wyoming_cosyvoice3.engine.hooks import EngineObserver
 from wyoming_cosyvoice3.engine.text.frontend import TextFrontend
 from wyoming_cosyvoice3.server.hooks import ServerHooks
@@ -83,22 +83,9 @@ def test_the_engine_is_loaded_for_the_preset_with_the_benchmark_observer(
         chunk_causal: bool) -> None:
     """The server hands the engine the preset record (whose DiT graphs open at start) and the
     benchmark's observer, which carries the fixed decoding length."""
-    loaded: list[EngineOptions] = []
-
-    def factory(model_dir: Path, options: EngineOptions) -> object:
-        loaded.append(options)
-        raise CosyVoiceError("stop after the options were given")
-
     hooks, server_argv = serve.parse(["--model-dir", str(tmp_path), "--preset", preset,
                                       "--bench-tokens-per-char", "2", *flags])
-    runtime = ServerRuntime(resolve_settings(server_argv, environ={}), hooks=hooks,
-                            engine_factory=factory,  # type: ignore[arg-type]
-                            model_locator=lambda settings, stopping: tmp_path)
-    try:
-        runtime.start_loading()
-        assert runtime.ready_event.wait(30)
-    finally:
-        runtime.shutdown()
+    loaded = loaded_engine_options(resolve_settings(server_argv, environ={}), tmp_path, hooks)
     (options,) = loaded
     assert options.observer is hooks.observer
     assert options.observer is not None and options.observer.fixed_speech_tokens("ab") == 4

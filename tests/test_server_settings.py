@@ -194,23 +194,9 @@ def test_streaming_is_advertised_unless_turned_off(tmp_path: Path, flags: list[s
 ])
 def test_the_llm_graph_loaded_follows_the_preset(
         tmp_path: Path, argv: list[str], graph: str) -> None:
-    from wyoming_cosyvoice3.engine.errors import CosyVoiceError
-    from wyoming_cosyvoice3.engine.options import EngineOptions
-    from wyoming_cosyvoice3.server.runtime import ServerRuntime
-
-    loaded: list[EngineOptions] = []
-
-    def factory(model_dir: Path, options: EngineOptions) -> object:
-        loaded.append(options)
-        raise CosyVoiceError("stop after the options were given")
+    from server_support import loaded_engine_options
 
     settings = resolve_settings(["--model-dir", str(tmp_path), *argv], environ={})
     assert Settings.llm_graph == "preset"
-    runtime = ServerRuntime(settings, engine_factory=factory,  # type: ignore[arg-type]
-                            model_locator=lambda settings, stopping: tmp_path)
-    try:
-        runtime.start_loading()
-        assert runtime.ready_event.wait(30)
-    finally:
-        runtime.shutdown()
+    loaded = loaded_engine_options(settings, tmp_path)
     assert [options.llm_graph for options in loaded] == [graph]

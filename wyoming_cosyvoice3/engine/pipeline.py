@@ -282,19 +282,21 @@ class CosyVoice3Engine:
             piece: PieceState | None = None
             for index, token in stream:
                 if piece is None:
+                    later = index > 0 or req.options.continues_response
                     mel = MelStream(self.chunked, flow_voice, flow_options, req.flow_noise,
-                                    noise_skip_frames)
+                                    noise_skip_frames, later)
                     piece = self._new_piece(index, req, mel)
                     logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
                 if token is not None:
                     samples = self._accept(piece, token, req)
                     final = False
+                    next_s = piece.mel.hop_tokens / C.SPEECH_TOKEN_RATE_HZ / req.options.speed
                 else:  # end of the piece: flush every remaining token
                     samples = self._flush(piece, req)
-                    final, piece = True, None
+                    final, piece, next_s = True, None, 0.0
                 if samples is not None:
                     is_last = final and index == len(pieces) - 1
-                    chunk = self._chunk(samples, req, index, is_last)
+                    chunk = self._chunk(samples, req, index, is_last, next_s)
                     if chunk is not None:
                         yield chunk
         if req.chunks_out and not req.last_sent:
@@ -356,16 +358,18 @@ class CosyVoice3Engine:
         return samples
 
     def _chunk(
-        self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool
+        self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool,
+        next_chunk_s: float,
     ) -> AudioChunk | None:
         if len(samples) == 0 and not is_last:
             return None
         if len(samples) == 0 and req.chunks_out == 0:
             return None
-        return self._make_chunk(samples, req, index, is_last)
+        return self._make_chunk(samples, req, index, is_last, next_chunk_s)
 
     def _make_chunk(
-        self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool
+        self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool,
+        next_chunk_s: float = 0.0,
     ) -> AudioChunk:
         elapsed = req.now()
         if req.result.first_chunk_s is None and len(samples):
@@ -382,4 +386,5 @@ class CosyVoice3Engine:
             piece_index=index,
             is_last=is_last,
             elapsed_s=elapsed,
+            next_chunk_s=next_chunk_s,
         )

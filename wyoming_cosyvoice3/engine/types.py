@@ -96,6 +96,10 @@ class AudioChunk:
         piece_index: index of the text piece (sentence) it belongs to.
         is_last: True on the last chunk of the whole request.
         elapsed_s: seconds from the start of ``synthesize`` to this chunk being ready.
+        next_chunk_s: audio seconds the piece's next flow chunk will bring (its next hop
+            of speech tokens at 25 per second, divided by the speed); 0 after the piece's
+            last chunk. A consumer that holds audio until a piece can play through uses it
+            for the wait until the next chunk.
     """
 
     samples: np.ndarray
@@ -103,6 +107,7 @@ class AudioChunk:
     piece_index: int
     is_last: bool
     elapsed_s: float
+    next_chunk_s: float = 0.0
 
 
 @dataclass

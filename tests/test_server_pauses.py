@@ -118,8 +118,17 @@ def test_needed_hold_formula() -> None:
     # R = 1.8 s to come at r = 2/3: the piece needs 0.9 s + one 0.2 s chunk in hand
     assert needed_hold_s(1.8, 2 / 3, 0.2) == pytest.approx(1.1)
     assert needed_hold_s(2.0, 0.5) == pytest.approx(2.0)
-    assert needed_hold_s(2.0, 1.0, 0.2) == 0.0  # keeps up: never held
+    assert needed_hold_s(2.0, 1.0, 0.2) == pytest.approx(0.2)  # keeps up: one chunk in hand
     assert needed_hold_s(0.0, 0.5, 0.2) == 0.0  # nothing to come
+    # a last chunk is never longer than what remains: 0.3 s at r = 0.5 arrive 0.6 s on
+    assert needed_hold_s(0.3, 0.5, 1.0) == pytest.approx(0.6)
+    # r >= 1, chunks of 0.8 s: the next arrives 0.5 s on, the later ones are ahead of playback
+    assert needed_hold_s(2.0, 1.6, 0.2, next_chunk_s=0.8) == pytest.approx(0.5)
+    # r = 1.2 with a doubling hop (0.4, 0.8, 1.6, then the 3.2 s that remain): chunk j arrives
+    # S_j / 1.2 on and is due S_(j-1) after the start: 0.33, 0.6, 1.13, 6 / 1.2 - 2.8 = 2.2
+    assert needed_hold_s(6.0, 1.2, 0.2, next_chunk_s=0.4, max_chunk_s=4.0) == pytest.approx(2.2)
+    # the same hop capped at 0.8 s: 0.4, 0.8 x 7: max at j = 2: 1.2 / 1.2 - 0.4 = 0.6
+    assert needed_hold_s(6.0, 1.2, 0.2, next_chunk_s=0.4, max_chunk_s=0.8) == pytest.approx(0.6)
     with pytest.raises(ValueError):
         needed_hold_s(1.0, 0.0)
 
@@ -215,6 +224,86 @@ async def test_fast_machine_adds_no_latency() -> None:
         sent, _, produced = await _produce([2.0, 3.0, 1.0], rate=1.6, chunk_s=0.25,
                                            overhead_s=overhead_s, history=history)
         assert [t for t, _ in sent] == produced
+
+
+async def _produce_hops(
+    pieces_s: list[float], rate: float, first_hop_s: float, max_hop_s: float,
+    overhead_s: float, tell_next: bool = True, history: ProductionHistory | None = None,
+) -> tuple[list[tuple[float, float]], list[float]]:
+    """Like :func:`_produce`, with the engine's hop schedule: each piece's chunks are
+    ``first_hop_s``, then twice the one before up to ``max_hop_s``, the last one the rest;
+    each chunk takes its length / ``rate``; ``tell_next``: the gate is told the next hop.
+
+    Returns:
+        (send time s, chunk s) of every chunk sent, and the piece starts in the audio (s).
+    """
+    clock = FakeClock()
+    sent: list[tuple[float, float]] = []
+
+    async def send(event: Event) -> None:
+        sent.append((clock.now_s, len(event.payload or b"") / 2 / RATE_HZ))
+
+    gate = PieceGate(send, 60.0, history or ProductionHistory(), clock=clock,
+                     first_audio_limit_s=1e9)
+    gate.begin_text(pieces_s, max_hop_s if tell_next else 0.0)
+
+    async def advance(to_s: float) -> None:
+        due = gate.release_due
+        if due is not None and due < to_s:
+            clock.now_s = max(clock.now_s, due)
+            await gate.release_if_due()
+        clock.now_s = to_s
+
+    for index, length_s in enumerate(pieces_s):
+        await advance(clock.now_s + overhead_s)
+        made, hop = 0.0, first_hop_s
+        while made < length_s - 1e-9:
+            chunk = min(hop, length_s - made)
+            made += chunk
+            hop = min(2 * hop, max_hop_s)
+            await advance(clock.now_s + chunk / rate)
+            following = min(hop, length_s - made) if made < length_s - 1e-9 else 0.0
+            await gate.audio([_chunk_event(chunk)], chunk, index,
+                             following if tell_next else 0.0)
+    await gate.end_text()
+    await gate.release()
+    await gate.close()
+    return sent, [n / RATE_HZ for n in gate.piece_starts_samples]
+
+
+async def test_a_short_first_chunk_waits_until_it_lasts_to_the_next() -> None:
+    # r = 1.4 (faster than playback) with the doubling hop of the fast preset: 0.32 s, then
+    # 0.64 s 0.46 s later. Sent at once, the first chunk runs dry 0.14 s before the second
+    # comes; told the next hop, the gate holds it until it lasts (about 0.15 s more)
+    history = ProductionHistory()
+    history.add_response(14.0, 10.0)
+    pieces = [1.0, 3.0, 5.0]
+    sent, starts = await _produce_hops(pieces, 1.4, 0.32, 4.0, 0.3, history=history,
+                                       tell_next=False)
+    blind = simulate_playback(sent, piece_starts_s=starts)
+    assert blind.inside_stalls is not None and blind.inside_stalls > 0
+    sent, starts = await _produce_hops(pieces, 1.4, 0.32, 4.0, 0.3, history=history)
+    report = simulate_playback(sent, piece_starts_s=starts)
+    assert report.inside_stalls == 0, report.gaps
+    first_made_s = 0.3 + 0.32 / 1.4
+    assert first_made_s < sent[0][0] < first_made_s + 0.32 / 1.4
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pieces=st.lists(st.floats(0.3, 8.0), min_size=1, max_size=5),
+    rate=st.floats(0.25, 3.0),
+    first_hop_s=st.sampled_from([0.32, 0.4, 1.0, 2.0]),
+    max_hop_s=st.sampled_from([2.0, 4.0]),
+    overhead_s=st.floats(0.0, 1.5),
+)
+def test_no_pause_inside_a_piece_with_a_doubling_hop(
+    pieces: list[float], rate: float, first_hop_s: float, max_hop_s: float, overhead_s: float
+) -> None:
+    # slower and faster than playback, the engine's hop schedule: never dry inside a piece
+    sent, starts = asyncio.run(_produce_hops(pieces, rate, first_hop_s, max_hop_s, overhead_s))
+    report = simulate_playback(sent, piece_starts_s=starts)
+    assert report.inside_stalls == 0, report.gaps
 
 
 async def test_first_piece_hold_is_capped() -> None:
@@ -367,6 +456,9 @@ async def test_streamed_answer_opening_with_a_long_sentence_starts_early(
         engine = server.runtime.engine
         assert isinstance(engine, PiecePacedEngine)
         assert engine.texts[0] == "Here is the weather for today,"
+        # the requests after the first continue the response (later pieces' first hop)
+        flags = [o is not None and o.continues_response for o in engine.options]
+        assert len(flags) >= 2 and flags[0] is False and all(flags[1:])
     head_s = CHUNK_S * round(expected_speech_s(engine.texts[0]) / CHUNK_S)
     report = simulate_playback(arrivals, JITTER_S, piece_starts_s=[0.0, head_s])
     assert report.start_s is not None and report.start_s < FIRST_AUDIO_LIMIT_S + JITTER_S

@@ -15,24 +15,25 @@ response and the runtime's recent responses (:class:`ProductionHistory`); ``A`` 
 this piece in hand, ``R`` = seconds of it still to come (its expected length minus ``A``),
 ``Q`` = seconds of earlier audio the client has not played yet (its playback clock is
 modelled from what was sent and when: it plays from the first audio on and waits when it runs
-dry), ``d`` = the longest chunk so far (audio comes in whole chunks). Releasing now, the piece
-plays from ``Q`` seconds from now and its last sample is made ``R / r`` seconds from now, so
-the piece never runs dry when::
+dry), ``d`` = the longest chunk so far, at most ``R`` (audio comes in whole chunks), ``c`` =
+the audio of the piece's next chunk (the engine's next hop). Releasing now, the piece plays
+from ``Q`` seconds from now, its next chunk is made ``c / r`` and its last sample ``R / r``
+seconds from now, so the piece never runs dry when::
 
-    A + Q >= R (1 / r - 1) + d        (and always when r >= 1)
+    A + Q >= max(R (1 / r - 1) + d, c / r)     (only c / r when r >= 1)
 
 (:func:`needed_hold_s`; ``r`` lowered by :data:`RATE_MARGIN`). While nothing is queued, each
 second of waiting lets production catch up by one second, so a piece short of this at a chunk
-is released by a timer at ``now + R (1 / r - 1) + d - A`` rather than at its next chunk, which
-late in a piece can be seconds away. Once released, a piece's audio is sent as soon as it
-exists. A held
+is released by a timer that much later rather than at its next chunk, which late in a piece
+can be seconds away. Once released, a piece's audio is sent as soon as it exists. A held
 piece is also released when it is complete (the next piece starts, the engine request ends),
 when production stops (end of the text, waiting for streamed text, an error), and at the bound:
 ``max_hold_s`` (``--max-preroll-ms``) after the hold became audible (the piece's first audio
 was ready and the client had played everything before it), and for a response's first piece
 no later than :data:`FIRST_AUDIO_LIMIT_S` after the answer began for the listener (the
 one-shot request arrived, the stream's first text came; Home Assistant's Voice PE gives up at
-about 5 s without audio). On a machine faster than playback ``r >= 1`` and nothing is held.
+about 5 s without audio). On a machine faster than playback ``r >= 1`` and a piece is held
+at most until its first chunk lasts until its second (a fraction of a second).
 Before any chunk-to-chunk measurement (the first chunk of a fresh server's first response)
 ``r`` is the response's audio per second of work so far, start-up included, which errs slow.
 
@@ -120,27 +121,54 @@ def expected_speech_s(text: str) -> float:
     return cjk / CJK_CHARS_PER_S + max(other, 0) / LATIN_CHARS_PER_S
 
 
-def needed_hold_s(remaining_s: float, rate: float, chunk_s: float = 0.0) -> float:
+def needed_hold_s(remaining_s: float, rate: float, chunk_s: float = 0.0,
+                  next_chunk_s: float = 0.0, max_chunk_s: float = 0.0) -> float:
     """Audio seconds that must be in hand (this piece's ``A`` plus the client's queue ``Q``)
-    before a piece with ``remaining_s`` seconds still to come can play through:
-    ``R (1 / r - 1) + d``.
+    before a piece with ``remaining_s`` seconds still to come can play through.
+
+    Audio comes in chunks: with chunks ``c_1 .. c_J`` still to come (sums ``S_j``, ``S_J`` =
+    ``R``), chunk ``j`` is made ``S_j / r`` after the last one and is due ``A + Q + S_{j-1}``
+    after the piece starts, so the piece plays through when::
+
+        A + Q >= max_j (S_j / r - S_{j-1}) = max_j (S_j (1 / r - 1) + c_j)
+
+    The chunks to come follow the engine's hop schedule: ``c_1`` = ``next_chunk_s``, each
+    next one twice the one before up to ``max_chunk_s`` (cosyvoice/cli/model.py
+    ``stream_scale_factor`` 2, ``token_max_hop_len``), the last one what remains of ``R``.
+    Without ``next_chunk_s`` every chunk is taken as ``chunk_s`` long, and without either
+    production as continuous (``R (1 / r - 1)``). For ``r < 1`` the last chunk binds; for
+    ``r >= 1`` an early one (the hop grows faster than production runs ahead while
+    ``r < 2``).
 
     Args:
         remaining_s: ``R``, expected seconds of the piece not produced yet (>= 0).
         rate: ``r``, audio seconds produced per second of work (> 0).
         chunk_s: ``d``, the longest chunk so far, seconds.
+        next_chunk_s: ``c_1``, audio seconds of the piece's next chunk (the engine's next
+            hop, :attr:`~..engine.types.AudioChunk.next_chunk_s`; 0: unknown).
+        max_chunk_s: the longest chunk the hop schedule makes, seconds (0: ``c_1``).
 
     Returns:
-        0 when production keeps up (``r >= 1``) or nothing remains.
+        Seconds, >= 0; 0 when nothing remains.
 
     Raises:
         ValueError: ``rate`` <= 0.
     """
     if rate <= 0:
         raise ValueError(f"rate must be > 0, got {rate}")
-    if rate >= 1.0 or remaining_s <= 0.0:
+    if remaining_s <= 0.0:
         return 0.0
-    return remaining_s * (1.0 / rate - 1.0) + chunk_s
+    size = next_chunk_s if next_chunk_s > 0 else chunk_s
+    if size <= 0:
+        return max(remaining_s * (1.0 / rate - 1.0), 0.0)
+    cap = max(max_chunk_s, size) if next_chunk_s > 0 else size
+    need = made = 0.0
+    while made < remaining_s:
+        step = min(size, remaining_s - made)
+        need = max(need, (made + step) / rate - made)
+        made += step
+        size = min(2.0 * size, cap)
+    return need
 
 
 def piece_limit_s(max_hold_s: float, rate: float | None) -> float | None:
@@ -219,6 +247,7 @@ class _Piece:
     deadline: float
     audio_s: float = 0.0
     last_chunk_at: float = 0.0
+    next_chunk_s: float = 0.0
     released: bool = False
     held: list[tuple[list[Event], float]] = field(default_factory=list)
 
@@ -291,12 +320,16 @@ class PieceGate:
         """``clock()`` at which the held piece is released (the earliest safe start or its
         bound), or None when nothing is held."""
         self._last_sent_key: tuple[int, int] | None = None
+        self.max_chunk_s = 0.0
 
     # --- the production side ------------------------------------------------------------
-    def begin_text(self, piece_expected_s: Sequence[float]) -> None:
+    def begin_text(self, piece_expected_s: Sequence[float], max_chunk_s: float = 0.0) -> None:
         """An engine request starts; ``piece_expected_s`` = expected speech of each of its
-        pieces in seconds (from their texts; the last entry stands for any later piece)."""
+        pieces in seconds (from their texts; the last entry stands for any later piece);
+        ``max_chunk_s`` = the longest chunk its hop schedule makes (``max_hop_tokens`` / 25
+        per second / speed; 0: unknown)."""
         now = self._clock()
+        self.max_chunk_s = max_chunk_s
         if self.started_at is None:
             self.started_at = now
         self._texts += 1
@@ -336,9 +369,12 @@ class PieceGate:
             work += self._clock() - self._work_since
         return self.produced_s / work if work > 0 and self.produced_s > 0 else None
 
-    async def audio(self, events: list[Event], duration_s: float, piece_index: int = 0) -> None:
+    async def audio(self, events: list[Event], duration_s: float, piece_index: int = 0,
+                    next_chunk_s: float = 0.0) -> None:
         """Send (or hold) the ``audio-chunk`` events of one engine chunk of ``duration_s``
-        seconds that belongs to piece ``piece_index`` of the current engine request.
+        seconds that belongs to piece ``piece_index`` of the current engine request;
+        ``next_chunk_s`` = the audio seconds the piece's next chunk will bring (0: unknown
+        or none).
 
         Raises:
             ClientGone: the client disconnected.
@@ -354,6 +390,7 @@ class PieceGate:
                 self.steady_work_s += now - self._piece.last_chunk_at
             piece = self._piece
             piece.last_chunk_at = now
+            piece.next_chunk_s = next_chunk_s
             self.produced_s += duration_s
             self.longest_chunk_s = max(self.longest_chunk_s, duration_s)
             piece.audio_s += duration_s
@@ -427,7 +464,8 @@ class PieceGate:
         if rate is None:
             return None
         remaining = max(piece.expected_s - piece.audio_s, 0.0)
-        need = needed_hold_s(remaining, rate / (1.0 + RATE_MARGIN), self.longest_chunk_s)
+        need = needed_hold_s(remaining, rate / (1.0 + RATE_MARGIN), self.longest_chunk_s,
+                             piece.next_chunk_s, self.max_chunk_s)
         return now + need - piece.audio_s
 
     def _schedule_release(self, piece: _Piece, now: float) -> None:

@@ -23,7 +23,11 @@ import numpy as np
 from wyoming.audio import AudioChunk as WyomingAudioChunk
 from wyoming.audio import AudioStart, AudioStop
 
-from ..engine.constants import DEFAULT_MAX_PIECE_TOKENS, OUTPUT_SAMPLE_RATE_HZ
+from ..engine.constants import (
+    DEFAULT_MAX_PIECE_TOKENS,
+    OUTPUT_SAMPLE_RATE_HZ,
+    SPEECH_TOKEN_RATE_HZ,
+)
 from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, SynthesisTimeout
 from ..engine.text.frontend import split_first_clause
 from ..engine.text.markdown import markdown_to_speech
@@ -121,6 +125,8 @@ async def speak(
     options = runtime.synthesis_options(seed if seed is not None else secrets.randbelow(2**31))
     if language_hint is not None:
         options = options.replace(language_hint=language_hint)
+    if stats.audio_samples > 0:  # a streamed answer's later sentence
+        options = options.replace(continues_response=True)
     deadline: list[float] = []
 
     def stop() -> bool:
@@ -139,7 +145,8 @@ async def speak(
         ]
         samples = len(pcm) // SAMPLE_WIDTH_BYTES
         if gate is not None:
-            await gate.audio(events, samples / OUTPUT_SAMPLE_RATE_HZ, chunk.piece_index)
+            await gate.audio(events, samples / OUTPUT_SAMPLE_RATE_HZ, chunk.piece_index,
+                             chunk.next_chunk_s)
             stats.audio_samples += samples
         else:
             for event in events:
@@ -154,7 +161,8 @@ async def speak(
         max_tokens, expected = await plan_pieces(runtime, gate, text, options.language_hint)
         if max_tokens is not None:
             options = options.replace(max_piece_tokens=max_tokens)
-        gate.begin_text(expected)
+        gate.begin_text(expected,
+                        options.max_hop_tokens / SPEECH_TOKEN_RATE_HZ / options.speed)
     try:
         try:
             stats.compute_s += await runtime.run_synthesis(text, slot.prompt, options, stop,

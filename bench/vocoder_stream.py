@@ -1,47 +1,71 @@
 """Streamed vocoder against one call over the same mel: cost and deviation.
 
-``python -m bench.vocoder_stream --model-dir DIR`` runs ``hift.onnx`` of DIR
-the way the engine streams one utterance (:class:`~wyoming_cosyvoice3.engine.vocoder.hift.
-VocoderStream`) for several left-context windows and call schedules, and once over the whole
-mel, and prints a markdown table:
+``python -m bench.vocoder_stream --model-dir DIR --cache-dir CACHE`` measures the product's
+vocoder as the engine loads it (:func:`~wyoming_cosyvoice3.engine.loaders.load_hift` and
+:func:`~wyoming_cosyvoice3.engine.loaders.load_hift_stream`, one onnxruntime thread): the
+streamed form of ``hift.onnx`` (:mod:`~wyoming_cosyvoice3.engine.derive.vocoder.hift_stream`,
+tag ``stream3``: each mel frame runs once, convolution context and source phase carried)
+pushed flow chunk by flow chunk through :class:`~wyoming_cosyvoice3.engine.vocoder.hift.
+VocoderStream`, against one call of the one-call form
+(:mod:`~wyoming_cosyvoice3.engine.derive.vocoder.hift_phase`, tag ``phase2``) over the same
+mel and the same source noise. Both forms are derived once into ``--cache-dir`` (a temporary
+directory by default) and reused from there. Per utterance length it prints a markdown table:
 
-* **cost**: CPU seconds of the process (``time.process_time``) with one onnxruntime thread,
-  so other processes on a shared machine change the figures little; the ratio to one call
-  over the same frames is the figure of issue 12 (target <= 1.10);
-* **frames run**: mel frames the graph ran in total (each call runs its left window, the new
-  frames and the 8 held-back right-context frames again);
-* **deviation** from the one-call samples: max abs difference, SNR over the utterance and the
-  lowest SNR within +-20 ms of a seam (a call boundary), in dB.
+* **CPU s**: CPU seconds of the process (``time.process_time``) per run, so other processes
+  on a shared machine change the figures little (they still do: caches, memory bandwidth);
+  median over ``--rounds`` rounds after one untimed run of each; the two runs of a round
+  alternate their order (one call first in even rounds);
+* **streamed / one call**: the median of the per-round ratios (paired: both runs of a round
+  saw the same machine) and the ratio of the medians. Issue 26's target: at most 1.10;
+* **max abs diff**: largest |streamed - one call| of the samples (full scale 1; issue 26:
+  at most 1e-4, the bound the derivation validates,
+  :data:`~wyoming_cosyvoice3.engine.derive.vocoder.hift_stream.MAX_ABS`).
 
-Windowed rows run twice with ``--graphs published phase-carry`` (default): ``hift.onnx`` as
-published (the harmonic source restarts its phase at each window start; seams cross-faded)
-and its phase-carrying form (:mod:`~wyoming_cosyvoice3.engine.derive.vocoder.hift_phase`, derived
-once into ``--cache-dir``; the window's frames get their source phase from earlier calls).
+``--json OUT`` also writes the figures (one object per utterance length) as JSON.
+
+``--windowed`` instead measures the fallback used when the streamed form cannot be derived:
+windowed calls (``SynthesisOptions.vocoder_window_frames``) of ``hift.onnx`` as published
+(the harmonic source restarts its phase at each window start; seams cross-faded) and of its
+phase-carrying form, for several left-context windows (``--windows``, 0 = all mel so far) and
+call schedules (``--policies``), against one call of ``hift.onnx``; its table adds the
+mel frames run in total (each call re-runs its left window, the new frames and the 8
+held-back right-context frames), the SNR over the utterance and the lowest SNR within
++-20 ms of a seam (a call boundary), in dB.
 
 The mel is smooth random log-mel (a stand-in; with random weights only lengths and numerics
-matter). Schedules: flow chunks as the engine produces them (first hop 2 x ``first_hop``
-frames, doubling up to 200 frames; upstream model.py ``token_hop_len``, ``stream_scale_factor``),
-and a vocoder call after every chunk (``per-chunk``), after every second chunk, or only after
-the first and the last chunk (``first+last``, what a lead-aware scheduler does when the audio
-already sent lasts until the utterance is complete).
+matter). Flow chunks as the engine produces them (first hop ``--first-frames``, 2 x
+``first_hop_tokens``, doubling up to 200 frames; upstream model.py ``token_hop_len``,
+``stream_scale_factor``, ``token_max_hop_len``). Windowed schedules: a vocoder call after every
+chunk (``per-chunk``), after every second chunk, or only after the first and the last chunk
+(``first+last``, what a lead-aware scheduler does when the audio already sent lasts until the
+utterance is complete).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.derive.vocoder.hift_phase import PHASE_HIFT, ensure_phase_hift
+from wyoming_cosyvoice3.engine.derive.vocoder.hift_phase import (
+    PHASE_HIFT,
+    PHASE_TAG,
+    ensure_phase_hift,
+)
+from wyoming_cosyvoice3.engine.derive.vocoder.hift_stream import STREAM_TAG
 from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
-from wyoming_cosyvoice3.engine.request import GrowingNoise
+from wyoming_cosyvoice3.engine.loaders import load_hift, load_hift_stream
+from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.engine.request import request_streams
+from wyoming_cosyvoice3.engine.types import StageTimes
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 
 FloatArray = npt.NDArray[np.float32]
@@ -100,12 +124,17 @@ def run_stream(
     window_frames: int,
     seed: int,
 ) -> StreamRun:
-    """Stream ``mel`` in ``chunks``; the vocoder runs after chunk i when ``calls[i]``."""
-    noise = GrowingNoise(np.random.default_rng(seed), C.HARMONIC_CHANNELS, "uniform", 480 * 500)
+    """Stream ``mel`` in ``chunks``; the vocoder runs after chunk i when ``calls[i]``.
+
+    The source noise is a request's (:func:`~wyoming_cosyvoice3.engine.request.
+    request_streams` of ``seed``), so runs with the same seed see the same noise. ``cpu_s``
+    is the process CPU time of the pushes (noise drawing included, as in the engine).
+    """
+    noise = request_streams(seed)[2]
     stream = VocoderStream(runner, noise, window_frames=window_frames)
+    times = StageTimes()  # counts the graph's calls (a streamed call may emit nothing yet)
     outs: list[FloatArray] = []
     seams: list[int] = []
-    frames_run = n_calls = 0
     pending = np.zeros((C.MEL_BINS, 0), dtype=np.float32)
     start = 0
     started = time.process_time()
@@ -116,17 +145,15 @@ def run_stream(
         if not run and not final:
             continue
         emitted = stream.emitted_samples
-        first = 0 if window_frames == 0 else max(0, emitted // 480 - window_frames)
-        out = stream.push(pending, final)
+        out = stream.push(pending, final, times=times)
         pending = np.zeros((C.MEL_BINS, 0), dtype=np.float32)
         if len(out):
-            n_calls += 1
-            frames_run += stream.mel_frames - first
             if outs:
                 seams.append(emitted)
             outs.append(out)
     cpu = time.process_time() - started
-    return StreamRun(np.concatenate(outs), cpu, n_calls, frames_run, seams)
+    return StreamRun(np.concatenate(outs), cpu, times.vocoder_calls, stream.frames_run,
+                     seams)
 
 
 def snr_db(reference: FloatArray, test: FloatArray) -> float:
@@ -146,12 +173,13 @@ def seam_snr_db(reference: FloatArray, test: FloatArray, seams: Sequence[int]) -
     return min(values, default=float("inf"))
 
 
-def measure(
+def measure_windowed(
     model_dir: Path, frames: int, first_frames: int, windows: Sequence[int],
     policies: Sequence[str], repeats: int, cache_dir: Path | None = None,
 ) -> list[str]:
-    """Markdown rows (see the module docstring); medians of ``repeats`` CPU times. With
-    ``cache_dir`` the windowed rows also run the phase-carrying graph (derived there)."""
+    """``--windowed``: markdown lines (see the module docstring); medians of ``repeats`` CPU
+    times. With ``cache_dir`` the windowed rows also run the phase-carrying graph (derived
+    there)."""
     runner = HiftRunner(Graph(model_dir / HIFT.file, HIFT, threads=1, spin_wait=False))
     runners = {"": runner}
     if cache_dir is not None:
@@ -193,6 +221,146 @@ def measure(
     return header + rows
 
 
+@dataclass
+class ProductCost:
+    """The product's streamed vocoder against its one call over one utterance.
+
+    Attributes:
+        frames: mel frames of the utterance.
+        chunks: mel frames per flow chunk (one streamed vocoder call each).
+        one_call_graph, streamed_graph: file names of the two derived graphs.
+        streamed_calls: graph calls of the streamed run.
+        one_call_frames_run, streamed_frames_run: mel frames each run's graph ran over
+            (each frame once for both: the streamed form re-runs nothing).
+        one_call_cpu_s, streamed_cpu_s: process CPU seconds per round.
+        max_abs: largest |streamed - one call| over the samples (full scale 1).
+    """
+
+    frames: int
+    chunks: list[int]
+    one_call_graph: str
+    streamed_graph: str
+    streamed_calls: int
+    one_call_frames_run: int
+    streamed_frames_run: int
+    one_call_cpu_s: list[float]
+    streamed_cpu_s: list[float]
+    max_abs: float
+
+    @property
+    def round_ratios(self) -> list[float]:
+        """Streamed / one-call CPU time of each round."""
+        return [s / o for s, o in zip(self.streamed_cpu_s, self.one_call_cpu_s, strict=True)]
+
+    @property
+    def paired_ratio(self) -> float:
+        """Median of :attr:`round_ratios`."""
+        return float(np.median(self.round_ratios))
+
+    @property
+    def ratio_of_medians(self) -> float:
+        """Median streamed CPU time over median one-call CPU time."""
+        return float(np.median(self.streamed_cpu_s) / np.median(self.one_call_cpu_s))
+
+    def as_json(self) -> dict[str, object]:
+        """The attributes plus the three ratios, for ``--json``."""
+        return {**asdict(self), "round_ratios": self.round_ratios,
+                "paired_ratio": self.paired_ratio, "ratio_of_medians": self.ratio_of_medians}
+
+
+def product_runners(model_dir: Path, cache_dir: Path) -> tuple[HiftRunner, HiftRunner]:
+    """(one-call runner, streamed runner) of the product's vocoder forms, one onnxruntime
+    thread, loaded by the engine's own loaders (derived into ``cache_dir`` once, in a child
+    process; reused from there). The streamed runner is the engine's
+    (``HiftRunner(hift, phase period, streamed graph)``, :class:`~wyoming_cosyvoice3.engine.
+    pipeline.Pipeline`); the one-call runner the same without the streamed graph.
+
+    Raises:
+        RuntimeError: a form could not be derived or loaded (the loader logged why); the
+            comparison is then not the product's.
+    """
+    options = EngineOptions(threads=1, spin_wait=False, cache_dir=cache_dir)
+    hift, period = load_hift(model_dir, options)
+    streamed = load_hift_stream(model_dir, options)
+    if period is None or PHASE_TAG not in hift.path.name:
+        raise RuntimeError(f"the {PHASE_TAG} one-call vocoder of {model_dir} did not load "
+                           "(see the warning above)")
+    if streamed is None or STREAM_TAG not in streamed.graph.path.name:
+        raise RuntimeError(f"the {STREAM_TAG} streamed vocoder of {model_dir} did not load "
+                           "(see the warning above)")
+    return HiftRunner(hift, period), HiftRunner(hift, period, streamed)
+
+
+def measure_product(
+    one_call: HiftRunner, streamed: HiftRunner, frames: int, first_frames: int, rounds: int,
+) -> ProductCost:
+    """Time ``streamed`` pushed per flow chunk against one call of ``one_call`` over the same
+    mel and noise: one untimed run of each (whose samples are compared), then ``rounds``
+    rounds of one timed run each, the order alternating (one call first in even rounds).
+
+    Raises:
+        ValueError: ``frames`` < 1 or ``rounds`` < 1.
+        RuntimeError: the two runs returned different numbers of samples.
+    """
+    if frames < 1 or rounds < 1:
+        raise ValueError(f"frames and rounds must be >= 1, got {frames} and {rounds}")
+    if streamed.stream is None:
+        raise ValueError("the streamed runner has no streamed graph")
+    mel = smooth_mel(frames)
+    chunks = flow_chunks(frames, first_frames)
+    per_chunk = [True] * len(chunks)
+
+    def one() -> StreamRun:
+        return run_stream(one_call, mel, [frames], [True], 0, 1)
+
+    def chunked() -> StreamRun:
+        return run_stream(streamed, mel, chunks, per_chunk, 0, 1)
+
+    reference, test = one(), chunked()
+    if len(reference.samples) != len(test.samples):
+        raise RuntimeError(f"streamed run gave {len(test.samples)} samples, one call "
+                           f"{len(reference.samples)}")
+    cpu: dict[str, list[float]] = {"one": [], "streamed": []}
+    for i in range(rounds):
+        order = [("one", one), ("streamed", chunked)]
+        for name, run in order if i % 2 == 0 else order[::-1]:
+            cpu[name].append(run().cpu_s)
+    return ProductCost(
+        frames=frames, chunks=chunks, one_call_graph=one_call.graph.path.name,
+        streamed_graph=streamed.stream.graph.path.name, streamed_calls=test.calls,
+        one_call_frames_run=reference.frames_run, streamed_frames_run=test.frames_run,
+        one_call_cpu_s=cpu["one"], streamed_cpu_s=cpu["streamed"],
+        max_abs=float(np.max(np.abs(test.samples - reference.samples))),
+    )
+
+
+def product_table(cost: ProductCost) -> list[str]:
+    """Markdown lines of :func:`measure_product`'s figures (see the module docstring)."""
+    def cpu(values: list[float]) -> str:
+        return f"{np.median(values):.3f} | {min(values):.3f}-{max(values):.3f}"
+
+    ratios = cost.round_ratios
+    return [
+        f"Utterance {cost.frames} mel frames ({cost.frames / C.MEL_RATE_HZ:.2f} s), flow chunks "
+        f"{cost.chunks} frames; one onnxruntime thread; {len(ratios)} interleaved rounds after "
+        "one untimed run each; CPU s of the process (time.process_time).",
+        "",
+        "| vocoder | form | calls | frames run | CPU s median | CPU s min-max |",
+        "|---|---|---|---|---|---|",
+        f"| one call | {PHASE_TAG} | 1 | {cost.one_call_frames_run} | "
+        f"{cpu(cost.one_call_cpu_s)} |",
+        f"| streamed per flow chunk | {STREAM_TAG} | {cost.streamed_calls} | "
+        f"{cost.streamed_frames_run} | {cpu(cost.streamed_cpu_s)} |",
+        "",
+        "| streamed against one call | value | issue 26 target |",
+        "|---|---|---|",
+        f"| CPU ratio, median of per-round ratios | {cost.paired_ratio:.3f} (rounds "
+        f"{min(ratios):.3f}-{max(ratios):.3f}) | <= 1.10 |",
+        f"| CPU ratio of the medians | {cost.ratio_of_medians:.3f} | <= 1.10 |",
+        f"| max abs difference of the samples | {cost.max_abs:.2e} | <= 1e-4 |",
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -201,21 +369,40 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="utterance lengths in mel frames (default: a 4.3 s sentence, 6 s)")
     p.add_argument("--first-frames", type=int, default=20,
                    help="first flow chunk in mel frames (balanced: 10 tokens = 20)")
+    p.add_argument("--rounds", "--repeats", type=int, default=7,
+                   help="timed rounds (--windowed: runs per row, median)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="where the derived vocoder graphs go and are reused from (default: a "
+                        "temporary directory)")
+    p.add_argument("--json", type=Path, default=None, metavar="OUT",
+                   help="also write the figures as JSON (not with --windowed)")
+    p.add_argument("--windowed", action="store_true",
+                   help="measure the windowed fallback instead (options below)")
     p.add_argument("--windows", type=int, nargs="+", default=[0, 16, 8])
     p.add_argument("--policies", nargs="+", default=["per-chunk", "every-2", "first+last"])
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--graphs", nargs="+", choices=["published", "phase-carry"],
                    default=["published", "phase-carry"],
                    help="windowed rows: hift.onnx as published and/or its phase-carrying form")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="where the phase-carrying graph is derived (default: a temporary dir)")
     args = p.parse_args(argv)
+    if args.windowed and args.json is not None:
+        p.error("--json is for the streamed-vocoder comparison, not --windowed")
     with tempfile.TemporaryDirectory() as scratch:
-        cache = (args.cache_dir or Path(scratch)) if "phase-carry" in args.graphs else None
+        cache = args.cache_dir or Path(scratch)
+        if args.windowed:
+            for frames in args.frames:
+                lines = measure_windowed(
+                    args.model_dir, frames, args.first_frames, args.windows, args.policies,
+                    args.rounds, cache if "phase-carry" in args.graphs else None)
+                print("\n".join(lines), end="\n\n", flush=True)
+            return
+        one_call, streamed = product_runners(args.model_dir, cache)
+        results = []
         for frames in args.frames:
-            lines = measure(args.model_dir, frames, args.first_frames, args.windows,
-                            args.policies, args.repeats, cache)
-            print("\n".join(lines), end="\n\n", flush=True)
+            cost = measure_product(one_call, streamed, frames, args.first_frames, args.rounds)
+            results.append(cost.as_json())
+            print("\n".join(product_table(cost)), end="\n\n", flush=True)
+        if args.json is not None:
+            args.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":

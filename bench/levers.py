@@ -65,9 +65,6 @@ LEVERS: dict[str, SynthesisOptions] = {
         flow_chunk_causal=False, first_hop_on_chunk_grid=False),
     "flow_final_chunk_causal": QUALITY.replace(flow_final_chunk_causal=True),
     "first_hop_tokens=10": QUALITY.replace(first_hop_tokens=10),
-    # the sentence as a later piece of a response: its first hop is the later pieces' one
-    "later_first_hop_tokens=50 (a later piece)": QUALITY.replace(
-        later_first_hop_tokens=50, continues_response=True),
     "flow_left_context_tokens=50": QUALITY.replace(flow_left_context_tokens=50),
     "flow_left_context_tokens=25": QUALITY.replace(flow_left_context_tokens=25),
     "flow_prompt_tokens=50": QUALITY.replace(flow_prompt_tokens=50),
@@ -85,8 +82,6 @@ LEVERS: dict[str, SynthesisOptions] = {
     "vocoder_window_frames=8": QUALITY.replace(vocoder_window_frames=8),
     "preset balanced": PRESETS["balanced"],
     "preset fast": PRESETS["fast"],
-    "preset balanced, a later piece": PRESETS["balanced"].replace(continues_response=True),
-    "preset fast, a later piece": PRESETS["fast"].replace(continues_response=True),
     "fast, full attention in every chunk (before it was made chunk-causal)": PRESETS[
         "fast"].replace(flow_chunk_causal=False, flow_final_chunk_causal=False),
 }

@@ -312,7 +312,7 @@ class FaultyEngine:
     * ``STALL``: after its first chunk, one step of :data:`STALL_S` seconds that does not
       look at ``should_stop`` (a long model step on a slow CPU).
 
-    Records ``texts``, ``options``, ``outcomes`` and ``stop_flags`` like :class:`SpyEngine` unless
+    Records ``texts``, ``outcomes`` and ``stop_flags`` like :class:`SpyEngine` unless
     ``record`` is False (for memory measurements).
     """
 
@@ -321,7 +321,6 @@ class FaultyEngine:
         self.record = record
         self.gate = threading.Event()
         self.texts: list[str] = []
-        self.options: list[SynthesisOptions | None] = []
         self.outcomes: list[str] = []
         self.stop_flags: list[bool] = []
         self.ended: list[float] = []
@@ -347,7 +346,6 @@ class FaultyEngine:
         if self.record:
             with self.lock:
                 self.texts.append(text)
-                self.options.append(options)
         self.started.release()
         outcome = "unfinished"
         try:

@@ -171,18 +171,3 @@ def test_each_chunk_reads_the_noise_columns_of_the_whole_prompt() -> None:
         np.testing.assert_array_equal(call["noise"], reference.take(10 + n)[10:].T)
         assert n == 2 * PROMPT_TOKENS + 2 * (len(call["tokens"]) - PROMPT_TOKENS)
 
-
-def test_a_later_piece_starts_at_its_own_hop() -> None:
-    # a later piece's first hop (8) replaces the first piece's (4), then doubles alike
-    options = {"first_hop_tokens": 4, "later_first_hop_tokens": 8, "max_hop_tokens": 12}
-    flows = FakeFlows(available=False)
-    opts = MelStreamOptions.of(SynthesisOptions(**options))
-    noise = GrowingNoise(np.random.default_rng(1), C.MEL_BINS, "normal", 64)
-    later = MelStream(flows, VOICE, opts, noise, 0, later=True)  # type: ignore[arg-type]
-    assert _run(later, 40) == [(0, 8, 16), (8, 20, 24), (20, 32, 24), (32, 40, 16)]
-    assert _run(_stream(FakeFlows(available=False), **options), 12)[:2] == [(0, 4, 8),
-                                                                          (4, 12, 16)]
-    unset = MelStream(FakeFlows(available=False), VOICE,  # type: ignore[arg-type]
-                      MelStreamOptions.of(SynthesisOptions(first_hop_tokens=4)), noise, 0,
-                      later=True)
-    assert unset.hop_tokens == 4  # 0: the first piece's hop

@@ -328,40 +328,21 @@ def test_language_hint_reads_a_sentence_without_cue(engine, voice, monkeypatch) 
     assert prompts == ["Kitchen, 21 °C.", "Kitchen, twenty-one degrees Celsius."]
 
 
-def test_later_pieces_hop_and_the_next_chunk_each_chunk_announces(engine, voice,
-                                                                   monkeypatch) -> None:
-    """``later_first_hop_tokens`` sets the first hop of every piece after the response's
-    first (a later piece of the request, or any piece of a request that
-    ``continues_response``); each chunk announces its piece's next hop in seconds."""
-    from wyoming_cosyvoice3.engine.flow.stream import MelStream
 
-    spans: list[tuple[int, int]] = []
-    real_next_mel = MelStream.next_mel
-
-    def recording(self: MelStream, final: bool, *args: Any) -> np.ndarray:
-        offset = self.offset_tokens
-        mel = real_next_mel(self, final, *args)
-        spans.append((offset, self.offset_tokens))
-        return mel
-
-    monkeypatch.setattr(MelStream, "next_mel", recording)
-    opts = SynthesisOptions(seed=4, first_hop_tokens=5, later_first_hop_tokens=20,
-                            max_hop_tokens=40, vocoder_defer=False, max_piece_tokens=12)
+def test_each_chunk_announces_the_audio_of_its_pieces_next_chunk(engine, voice) -> None:
+    """``AudioChunk.next_chunk_s`` is the piece's next hop in seconds (hops 5, 10, 20 tokens
+    at 25 tokens per second, halved again at speed 2), 0 on a piece's last chunk."""
+    opts = SynthesisOptions(seed=4, first_hop_tokens=5, max_hop_tokens=20, vocoder_defer=False,
+                            max_piece_tokens=12)
     text = "The kitchen lights are on now. The front door is locked for the night."
     with fixed_decoding(engine, 1.5):
         chunks = list(engine.synthesize(text, voice, opts))
+        fast = list(engine.synthesize(text, voice, opts.replace(speed=2.0)))
     assert {c.piece_index for c in chunks} == {0, 1}
-    piece_starts = [k for k, (offset, _) in enumerate(spans) if offset == 0]
-    assert len(piece_starts) == 2
-    first, second = (spans[k][1] for k in piece_starts)
-    assert first == 5 and second == 20
-    # piece 0 after its first chunk: the next hop is 10 tokens = 0.4 s; a last chunk: 0
-    assert chunks[0].piece_index == 0 and chunks[0].next_chunk_s == pytest.approx(0.4)
+    assert [c.next_chunk_s for c in chunks[:2]] == pytest.approx([0.4, 0.8])
+    # at speed 2 a chunk may carry no audio yet (and is not sent): the hops still halve
+    assert {round(c.next_chunk_s, 6) for c in fast} <= {0.0, 0.2, 0.4}
+    assert 0.4 in {round(c.next_chunk_s, 6) for c in fast}
     last_of_piece = [c for k, c in enumerate(chunks)
                      if k + 1 == len(chunks) or chunks[k + 1].piece_index != c.piece_index]
     assert [c.next_chunk_s for c in last_of_piece] == [0.0, 0.0]
-    spans.clear()
-    with fixed_decoding(engine, 1.5):
-        list(engine.synthesize("The kitchen lights are on now.", voice,
-                               opts.replace(continues_response=True)))
-    assert spans[0] == (0, 20)

@@ -37,15 +37,6 @@ class SynthesisOptions:
         first_hop_on_chunk_grid: pad the first hop so that prompt + first hop end on the
             25-token (50-frame) chunk grid, as upstream does (model.py ``prompt_token_pad``);
             needed for exact chunk-causal streaming.
-        later_first_hop_tokens: speech tokens in the first streamed chunk of every piece but
-            the response's first (0: ``first_hop_tokens``). A short first hop only brings a
-            piece's first audio earlier, which no listener waits for after the first piece
-            (the server holds later pieces until they play through when synthesis is slower
-            than playback); each extra chunk costs a flow call. Lossy like any hop change
-            (BENCHMARKS.md "Levers").
-        continues_response: this request continues a response whose first piece an earlier
-            request made (a streamed answer's later sentences): its first piece is a later
-            piece too (``later_first_hop_tokens``).
         flow_chunk_causal: non-final streamed chunks run the DiT under upstream's static
             50-frame chunk mask (dit.py ``streaming=True``) with the prompt's and the earlier
             chunks' keys/values cached, so a chunk costs only its own frames; the final chunk
@@ -117,8 +108,6 @@ class SynthesisOptions:
     streaming: bool = True
     first_hop_tokens: int = 15
     first_hop_on_chunk_grid: bool = False
-    later_first_hop_tokens: int = 0
-    continues_response: bool = False
     flow_chunk_causal: bool = False
     flow_final_chunk_causal: bool = False
     max_hop_tokens: int = 100
@@ -147,8 +136,6 @@ class SynthesisOptions:
             raise ValueError(f"cfg_rate must be within 0..2, got {self.cfg_rate}")
         if not 1 <= self.first_hop_tokens <= self.max_hop_tokens:
             raise ValueError("first_hop_tokens must be >= 1 and <= max_hop_tokens")
-        if not 0 <= self.later_first_hop_tokens <= self.max_hop_tokens:
-            raise ValueError("later_first_hop_tokens must be >= 0 and <= max_hop_tokens")
         if self.flow_left_context_tokens < 0:
             raise ValueError("flow_left_context_tokens must be >= 0")
         if self.flow_prompt_tokens < 0 or self.vocoder_window_frames < 0:
@@ -305,7 +292,6 @@ PRESETS: dict[str, SynthesisOptions] = {
         fallback_prompt_tokens=25,
         fallback_left_context_tokens=10,
         first_hop_tokens=10,
-        later_first_hop_tokens=50,
         vocoder_window_frames=24,
     ),
     # Lowest latency: 2 Euler steps (a published port measured an audible loss for this on
@@ -320,7 +306,6 @@ PRESETS: dict[str, SynthesisOptions] = {
         flow_prompt_tokens=15,
         flow_left_context_tokens=5,
         first_hop_tokens=8,
-        later_first_hop_tokens=50,
         vocoder_window_frames=16,
     ),
 }

@@ -282,9 +282,8 @@ class CosyVoice3Engine:
             piece: PieceState | None = None
             for index, token in stream:
                 if piece is None:
-                    later = index > 0 or req.options.continues_response
                     mel = MelStream(self.chunked, flow_voice, flow_options, req.flow_noise,
-                                    noise_skip_frames, later)
+                                    noise_skip_frames)
                     piece = self._new_piece(index, req, mel)
                     logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
                 if token is not None:

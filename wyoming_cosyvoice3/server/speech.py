@@ -125,8 +125,6 @@ async def speak(
     options = runtime.synthesis_options(seed if seed is not None else secrets.randbelow(2**31))
     if language_hint is not None:
         options = options.replace(language_hint=language_hint)
-    if stats.audio_samples > 0:  # a streamed answer's later sentence
-        options = options.replace(continues_response=True)
     deadline: list[float] = []
 
     def stop() -> bool:

@@ -73,15 +73,14 @@ class HopOptions(Protocol):
     def first_hop_on_chunk_grid(self) -> bool: ...
 
 
-def first_hop_tokens(options: HopOptions, prompt_tokens: int, base_tokens: int = 0) -> int:
+def first_hop_tokens(options: HopOptions, prompt_tokens: int) -> int:
     """Tokens of a piece's first streamed chunk.
 
-    ``base_tokens`` > 0 replaces ``options.first_hop_tokens`` (a later piece's first hop).
     With ``first_hop_on_chunk_grid`` the hop is padded so that prompt + first hop end on the
     25-token grid (model.py ``CosyVoice2Model.tts``: ``prompt_token_pad = ceil(P / 25) * 25
-    - P``, first hop ``token_hop_len + prompt_token_pad``); otherwise the base hop.
+    - P``, first hop ``token_hop_len + prompt_token_pad``); otherwise ``first_hop_tokens``.
     """
-    hop = base_tokens if base_tokens > 0 else options.first_hop_tokens
+    hop = options.first_hop_tokens
     if options.first_hop_on_chunk_grid:
         hop += -(-prompt_tokens // GRID_TOKENS) * GRID_TOKENS - prompt_tokens
     return hop
@@ -157,7 +156,6 @@ class MelStreamOptions:
         left_context_tokens: generated tokens before a chunk the flow attends to (0 = all).
         first_hop_tokens, first_hop_on_chunk_grid: the first chunk's tokens
             (:func:`first_hop_tokens`).
-        later_first_hop_tokens: a later piece's first hop (0: ``first_hop_tokens``).
         max_hop_tokens: the hop doubles after every chunk up to this.
     """
 
@@ -170,7 +168,6 @@ class MelStreamOptions:
     first_hop_tokens: int
     first_hop_on_chunk_grid: bool
     max_hop_tokens: int
-    later_first_hop_tokens: int = 0
 
     @classmethod
     def of(cls, options: SynthesisOptions) -> MelStreamOptions:
@@ -185,7 +182,6 @@ class MelStreamOptions:
             first_hop_tokens=options.first_hop_tokens,
             first_hop_on_chunk_grid=options.first_hop_on_chunk_grid,
             max_hop_tokens=options.max_hop_tokens,
-            later_first_hop_tokens=options.later_first_hop_tokens,
         )
 
 
@@ -201,8 +197,6 @@ class MelStream:
         noise_skip_frames: noise frames before the flow's prompt (the prompt frames that
             ``flow_prompt_features`` cut): every frame reads the noise column it reads with
             the whole prompt.
-        later: a piece after the response's first (its first hop is
-            ``options.later_first_hop_tokens`` when that is > 0).
 
     Attributes:
         tokens: the piece's speech tokens so far.
@@ -217,7 +211,6 @@ class MelStream:
         options: MelStreamOptions,
         noise: GrowingNoise,
         noise_skip_frames: int,
-        later: bool = False,
     ) -> None:
         self.options = options
         self._runner = flows.runner
@@ -229,10 +222,9 @@ class MelStream:
         self._history: KvCache | None = None
         self.tokens: list[int] = []
         self.offset_tokens = 0
-        base = options.later_first_hop_tokens if later else 0
-        self.hop_tokens = first_hop_tokens(options, len(self._prompt_tokens), base)
+        self.hop_tokens = first_hop_tokens(options, len(self._prompt_tokens))
         # the hop before the first chunk's grid padding doubles (model.py token_hop_len)
-        self._base_hop_tokens = base if base > 0 else options.first_hop_tokens
+        self._base_hop_tokens = options.first_hop_tokens
 
     def push(self, token: int) -> bool:
         """Append a speech token; True when a streamed chunk is due (``hop`` tokens and the

@@ -22,20 +22,20 @@ seconds from now, so the piece never runs dry when::
 
     A + Q >= max(R (1 / r - 1) + d, c / r)     (only c / r when r >= 1)
 
-(:func:`needed_hold_s`; ``r`` lowered by :data:`RATE_MARGIN`). While nothing is queued, each
-second of waiting lets production catch up by one second, so a piece short of this at a chunk
-is released by a timer that much later rather than at its next chunk, which late in a piece
-can be seconds away. Once released, a piece's audio is sent as soon as it exists. A held
-piece is also released when it is complete (the next piece starts, the engine request ends),
-when production stops (end of the text, waiting for streamed text, an error), and at the bound:
-``max_hold_s`` (``--max-preroll-ms``) after the hold became audible (the piece's first audio
-was ready and the client had played everything before it), and for a response's first piece
-no later than :data:`FIRST_AUDIO_LIMIT_S` after the answer began for the listener (the
-one-shot request arrived, the stream's first text came; Home Assistant's Voice PE gives up at
-about 5 s without audio). On a machine faster than playback ``r >= 1`` and a piece is held
-at most until its first chunk lasts until its second (a fraction of a second).
-Before any chunk-to-chunk measurement (the first chunk of a fresh server's first response)
-``r`` is the response's audio per second of work so far, start-up included, which errs slow.
+(:func:`needed_hold_s`; ``r`` lowered by :data:`RATE_MARGIN`, plus :data:`ARRIVAL_MARGIN_S`).
+While nothing is queued, each second of waiting lets production catch up by one second, so a
+piece short of this at a chunk is released by a timer that much later rather than at its next
+chunk, which late in a piece can be seconds away. Once released, a piece's audio is sent as
+soon as it exists. A held piece is also released when it is complete (the next piece starts,
+the engine request ends), when production stops (end of the text, waiting for streamed text, an
+error), and at the bound: ``max_hold_s`` (``--max-preroll-ms``) after the hold became audible
+(the piece's first audio was ready and the client had played everything before it), and for a
+response's first piece no later than :data:`FIRST_AUDIO_LIMIT_S` after the answer began for the
+listener (the one-shot request arrived, the stream's first text came; Home Assistant's Voice PE
+gives up at about 5 s without audio). On a machine faster than playback ``r >= 1`` and a piece
+is held at most until its first chunk lasts until its second (a fraction of a second). Before
+any chunk-to-chunk measurement (the first chunk of a fresh server's first response) ``r`` is
+the response's audio per second of work so far, start-up included, which errs slow.
 
 The expected length of a piece is the speech of its text (:func:`expected_speech_s`) times
 the ratio measured on earlier pieces (:meth:`ProductionHistory.length_ratio`) times
@@ -107,6 +107,11 @@ RATE_MARGIN = 0.1
 """Production may run this much slower within a piece than measured so far (load from other
 processes, a longer chunk) and the piece still plays through: the release rule uses
 ``r / (1 + RATE_MARGIN)``."""
+ARRIVAL_MARGIN_S = 0.1
+"""Seconds added to the audio a held piece needs in hand: a chunk reaches the client some tens
+of milliseconds after it was made (worker thread -> event loop -> TCP), and a piece's second
+chunk can follow its first by less than a quarter second, so without it a prediction exactly
+on time lost 20-70 ms gaps inside the first piece (BENCHMARKS.md "What a listener hears")."""
 MIN_PIECE_FOR_RATIO_S = 0.5
 """Pieces with less expected speech than this do not update the length ratio (too noisy)."""
 
@@ -456,7 +461,8 @@ class PieceGate:
 
     def _safe_start(self, piece: _Piece, now: float) -> float | None:
         """Earliest time the held piece can start playing and not run dry, or None before
-        any rate: ``now + R (1/r - 1) + d - A``. Waiting with nothing queued buys one second
+        any rate: ``now + need - A`` (:func:`needed_hold_s` plus
+        :data:`ARRIVAL_MARGIN_S`). Waiting with nothing queued buys one second
         of production per second, so a piece short of ``A + Q >= R (1/r - 1) + d`` at a
         chunk is safe that much later, usually well before its next chunk (several seconds
         apart late in a piece)."""
@@ -466,6 +472,8 @@ class PieceGate:
         remaining = max(piece.expected_s - piece.audio_s, 0.0)
         need = needed_hold_s(remaining, rate / (1.0 + RATE_MARGIN), self.longest_chunk_s,
                              piece.next_chunk_s, self.max_chunk_s)
+        if need > 0:
+            need += ARRIVAL_MARGIN_S
         return now + need - piece.audio_s
 
     def _schedule_release(self, piece: _Piece, now: float) -> None:

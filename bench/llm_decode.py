@@ -35,8 +35,7 @@ from wyoming_cosyvoice3.engine.graphs import (
     Graph,
     count_llm_layers,
 )
-from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
-from wyoming_cosyvoice3.engine.llm.sampling import sample_step
+from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder, sample_step
 from wyoming_cosyvoice3.engine.loaders import load_llm_graph
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model, ModelDims
 from wyoming_cosyvoice3.engine.options import EngineOptions

@@ -12,8 +12,13 @@ import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled, SynthesisTimeout
-from wyoming_cosyvoice3.engine.llm.decoder import KvMode, LlmDecoder, run_outputs_are_zero_copy
-from wyoming_cosyvoice3.engine.llm.sampling import decode_limits, sample_step
+from wyoming_cosyvoice3.engine.llm.decoder import (
+    KvMode,
+    LlmDecoder,
+    decode_limits,
+    run_outputs_are_zero_copy,
+    sample_step,
+)
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions, StageTimes
 from wyoming_cosyvoice3.engine.types import LlmPrompt

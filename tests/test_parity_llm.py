@@ -24,7 +24,7 @@ from parity_support import (
 
 from wyoming_cosyvoice3.engine import LlmPrompt, VoiceFeatures, VoicePrompt
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.llm.sampling import decode_limits, log_softmax
+from wyoming_cosyvoice3.engine.llm.decoder import decode_limits, log_softmax
 
 LLM = "llm.npz"
 MODES = parity_cases("llm")

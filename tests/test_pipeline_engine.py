@@ -21,7 +21,7 @@ from wyoming_cosyvoice3.engine import (
     SynthesisTimeout,
     VoicePrompt,
 )
-from wyoming_cosyvoice3.engine.llm.sampling import SilentRunFilter
+from wyoming_cosyvoice3.engine.llm.decoder import SilentRunFilter
 
 LONG_TEXT = (
     "The living room lights are now on, the kitchen is twenty one degrees, and the front "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.llm.sampling import SilentRunFilter, decode_limits
+from wyoming_cosyvoice3.engine.llm.decoder import SilentRunFilter, decode_limits
 
 
 def test_silent_run_filter_exact_output() -> None:

@@ -9,7 +9,7 @@ import pytest
 import scipy.special
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.llm.sampling import (
+from wyoming_cosyvoice3.engine.llm.decoder import (
     log_softmax,
     mask_stop_tokens,
     nucleus_candidates,

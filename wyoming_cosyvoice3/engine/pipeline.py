@@ -33,8 +33,7 @@ from .flow.stream import (
     flow_prompt_features,
 )
 from .graphs import return_freed_memory
-from .llm.decoder import LlmDecoder, request_tokens
-from .llm.sampling import SilentRunFilter
+from .llm.decoder import LlmDecoder, SilentRunFilter, request_tokens
 from .model import CosyVoice3Model
 from .options import EngineOptions, SynthesisOptions
 from .request import RequestState

@@ -18,8 +18,7 @@ from decoding_support import FixedDecoding
 
 from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
-from wyoming_cosyvoice3.engine.flow.chunked import cacheable_prompt_frames
-from wyoming_cosyvoice3.engine.flow.euler import EulerSchedule
+from wyoming_cosyvoice3.engine.flow.solver import EulerSchedule, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import first_hop_tokens
 from wyoming_cosyvoice3.engine.options import PRESETS
 from wyoming_cosyvoice3.engine.streaming_dit import chunk_attention_bias
@@ -90,7 +89,7 @@ def test_prompt_caches_in_memory_are_bounded() -> None:
     """Only the most recently used prompt caches stay in memory (they are GB-sized)."""
     from types import SimpleNamespace
 
-    from wyoming_cosyvoice3.engine.flow.chunked import PROMPTS_IN_MEMORY, ChunkedFlow
+    from wyoming_cosyvoice3.engine.flow.solver import PROMPTS_IN_MEMORY, ChunkedFlow
     from wyoming_cosyvoice3.engine.types import VoiceFeatures
 
     est = SimpleNamespace(depth=2, inner=8)

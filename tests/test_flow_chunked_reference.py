@@ -1,6 +1,6 @@
 """The chunk-causal streaming flow against an uncached reference, without ``../shared``.
 
-:class:`~wyoming_cosyvoice3.engine.flow.chunked.ChunkedFlow` (the flow of the presets
+:class:`~wyoming_cosyvoice3.engine.flow.solver.ChunkedFlow` (the flow of the presets
 ``balanced``, ``fast`` and ``quality``) runs each streamed chunk on its new frames only,
 attending to cached keys/values of the prompt and of earlier chunks. Upstream's PyTorch
 streaming (cosyvoice/cli/model.py ``token2wav`` -> ``flow.inference(streaming=True)``) instead
@@ -40,7 +40,7 @@ import pytest
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
-from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, KvCache, cacheable_prompt_frames
+from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, KvCache, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.options import PRESETS
 from wyoming_cosyvoice3.engine.streaming_dit import StreamingEstimator, _session

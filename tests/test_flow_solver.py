@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled, SynthesisFailed
-from wyoming_cosyvoice3.engine.flow.euler import cfg_combine, cosine_t_schedule
-from wyoming_cosyvoice3.engine.flow.solver import FlowRunner, l2_normalise
+from wyoming_cosyvoice3.engine.flow.solver import (
+    FlowRunner,
+    cfg_combine,
+    cosine_t_schedule,
+    l2_normalise,
+)
 from wyoming_cosyvoice3.engine.flow.stream import SpeedResampler, resample_mel_linear
 from wyoming_cosyvoice3.engine.request import GrowingNoise
 from wyoming_cosyvoice3.engine.types import VoiceFeatures

@@ -41,7 +41,7 @@ from parity_support import (
 from wyoming_cosyvoice3.engine.derive.flow.dit_structure import StructureError, read_dit
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
-from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, cacheable_prompt_frames
+from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.options import SynthesisOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine

@@ -29,8 +29,8 @@ from parity_support import (
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
-from wyoming_cosyvoice3.engine.flow import chunked
-from wyoming_cosyvoice3.engine.flow.chunked import ChunkedFlow, StepKv
+from wyoming_cosyvoice3.engine.flow import solver
+from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, StepKv
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.streaming_dit import (
@@ -129,13 +129,13 @@ def test_bounded_left_context_stores_only_what_is_attended(
         bias[..., prompt_cached : prompt_cached + max(0, history - left)] = -np.inf
         return bias
 
-    monkeypatch.setattr(chunked, "chunk_attention_bias", masked_bias)
+    monkeypatch.setattr(solver, "chunk_attention_bias", masked_bias)
     kept, stored_all, seen_all = _stream(parity, case, flow, voice, gen, hops, left)
     assert stored_all[-1] == seen_all > left  # the reference kept every frame
     for a, b in zip(bounded, kept, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=tol)
     # the bound is a real lever: attending the whole history changes later chunks
-    monkeypatch.setattr(chunked, "chunk_attention_bias", chunk_attention_bias)
+    monkeypatch.setattr(solver, "chunk_attention_bias", chunk_attention_bias)
     whole, _, _ = _stream(parity, case, flow, voice, gen, hops, None)
     assert float(np.abs(whole[-1] - bounded[-1]).max()) > tol
 

@@ -190,7 +190,7 @@ def test_case_c5_chunk_causal_presets_keep_their_caches_bounded(
     within the preset's bound (50 / 5 tokens: 100 / 10 mel frames) and the prompt cache
     within its last 100 / 15 prompt tokens."""
     from wyoming_cosyvoice3.engine import constants as C
-    from wyoming_cosyvoice3.engine.flow.chunked import cacheable_prompt_frames
+    from wyoming_cosyvoice3.engine.flow.solver import cacheable_prompt_frames
 
     opts = PRESETS[preset]
     assert opts.flow_chunk_causal and opts.flow_final_chunk_causal

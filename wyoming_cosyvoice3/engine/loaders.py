@@ -159,7 +159,7 @@ def open_streaming(model_dir: Path, options: EngineOptions, precision: str,
             the derivation or its validation failed.
         ModelFilesMissing: the published estimator is absent.
     """
-    from .flow.euler import cosine_t_schedule
+    from .flow.solver import cosine_t_schedule
 
     if options.cache_dir is None:
         raise ModelLoadError("no cache_dir for the derived streaming estimator (set "

@@ -162,7 +162,7 @@ class CosyVoice3Engine:
         ``flow_chunk_causal`` the voice's prompt key/value cache is computed here too.
         """
         from .derive.flow.estimator_split import SplitEstimator
-        from .flow.euler import cosine_t_schedule
+        from .flow.solver import cosine_t_schedule
         from .options import PRESETS
 
         started = time.perf_counter()

@@ -1,7 +1,7 @@
 """The chunk-causal streaming DiT at run time: the static chunk mask, the rotary tables and the
 runner of the derived graph.
 
-The flow stage runs it (:mod:`.flow.chunked`); the derivation
+The flow stage runs it (:mod:`.flow.solver`); the derivation
 (:mod:`.derive.flow.streaming_estimator`) runs it to validate the graphs it makes. Stages never
 import each other, so it lives outside both.
 

@@ -40,9 +40,7 @@ from ..options import EngineOptions, StageTimes, SynthesisOptions
 from ..request import GrowingNoise, request_streams
 from ..streaming_dit import CHUNK_FRAMES
 from ..types import ShouldStop, VoiceFeatures
-from .chunked import ChunkedFlow, KvCache
-from .euler import EulerSchedule
-from .solver import FlowRunner
+from .solver import ChunkedFlow, EulerSchedule, FlowRunner, KvCache
 
 logger = logging.getLogger(__name__)
 

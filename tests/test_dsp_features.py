@@ -8,7 +8,6 @@ import librosa
 import numpy as np
 import pytest
 
-from wyoming_cosyvoice3.engine.vocoder import istft as vdsp
 from wyoming_cosyvoice3.engine.voice import features as dsp
 
 
@@ -187,12 +186,3 @@ def test_prompt_mel_floor_is_ln_1e5():
     # sqrt(1e-9) magnitude through the filters stays below 1e-5: every value is the floor
     np.testing.assert_allclose(mel, np.log(1e-5), rtol=1e-6)
 
-
-def test_fade_in_ramps_from_zero_and_keeps_the_rest():
-    samples = np.ones(1000, dtype=np.float32)
-    faded = vdsp.fade_in(samples, duration_ms=20.0, sample_rate_hz=24000)
-    ramp = faded[:480]
-    assert faded[0] == 0.0
-    assert np.all(np.diff(ramp) > 0)
-    np.testing.assert_array_equal(faded[480:], 1.0)
-    np.testing.assert_array_equal(samples, 1.0)  # input untouched

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine.dsp import istft
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
 from wyoming_cosyvoice3.engine.request import GrowingNoise
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream, fade_in_gain
-from wyoming_cosyvoice3.engine.vocoder.istft import istft
 
 FRAMES_PER_MEL = C.SAMPLES_PER_MEL_FRAME // C.ISTFT_HOP  # 120 STFT frames per mel frame
 
@@ -214,7 +214,7 @@ def test_frames_for_call_counts_window() -> None:
 
 
 def test_may_defer_rule() -> None:
-    from wyoming_cosyvoice3.engine.vocoder.schedule import may_defer
+    from wyoming_cosyvoice3.engine.vocoder.hift import may_defer
 
     # 3 s in hand; next chunk ~2 x 0.5 s, vocoder 0.01 s/frame x 100 frames: 1.5 x 2 s = 3 s
     assert not may_defer(3.0, 0.5, 0.01, 100)

@@ -81,7 +81,7 @@ class SynthesisOptions:
             the seams are cross-faded.
         vocoder_defer: let the vocoder skip a non-final flow chunk while the audio already
             emitted lasts until its next call (fewer calls, fewer re-run frames; see
-            :mod:`.vocoder.schedule`). Exact with ``vocoder_window_frames`` 0 (the samples do
+            :func:`.vocoder.hift.may_defer`). Exact with ``vocoder_window_frames`` 0 (the samples do
             not depend on how the mel is cut); with a window it moves the seams (which only
             matters without the phase-carrying vocoder).
         max_decode_tokens: hard cap on decoded speech tokens per piece, on top of 20x text.

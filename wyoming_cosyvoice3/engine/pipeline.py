@@ -44,8 +44,7 @@ from .types import (
     SynthesisResult,
     VoicePrompt,
 )
-from .vocoder.hift import HiftRunner, VocoderStream
-from .vocoder.schedule import may_defer
+from .vocoder.hift import HiftRunner, VocoderStream, may_defer
 from .voice.prepare import VoiceFeatureExtractor
 from .voice.worker import worker_for
 
@@ -77,7 +76,7 @@ class PieceState:
 
     def defer_vocoder(self, req: RequestState, new_frames: int, final: bool) -> bool:
         """Whether the vocoder leaves this chunk's ``new_frames`` mel frames for its next
-        call (``SynthesisOptions.vocoder_defer``, :func:`.vocoder.schedule.may_defer`); also
+        call (``SynthesisOptions.vocoder_defer``, :func:`.vocoder.hift.may_defer`); also
         starts timing the next chunk."""
         now = req.now()
         since, self.last_chunk_s = now - self.last_chunk_s, now

@@ -1,5 +1,6 @@
 """Vocoder stage: mel frames -> 24 kHz samples.
 
-The HiFT graph, the host iSTFT and the streaming emission rule (:mod:`.hift`). Imports the
-top engine modules and no other stage.
+The HiFT graph's runner, the streamed emission with the host iSTFT (:mod:`..dsp`) and the rule
+for when the vocoder runs, all in :mod:`.hift`. Imports the top engine modules and no other
+stage.
 """

@@ -20,8 +20,8 @@ from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
 from wyoming_cosyvoice3.engine.flow.solver import EulerSchedule, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import first_hop_tokens
+from wyoming_cosyvoice3.engine.graphs import chunk_attention_bias
 from wyoming_cosyvoice3.engine.options import PRESETS
-from wyoming_cosyvoice3.engine.streaming_dit import chunk_attention_bias
 
 
 def test_chunk_bias_is_upstreams_static_chunk_mask() -> None:

@@ -42,8 +42,8 @@ from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
 from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, KvCache, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
+from wyoming_cosyvoice3.engine.graphs import StreamingEstimator, _session
 from wyoming_cosyvoice3.engine.options import PRESETS
-from wyoming_cosyvoice3.engine.streaming_dit import StreamingEstimator, _session
 from wyoming_cosyvoice3.engine.types import VoiceFeatures, VoicePrompt
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"

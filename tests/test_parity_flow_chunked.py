@@ -43,11 +43,11 @@ from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_str
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
+from wyoming_cosyvoice3.engine.graphs import StreamingEstimator, _session
+from wyoming_cosyvoice3.engine.graphs import chunk_attention_bias as chunk_bias
 from wyoming_cosyvoice3.engine.options import SynthesisOptions
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.request import RequestState
-from wyoming_cosyvoice3.engine.streaming_dit import StreamingEstimator, _session
-from wyoming_cosyvoice3.engine.streaming_dit import chunk_attention_bias as chunk_bias
 from wyoming_cosyvoice3.engine.types import SynthesisResult, VoicePrompt
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"

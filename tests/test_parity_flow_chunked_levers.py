@@ -32,12 +32,12 @@ from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_str
 from wyoming_cosyvoice3.engine.flow import solver
 from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, StepKv
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
-from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
-from wyoming_cosyvoice3.engine.streaming_dit import (
+from wyoming_cosyvoice3.engine.graphs import (
     StreamingEstimator,
     _session,
     chunk_attention_bias,
 )
+from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 from wyoming_cosyvoice3.engine.types import VoiceFeatures, VoicePrompt
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"

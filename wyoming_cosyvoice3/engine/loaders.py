@@ -75,9 +75,16 @@ from .derive.llm.embedding_table import TableEmbedding, load_table_embedding
 from .derive.vocoder.hift_phase import PHASE_WARNING, open_phase_hift
 from .derive.vocoder.hift_stream import STREAM_WARNING, open_stream_hift
 from .errors import ModelLoadError
-from .graphs import ESTIMATOR, HIFT, TEXT_EMBEDDING, Graph, load_llm, open_session
+from .graphs import (
+    ESTIMATOR,
+    HIFT,
+    TEXT_EMBEDDING,
+    Graph,
+    StreamingEstimator,
+    load_llm,
+    open_session,
+)
 from .options import LLM_FILES, PRESETS, EngineOptions
-from .streaming_dit import StreamingEstimator
 from .vocoder.hift import StreamedHift
 
 Estimator = Graph | SplitEstimator | FullAttentionDiT

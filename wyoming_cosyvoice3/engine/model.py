@@ -36,6 +36,7 @@ from .graphs import (
     TEXT_EMBEDDING,
     Graph,
     GraphSpec,
+    StreamingEstimator,
     return_freed_memory,
 )
 from .loaders import (
@@ -48,7 +49,6 @@ from .loaders import (
     load_text_table,
 )
 from .options import LLM_FILES, EngineOptions, FlowPrecision
-from .streaming_dit import StreamingEstimator
 from .text.tokenizer_load import read_tokenizer
 from .vocoder.hift import StreamedHift
 
@@ -334,7 +334,7 @@ class CosyVoice3Model:
 
     def streaming_estimator(self, precision: str) -> StreamingEstimator | None:
         """The chunk-causal streaming DiT of ``precision``
-        (:class:`~.streaming_dit.StreamingEstimator`), derived and opened on
+        (:class:`~.graphs.StreamingEstimator`), derived and opened on
         first use (thread-safe), or None when it cannot be made (one warning; the caller keeps
         full attention)."""
         streaming: StreamingEstimator | None = self._cached(

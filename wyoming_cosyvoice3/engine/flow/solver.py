@@ -66,9 +66,8 @@ import numpy.typing as npt
 
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed
-from ..graphs import Graph
+from ..graphs import CHUNK_FRAMES, Graph, chunk_attention_bias
 from ..options import StageTimes
-from ..streaming_dit import CHUNK_FRAMES, chunk_attention_bias
 from ..types import ShouldStop, VoiceFeatures
 
 logger = logging.getLogger(__name__)
@@ -545,7 +544,7 @@ class ChunkedFlow:
     Args:
         runner: the full-attention flow (encoder, final chunks).
         estimator: the derived streaming estimator
-            (:class:`..streaming_dit.StreamingEstimator`: ``run``, ``depth``, ``inner``).
+            (:class:`..graphs.StreamingEstimator`: ``run``, ``depth``, ``inner``).
         prompt_noise: ``frames -> float32 [80, frames]``, the fixed noise of the prompt frames.
         disk_dir: where prompt caches are stored (None: memory only); disk_tag: file name
             part naming the estimator (precision and source file key).

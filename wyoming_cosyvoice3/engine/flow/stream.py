@@ -36,9 +36,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import constants as C
+from ..graphs import CHUNK_FRAMES
 from ..options import EngineOptions, StageTimes, SynthesisOptions
 from ..request import GrowingNoise, request_streams
-from ..streaming_dit import CHUNK_FRAMES
 from ..types import ShouldStop, VoiceFeatures
 from .solver import ChunkedFlow, EulerSchedule, FlowRunner, KvCache
 

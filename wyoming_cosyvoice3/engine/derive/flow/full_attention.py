@@ -21,15 +21,14 @@ from typing import Any
 import numpy as np
 
 from ...errors import SynthesisFailed
-from ...graphs import ESTIMATOR, GraphSpec
-from ...streaming_dit import chunk_attention_bias
+from ...graphs import ESTIMATOR, GraphSpec, chunk_attention_bias
 
 VELOCITY = next(iter(ESTIMATOR.outputs))
 """The contract's output name (``estimator_out``, upstream export_onnx.py)."""
 
 
 class FullAttentionDiT:
-    """A :class:`~...streaming_dit.StreamingEstimator` run as the published estimator.
+    """A :class:`~...graphs.StreamingEstimator` run as the published estimator.
 
     Args:
         streaming: the streaming DiT (``run(frames, t, start_frame, attn_bias)``).

@@ -1,5 +1,5 @@
 """The chunk-causal streaming DiT estimator: derived once, validated, cached (its runner is
-:class:`~...streaming_dit.StreamingEstimator`).
+:class:`~...graphs.StreamingEstimator`).
 
 Why: upstream streams with a static 50-frame chunk mask (cosyvoice/flow/DiT/dit.py
 ``DiT.forward(streaming=True)`` -> ``add_optional_chunk_mask(..., static_chunk_size=50, -1)``):
@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ModelLoadError
-from ...streaming_dit import CHUNK_FRAMES, StreamingEstimator, _session
-from ...streaming_dit import chunk_attention_bias as chunk_bias
+from ...graphs import CHUNK_FRAMES, StreamingEstimator, _session
+from ...graphs import chunk_attention_bias as chunk_bias
 from ..common.files import derive_once, run_child
 
 logger = logging.getLogger(__name__)

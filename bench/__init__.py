@@ -9,5 +9,5 @@ benchmark's hooks), ``report`` (JSON, markdown), ``plot`` (timelines), ``cli``, 
 (the server observer behind ``--bench-stats-file``), ``levers`` (each performance lever's
 deviation and cost, in process). It observes the server and the engine only through
 :class:`wyoming_cosyvoice3.server.hooks.ServerHooks` (its observer is an
-:class:`wyoming_cosyvoice3.engine.hooks.EngineObserver`) and options.
+:class:`wyoming_cosyvoice3.engine.options.EngineObserver`) and options.
 """

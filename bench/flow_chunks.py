@@ -33,9 +33,8 @@ import numpy as np
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.flow.stream import GRID_TOKENS, prompt_noise
-from wyoming_cosyvoice3.engine.options import EngineOptions, SynthesisOptions
+from wyoming_cosyvoice3.engine.options import EngineOptions, SynthesisOptions, VoiceFeatures
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
-from wyoming_cosyvoice3.engine.types import VoiceFeatures
 
 from .recorder import FixedDecoding
 

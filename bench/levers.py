@@ -38,8 +38,7 @@ from typing import Any
 import numpy as np
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
-from wyoming_cosyvoice3.engine.options import PRESETS
-from wyoming_cosyvoice3.engine.types import SynthesisResult, VoicePrompt
+from wyoming_cosyvoice3.engine.options import PRESETS, SynthesisResult, VoicePrompt
 from wyoming_cosyvoice3.engine.vocoder.hift import VocoderStream
 from wyoming_cosyvoice3.engine.voice.features import prompt_mel
 

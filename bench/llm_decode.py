@@ -38,8 +38,7 @@ from wyoming_cosyvoice3.engine.graphs import (
 from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder, sample_step
 from wyoming_cosyvoice3.engine.loaders import load_llm_graph
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model, ModelDims
-from wyoming_cosyvoice3.engine.options import EngineOptions
-from wyoming_cosyvoice3.engine.types import LlmPrompt
+from wyoming_cosyvoice3.engine.options import EngineOptions, LlmPrompt
 
 
 def _prompt(prompt_tokens: int) -> LlmPrompt:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from wyoming_cosyvoice3.engine.types import SynthesisResult
+from wyoming_cosyvoice3.engine.options import SynthesisResult
 from wyoming_cosyvoice3.server.hooks import ServerObserver
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ _SKIPPED_INPUT_PREFIX = "past_key_values."
 
 class FixedDecoding(ServerObserver):
     """The benchmark's decoding length, installed through the engine's hook
-    (:meth:`~wyoming_cosyvoice3.engine.hooks.EngineObserver.fixed_speech_tokens`): exactly
+    (:meth:`~wyoming_cosyvoice3.engine.options.EngineObserver.fixed_speech_tokens`): exactly
     ``max(1, round(tokens_per_char x characters))`` speech tokens per text piece, ignoring the
     stop token, because random weights never stop sensibly. ``None``: decode normally.
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine
-from wyoming_cosyvoice3.engine.hooks import EngineObserver
+from wyoming_cosyvoice3.engine.options import EngineObserver
 
 
 class FixedDecoding(EngineObserver):

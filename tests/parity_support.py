@@ -421,7 +421,7 @@ def quality_options(parity: Parity, **changes: Any) -> Any:
 def flow_case_voice(flow_refs: Any, case: str) -> Any:
     """The flow's :class:`VoiceFeatures` of ``case`` from ``refs/flow.npz`` (prompt tokens,
     speaker embedding, prompt mel), as the chunk-causal parity tests use them."""
-    from wyoming_cosyvoice3.engine.types import VoiceFeatures
+    from wyoming_cosyvoice3.engine.options import VoiceFeatures
 
     return VoiceFeatures(
         speech_tokens=np.asarray(flow_refs[f"{case}_prompt_tokens"], dtype=np.int64),

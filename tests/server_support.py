@@ -23,12 +23,13 @@ from wyoming.info import Describe, Info
 from wyoming.tts import SynthesizeStopped
 
 from wyoming_cosyvoice3.engine.errors import CosyVoiceError, SynthesisCancelled, SynthesisFailed
-from wyoming_cosyvoice3.engine.options import EngineOptions, SynthesisOptions
-from wyoming_cosyvoice3.engine.types import (
+from wyoming_cosyvoice3.engine.options import (
     AudioChunk as EngineChunk,
 )
-from wyoming_cosyvoice3.engine.types import (
+from wyoming_cosyvoice3.engine.options import (
+    EngineOptions,
     ShouldStop,
+    SynthesisOptions,
     SynthesisResult,
     VoiceFeatures,
     VoicePrompt,

@@ -15,7 +15,7 @@ from server_support import loaded_engine_options
 from bench import serve
 from bench.recorder import FixedDecoding, StatsRecorder
 from wyoming_cosyvoice3.engine import EngineOptions, SynthesisOptions, graphs
-from wyoming_cosyvoice3.engine.hooks import EngineObserver
+from wyoming_cosyvoice3.engine.options import EngineObserver
 from wyoming_cosyvoice3.engine.text.frontend import TextFrontend
 from wyoming_cosyvoice3.server.hooks import ServerHooks
 from wyoming_cosyvoice3.server.runtime import ServerRuntime

@@ -90,7 +90,7 @@ def test_prompt_caches_in_memory_are_bounded() -> None:
     from types import SimpleNamespace
 
     from wyoming_cosyvoice3.engine.flow.solver import PROMPTS_IN_MEMORY, ChunkedFlow
-    from wyoming_cosyvoice3.engine.types import VoiceFeatures
+    from wyoming_cosyvoice3.engine.options import VoiceFeatures
 
     est = SimpleNamespace(depth=2, inner=8)
     runner: Any = SimpleNamespace()  # never called: nothing to cache for a 10-token prompt

@@ -43,8 +43,7 @@ from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_str
 from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, KvCache, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.graphs import StreamingEstimator, _session
-from wyoming_cosyvoice3.engine.options import PRESETS
-from wyoming_cosyvoice3.engine.types import VoiceFeatures, VoicePrompt
+from wyoming_cosyvoice3.engine.options import PRESETS, VoiceFeatures, VoicePrompt
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"
 CHUNK = 50

@@ -17,8 +17,8 @@ from wyoming_cosyvoice3.engine.flow.solver import (
     l2_normalise,
 )
 from wyoming_cosyvoice3.engine.flow.stream import SpeedResampler, resample_mel_linear
+from wyoming_cosyvoice3.engine.options import VoiceFeatures
 from wyoming_cosyvoice3.engine.request import GrowingNoise
-from wyoming_cosyvoice3.engine.types import VoiceFeatures
 
 BINS = 80
 

@@ -20,8 +20,7 @@ from wyoming_cosyvoice3.engine.llm.decoder import (
     sample_step,
 )
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
-from wyoming_cosyvoice3.engine.options import EngineOptions, StageTimes
-from wyoming_cosyvoice3.engine.types import LlmPrompt
+from wyoming_cosyvoice3.engine.options import EngineOptions, LlmPrompt, StageTimes
 
 TRANSCRIPT = "This is the reference clip of the voice."
 TEXT = "The living room lights are now on."

@@ -17,8 +17,7 @@ from wyoming_cosyvoice3.engine.derive.llm.fused import ensure_fused_llm
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
-from wyoming_cosyvoice3.engine.options import EngineOptions
-from wyoming_cosyvoice3.engine.types import LlmPrompt
+from wyoming_cosyvoice3.engine.options import EngineOptions, LlmPrompt
 
 MODES = parity_cases("llm")
 

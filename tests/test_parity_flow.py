@@ -27,8 +27,8 @@ from parity_support import (
 )
 
 from wyoming_cosyvoice3.engine import SynthesisOptions, VoiceFeatures, VoicePrompt
+from wyoming_cosyvoice3.engine.options import SynthesisResult
 from wyoming_cosyvoice3.engine.request import RequestState
-from wyoming_cosyvoice3.engine.types import SynthesisResult
 from wyoming_cosyvoice3.engine.vocoder.hift import VocoderStream
 
 FLOW = "flow.npz"

@@ -37,8 +37,8 @@ from wyoming_cosyvoice3.engine.graphs import (
     _session,
     chunk_attention_bias,
 )
+from wyoming_cosyvoice3.engine.options import VoiceFeatures, VoicePrompt
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
-from wyoming_cosyvoice3.engine.types import VoiceFeatures, VoicePrompt
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"
 CASES = parity_cases("flow")

@@ -20,8 +20,7 @@ from wyoming_cosyvoice3.engine import (
     VoicePrompt,
 )
 from wyoming_cosyvoice3.engine.flow.stream import flow_prompt_features
-from wyoming_cosyvoice3.engine.options import PRESETS
-from wyoming_cosyvoice3.engine.types import VoiceFeatures
+from wyoming_cosyvoice3.engine.options import PRESETS, VoiceFeatures
 
 TEXT = "The kitchen lights are on. The front door is locked for the night."
 

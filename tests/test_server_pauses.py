@@ -33,10 +33,9 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from bench.player import simulate_playback
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
-from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.engine.options import AudioChunk as EngineChunk
+from wyoming_cosyvoice3.engine.options import EngineOptions, ShouldStop
 from wyoming_cosyvoice3.engine.text.frontend import split_first_clause
-from wyoming_cosyvoice3.engine.types import AudioChunk as EngineChunk
-from wyoming_cosyvoice3.engine.types import ShouldStop
 from wyoming_cosyvoice3.server.preroll import (
     ARRIVAL_MARGIN_S,
     FIRST_AUDIO_LIMIT_S,

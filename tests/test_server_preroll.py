@@ -31,9 +31,8 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from bench.player import simulate_playback
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
-from wyoming_cosyvoice3.engine.options import EngineOptions
-from wyoming_cosyvoice3.engine.types import AudioChunk as EngineChunk
-from wyoming_cosyvoice3.engine.types import ShouldStop
+from wyoming_cosyvoice3.engine.options import AudioChunk as EngineChunk
+from wyoming_cosyvoice3.engine.options import EngineOptions, ShouldStop
 from wyoming_cosyvoice3.server.preroll import FIRST_AUDIO_LIMIT_S, expected_speech_s
 from wyoming_cosyvoice3.server.runtime import Engine
 

@@ -18,7 +18,7 @@ from wyoming_cosyvoice3.engine.errors import (
     TextTooLong,
     VoiceNotFound,
 )
-from wyoming_cosyvoice3.engine.types import VoiceFeatures, VoicePrompt
+from wyoming_cosyvoice3.engine.options import VoiceFeatures, VoicePrompt
 from wyoming_cosyvoice3.server.catalog import VoiceEntry
 from wyoming_cosyvoice3.server.protocol import (
     ProtocolError,

@@ -179,7 +179,7 @@ def test_streamed_equals_offline_with_tiny_hift(tiny_model_dir) -> None:
 def test_deferred_calls_equal_offline_and_run_fewer_frames() -> None:
     """Issue 12 item 2: deferring pushes (decoupled vocoder calls) keeps the exact samples and
     runs fewer frames than a call per flow chunk."""
-    from wyoming_cosyvoice3.engine.types import StageTimes
+    from wyoming_cosyvoice3.engine.options import StageTimes
 
     mel = np.random.default_rng(3).standard_normal((80, 140)).astype(np.float32)
     cuts = [20, 60, 140]  # flow chunks of 20, 40, 80 frames
@@ -224,9 +224,8 @@ def test_may_defer_rule() -> None:
 
 
 def test_request_lead_counts_from_the_first_chunk() -> None:
-    from wyoming_cosyvoice3.engine.options import SynthesisOptions
+    from wyoming_cosyvoice3.engine.options import SynthesisOptions, SynthesisResult
     from wyoming_cosyvoice3.engine.request import RequestState
-    from wyoming_cosyvoice3.engine.types import SynthesisResult
 
     req = RequestState.create(SynthesisOptions(), None, SynthesisResult())
     req.samples_out = 48000

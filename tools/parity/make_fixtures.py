@@ -925,8 +925,8 @@ def flow_refs(args: argparse.Namespace, flow: Any, hift: Any, flow_inputs: dict[
 def engine_noise(seed: int, flow_frames: int, vocoder_samples: int) -> tuple[np.ndarray,
                                                                              np.ndarray]:
     from wyoming_cosyvoice3.engine import PRESETS
+    from wyoming_cosyvoice3.engine.options import SynthesisResult
     from wyoming_cosyvoice3.engine.request import RequestState
-    from wyoming_cosyvoice3.engine.types import SynthesisResult
 
     req = RequestState.create(PRESETS["quality"].replace(seed=seed), None, SynthesisResult())
     flow = np.ascontiguousarray(req.flow_noise.take(flow_frames).T).astype(np.float32)

@@ -9,8 +9,8 @@ Public API::
     for chunk in engine.synthesize("Hello.", voice, SynthesisOptions(seed=1)):
         ...  # chunk.samples: float32 24 kHz mono
 
-``CosyVoice3Engine`` is imported lazily so that the light modules (options, types, errors,
-dsp, ...) import without loading the model stack.
+``CosyVoice3Engine`` is imported lazily so that the light modules (options, errors, dsp,
+...) import without loading the model stack.
 """
 
 from __future__ import annotations
@@ -32,11 +32,14 @@ from .errors import (
     VoiceError,
     VoiceNotFound,
 )
-from .options import PRESETS, EngineOptions, StageTimes, SynthesisOptions
-from .types import (
+from .options import (
+    PRESETS,
     AudioChunk,
+    EngineOptions,
     LlmPrompt,
     ShouldStop,
+    StageTimes,
+    SynthesisOptions,
     SynthesisResult,
     VoiceFeatures,
     VoicePrompt,

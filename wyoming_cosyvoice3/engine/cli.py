@@ -20,8 +20,7 @@ import soundfile as sf
 
 from . import constants as C
 from .errors import CosyVoiceError
-from .options import LLM_FILES, PRESETS, EngineOptions, SynthesisOptions
-from .types import SynthesisResult
+from .options import LLM_FILES, PRESETS, EngineOptions, SynthesisOptions, SynthesisResult
 
 logger = logging.getLogger(__name__)
 

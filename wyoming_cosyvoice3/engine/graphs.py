@@ -83,7 +83,7 @@ _run_observer: RunObserver | None = None
 
 def set_run_observer(observer: RunObserver | None) -> None:
     """Install (or remove, None) the process-wide run observer; benchmark use only
-    (:class:`.hooks.EngineObserver`). Unset, a run costs one ``is None`` test more."""
+    (:class:`.options.EngineObserver`). Unset, a run costs one ``is None`` test more."""
     global _run_observer
     _run_observer = observer
 LLM_FILES_BY_PRECISION = {"fp32": "llm.onnx", "int8": "llm_int8.onnx", "q4": "llm_q4.onnx"}

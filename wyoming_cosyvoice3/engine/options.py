@@ -1,17 +1,30 @@
-"""Option dataclasses of the engine: how graphs are loaded and how each request runs."""
+"""What the engine is given and what it gives back.
+
+* Options: :class:`EngineOptions` (how the model's graphs are loaded, fixed for the engine's
+  life), :class:`SynthesisOptions` (how one request runs) and the named presets
+  (:data:`PRESETS`, :data:`PRESET_LLM_GRAPHS`).
+* Records passed between the stages and returned to callers: voice features and prompts, the
+  LLM prompt of a piece, audio chunks, a request's result and stage times.
+* :class:`EngineObserver`: how a caller (the benchmark, a profiler, a test) watches what the
+  engine does without the engine knowing who watches, plus the one hook that changes what it
+  does, a fixed decoding length (:meth:`EngineObserver.fixed_speech_tokens`). Pass a subclass
+  as ``EngineOptions.observer``; every method defaults to doing nothing, and the engine calls
+  them on its own threads, so implementations must be thread-safe and quick (they run on the
+  synthesis path).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
 
 from . import constants as C
-from .types import StageTimes
-
-if TYPE_CHECKING:
-    from .hooks import EngineObserver
 
 LlmPrecision = Literal["fp32", "int8", "q4"]
 LlmGraph = Literal["published", "fused", "fused-q4"]
@@ -234,7 +247,7 @@ class EngineOptions:
             while a new voice is prepared (False, saves memory on small boards). With
             ``voice_process`` True keeps the voice encoder process running instead.
         observer: callbacks the engine makes while it works, and the benchmark's fixed
-            decoding length (:mod:`.hooks`); ``None`` = nobody watches.
+            decoding length (:class:`EngineObserver`); ``None`` = nobody watches.
     """
 
     llm_precision: LlmPrecision = "int8"
@@ -322,5 +335,159 @@ PRESET_LLM_GRAPHS: dict[str, LlmGraph] = {
 """The LLM graph each preset loads unless ``--llm-graph`` names one (the server's default
 ``preset``); a load-time choice, so a request asking for another preset keeps the loaded one."""
 
+# -- records between the stages and for the caller -------------------------------------------
 
-__all__ = ["PRESETS", "PRESET_LLM_GRAPHS", "EngineOptions", "StageTimes", "SynthesisOptions"]
+ShouldStop = Callable[[], bool]
+"""Cancellation callable: checked before every model step; True stops the request."""
+
+PromptMode = Literal["zero_shot", "cross_lingual", "instruct"]
+
+
+@dataclass
+class StageTimes:
+    """Wall-clock seconds spent per stage of one request (filled as the request runs)."""
+
+    frontend_s: float = 0.0
+    llm_prefill_s: float = 0.0
+    llm_decode_s: float = 0.0
+    llm_tokens: int = 0
+    flow_s: float = 0.0
+    flow_calls: int = 0
+    vocoder_s: float = 0.0
+    vocoder_calls: int = 0
+    vocoder_frames: int = 0
+    """Mel frames the vocoder ran over, summed over its calls (re-run frames count again)."""
+    events: list[tuple[str, float, float]] = field(default_factory=list)
+    """(stage, start_s, end_s) relative to the request start, for timelines."""
+
+
+@dataclass(frozen=True)
+class VoiceFeatures:
+    """Features of one reference clip, computed once and cached (spec section 2).
+
+    Attributes:
+        speech_tokens: int64 [L], 25 Hz speech tokens of the clip (frontend.py
+            _extract_speech_token), trimmed so that ``prompt_mel`` has exactly 2L frames.
+        speaker_embedding: float32 [192], CAM++ embedding (frontend.py _extract_spk_embedding),
+            not normalised (the flow path L2-normalises it).
+        prompt_mel: float32 [2L, 80], 50 frames/s natural-log mel of the 24 kHz clip
+            (frontend.py _extract_speech_feat).
+    """
+
+    speech_tokens: npt.NDArray[np.int64]
+    speaker_embedding: npt.NDArray[np.float32]
+    prompt_mel: npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class VoicePrompt:
+    """A prepared voice: its features plus what selects the prompt mode.
+
+    Attributes:
+        features: the clip's :class:`VoiceFeatures`.
+        transcript: what the clip says; ``None`` makes every request cross-lingual.
+        instruction: a style instruction (instruct mode), e.g. "Speak cheerfully."
+        name: voice id, for logs.
+    """
+
+    features: VoiceFeatures
+    transcript: str | None = None
+    instruction: str | None = None
+    name: str = "voice"
+
+
+@dataclass(frozen=True)
+class LlmPrompt:
+    """What the LLM is prefilled with for one text piece (spec section 4).
+
+    Attributes:
+        prompt_text_ids: int64 [P], token ids of the prompt text (may be empty).
+        tts_text_ids: int64 [N], token ids of the text to speak (N >= 1); min/max decode
+            lengths are 2N and 20N.
+        prompt_speech_tokens: int64 [L], the clip's speech tokens (empty unless zero-shot).
+        mode: which prompt mode built it.
+    """
+
+    prompt_text_ids: npt.NDArray[np.int64]
+    tts_text_ids: npt.NDArray[np.int64]
+    prompt_speech_tokens: npt.NDArray[np.int64]
+    mode: PromptMode
+
+
+@dataclass
+class AudioChunk:
+    """One piece of output audio.
+
+    Attributes:
+        samples: float32 [N] in [-0.99, 0.99] or int16 [N]; 24 kHz mono.
+        sample_rate_hz: always 24000.
+        piece_index: index of the text piece (sentence) it belongs to.
+        is_last: True on the last chunk of the whole request.
+        elapsed_s: seconds from the start of ``synthesize`` to this chunk being ready.
+        next_chunk_s: audio seconds the piece's next flow chunk will bring (its next hop
+            of speech tokens at 25 per second, divided by the speed); 0 after the piece's
+            last chunk. A consumer that holds audio until a piece can play through uses it
+            for the wait until the next chunk.
+    """
+
+    samples: np.ndarray
+    sample_rate_hz: int
+    piece_index: int
+    is_last: bool
+    elapsed_s: float
+    next_chunk_s: float = 0.0
+
+
+@dataclass
+class SynthesisResult:
+    """Summary of one finished request (returned by ``Synthesis.result``)."""
+
+    audio_s: float = 0.0
+    first_chunk_s: float | None = None
+    total_s: float = 0.0
+    pieces: int = 0
+    times: StageTimes = field(default_factory=StageTimes)
+
+    @property
+    def rtf(self) -> float:
+        """Real-time factor: processing seconds per second of audio (0 if no audio)."""
+        return self.total_s / self.audio_s if self.audio_s > 0 else 0.0
+
+
+# -- the observer ---------------------------------------------------------------------------
+
+class EngineObserver:
+    """Callbacks made by :class:`~.pipeline.CosyVoice3Engine` (override what you need)."""
+
+    observes_graph_runs: bool = False
+    """True to receive :meth:`graph_run` for every ONNX run of the process (installed at
+    :meth:`CosyVoice3Engine.load <.pipeline.CosyVoice3Engine.load>`; process-wide, as the
+    graph wrappers are shared)."""
+
+    def graph_run(
+        self, graph_path: str, feeds: Mapping[str, np.ndarray], start_s: float, end_s: float
+    ) -> None:
+        """One graph run: the file its session runs (can be a derived copy), the feeds, and
+        its start and end in ``time.time()`` seconds."""
+
+    def voice_prepared(self, name: str, seconds: float) -> None:
+        """A voice's features were computed or loaded from the cache in ``seconds``."""
+
+    def request_finished(self, text: str, result: SynthesisResult) -> None:
+        """A synthesis request ended (done, failed or cancelled) with these figures."""
+
+    def fixed_speech_tokens(self, piece_text: str) -> int | None:
+        """How many speech tokens to decode for one text piece, ignoring the stop token;
+        None (the default) decodes until the stop token or the request's cap.
+
+        For measurements only: a model with random weights (the synthetic ones) never stops
+        sensibly, so the benchmark fixes the length from the text (``python -m bench``,
+        ``--bench-tokens-per-char``). Called once per piece when the request starts.
+
+        Args:
+            piece_text: the normalised text of the piece.
+
+        Returns:
+            A token count >= 1, or None.
+        """
+        return None

@@ -35,15 +35,16 @@ from .flow.stream import (
 from .graphs import return_freed_memory
 from .llm.decoder import LlmDecoder, SilentRunFilter, request_tokens
 from .model import CosyVoice3Model
-from .options import EngineOptions, SynthesisOptions
-from .request import RequestState
-from .text.frontend import TextFrontend
-from .types import (
+from .options import (
     AudioChunk,
+    EngineOptions,
     ShouldStop,
+    SynthesisOptions,
     SynthesisResult,
     VoicePrompt,
 )
+from .request import RequestState
+from .text.frontend import TextFrontend
 from .vocoder.hift import HiftRunner, VocoderStream, may_defer
 from .voice.prepare import VoiceFeatureExtractor
 from .voice.worker import worker_for

@@ -22,8 +22,7 @@ import numpy.typing as npt
 
 from . import constants as C
 from .errors import SynthesisTimeout
-from .options import StageTimes, SynthesisOptions
-from .types import ShouldStop, SynthesisResult
+from .options import ShouldStop, StageTimes, SynthesisOptions, SynthesisResult
 
 
 @dataclass

@@ -10,8 +10,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from ..engine.options import EngineOptions, SynthesisOptions
-from ..engine.types import AudioChunk, ShouldStop, SynthesisResult, VoicePrompt
+from ..engine.options import (
+    AudioChunk,
+    EngineOptions,
+    ShouldStop,
+    SynthesisOptions,
+    SynthesisResult,
+    VoicePrompt,
+)
 from .settings import Settings
 
 

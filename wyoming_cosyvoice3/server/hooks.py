@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ..engine.hooks import EngineObserver
-from ..engine.options import SynthesisOptions
+from ..engine.options import EngineObserver, SynthesisOptions
 
 
 class ServerObserver(EngineObserver):
     """The engine's callbacks and decoding-length hook
-    (:class:`~..engine.hooks.EngineObserver`, handed to the engine as
+    (:class:`~..engine.options.EngineObserver`, handed to the engine as
     ``EngineOptions.observer``) plus what only the server sees. Every method defaults to
     doing nothing; they are called from the event loop and the worker threads, so
     implementations must be thread-safe and quick."""
@@ -35,7 +34,7 @@ class ServerHooks:
     Attributes:
         observer: receives the engine's callbacks and :meth:`ServerObserver.response_pieces`,
             and may fix the decoding length
-            (:meth:`~..engine.hooks.EngineObserver.fixed_speech_tokens`); None: nobody watches
+            (:meth:`~..engine.options.EngineObserver.fixed_speech_tokens`); None: nobody watches
             (the engine then pays one ``is None`` test per callback).
         synthesis_overrides: fields of :class:`~..engine.options.SynthesisOptions` replaced in
             the preset's options, for loading and every request, before the server's own

@@ -29,9 +29,9 @@ from ..engine.constants import (
     SPEECH_TOKEN_RATE_HZ,
 )
 from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, SynthesisTimeout
+from ..engine.options import AudioChunk
 from ..engine.text.frontend import split_first_clause
 from ..engine.text.markdown import markdown_to_speech
-from ..engine.types import AudioChunk
 from .preroll import (
     FIRST_PIECE_MAX_S,
     FIRST_PIECE_MIN_S,

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.errors import CosyVoiceError, SynthesisCancelled
-from ..engine.options import SynthesisOptions
-from ..engine.types import AudioChunk, ShouldStop, SynthesisResult, VoicePrompt
+from ..engine.options import AudioChunk, ShouldStop, SynthesisOptions, SynthesisResult, VoicePrompt
 from .engine_port import Engine
 from .settings import Settings
 

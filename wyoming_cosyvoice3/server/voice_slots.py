@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from ..engine.errors import CosyVoiceError
-from ..engine.types import VoicePrompt
+from ..engine.options import VoicePrompt
 from .catalog import VoiceEntry, check_clip_size, resolve_clip
 from .engine_port import Engine
 

@@ -67,8 +67,7 @@ import numpy.typing as npt
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed
 from ..graphs import CHUNK_FRAMES, Graph, chunk_attention_bias
-from ..options import StageTimes
-from ..types import ShouldStop, VoiceFeatures
+from ..options import ShouldStop, StageTimes, VoiceFeatures
 
 logger = logging.getLogger(__name__)
 

@@ -37,9 +37,8 @@ import numpy.typing as npt
 
 from .. import constants as C
 from ..graphs import CHUNK_FRAMES
-from ..options import EngineOptions, StageTimes, SynthesisOptions
+from ..options import EngineOptions, ShouldStop, StageTimes, SynthesisOptions, VoiceFeatures
 from ..request import GrowingNoise, request_streams
-from ..types import ShouldStop, VoiceFeatures
 from .solver import ChunkedFlow, EulerSchedule, FlowRunner, KvCache
 
 logger = logging.getLogger(__name__)

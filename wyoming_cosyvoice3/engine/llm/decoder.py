@@ -55,8 +55,7 @@ import onnxruntime as ort
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed, SynthesisTimeout
 from ..graphs import ORT_ERRORS
-from ..options import StageTimes
-from ..types import LlmPrompt, ShouldStop
+from ..options import LlmPrompt, ShouldStop, StageTimes
 from .producer import TokenProducer
 
 if TYPE_CHECKING:

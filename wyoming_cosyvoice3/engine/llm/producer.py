@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from ..errors import SynthesisFailed
-from ..types import ShouldStop
+from ..options import ShouldStop
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@
 * :func:`read_tokenizer` (tokenizer_load.py): tokenizer.json read in steps that each release
   the GIL (the model loader's parse).
 
-Imports the top engine modules (constants, errors, types) and no other stage.
+Imports the top engine modules (constants, errors, options) and no other stage.
 """
 
 from .frontend import TextFrontend, is_speakable

@@ -53,7 +53,7 @@ from ..constants import (
     SYSTEM_PROMPT,
 )
 from ..errors import EmptyText, ModelLoadError
-from ..types import LlmPrompt, PromptMode, VoicePrompt
+from ..options import LlmPrompt, PromptMode, VoicePrompt
 from .normalize import char_script, dominant_script, normalize_text
 
 logger = logging.getLogger(__name__)

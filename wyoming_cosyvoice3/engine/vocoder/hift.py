@@ -60,9 +60,8 @@ import numpy.typing as npt
 from .. import constants as C
 from ..dsp import istft
 from ..errors import GraphSignatureMismatch, SynthesisCancelled
-from ..options import StageTimes
+from ..options import ShouldStop, StageTimes
 from ..request import GrowingNoise
-from ..types import ShouldStop
 
 if TYPE_CHECKING:
     from ..graphs import Graph

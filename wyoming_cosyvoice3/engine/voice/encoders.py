@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from .. import constants as C
 from ..errors import SynthesisFailed, VoiceError
-from ..types import VoiceFeatures
+from ..options import VoiceFeatures
 from . import features as dsp
 from .audio_io import resample
 

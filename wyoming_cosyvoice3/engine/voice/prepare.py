@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import constants as C
-from ..types import VoiceFeatures, VoicePrompt
+from ..options import VoiceFeatures, VoicePrompt
 from .audio_io import MAX_CLIP_BYTES, decode_clip, read_clip_bytes
 from .encoders import align_features, features_from_audio, read_only, run_voice_encoders
 

@@ -36,8 +36,7 @@ from typing import Any
 
 from .. import constants as C
 from ..errors import CosyVoiceError, SynthesisFailed
-from ..options import EngineOptions
-from ..types import VoiceFeatures
+from ..options import EngineOptions, VoiceFeatures
 from .encoders import read_only
 
 _LOGGER = logging.getLogger(__name__)

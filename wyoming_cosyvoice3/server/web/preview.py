@@ -24,7 +24,7 @@ from aiohttp import web
 
 from ...engine.constants import OUTPUT_SAMPLE_RATE_HZ
 from ...engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled
-from ...engine.types import AudioChunk
+from ...engine.options import AudioChunk
 from ..runtime import ServerBusy, ServerRuntime
 from ..sink import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
 from ..speech import speech_text

@@ -64,7 +64,7 @@ from wyoming_cosyvoice3.engine.derive.vocoder.hift_stream import STREAM_TAG
 from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
 from wyoming_cosyvoice3.engine.loaders import load_hift, load_hift_stream
 from wyoming_cosyvoice3.engine.options import EngineOptions
-from wyoming_cosyvoice3.engine.request import request_streams
+from wyoming_cosyvoice3.engine.dsp import request_streams
 from wyoming_cosyvoice3.engine.types import StageTimes
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from wyoming_cosyvoice3.engine.dsp import GrowingNoise
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled, SynthesisFailed
 from wyoming_cosyvoice3.engine.flow.solver import (
     FlowRunner,
@@ -18,7 +19,6 @@ from wyoming_cosyvoice3.engine.flow.solver import (
 )
 from wyoming_cosyvoice3.engine.flow.stream import SpeedResampler, resample_mel_linear
 from wyoming_cosyvoice3.engine.options import VoiceFeatures
-from wyoming_cosyvoice3.engine.request import GrowingNoise
 
 BINS = 80
 

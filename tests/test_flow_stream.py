@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine.dsp import GrowingNoise
 from wyoming_cosyvoice3.engine.flow.stream import MelStream, MelStreamOptions
 from wyoming_cosyvoice3.engine.options import StageTimes, SynthesisOptions, VoiceFeatures
-from wyoming_cosyvoice3.engine.request import GrowingNoise
 
 PROMPT_TOKENS = 7
 LOOKAHEAD = C.PRE_LOOKAHEAD_TOKENS

@@ -25,11 +25,11 @@ from wyoming_cosyvoice3.engine.derive.vocoder.hift_phase import (
     ensure_phase_hift,
     load_phase_hift,
 )
+from wyoming_cosyvoice3.engine.dsp import GrowingNoise
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
 from wyoming_cosyvoice3.engine.loaders import load_hift
 from wyoming_cosyvoice3.engine.options import EngineOptions
-from wyoming_cosyvoice3.engine.request import GrowingNoise
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 
 

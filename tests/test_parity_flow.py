@@ -28,7 +28,7 @@ from parity_support import (
 
 from wyoming_cosyvoice3.engine import SynthesisOptions, VoiceFeatures, VoicePrompt
 from wyoming_cosyvoice3.engine.options import SynthesisResult
-from wyoming_cosyvoice3.engine.request import RequestState
+from wyoming_cosyvoice3.engine.pipeline import RequestState
 from wyoming_cosyvoice3.engine.vocoder.hift import VocoderStream
 
 FLOW = "flow.npz"

@@ -46,8 +46,7 @@ from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.graphs import StreamingEstimator, _session
 from wyoming_cosyvoice3.engine.graphs import chunk_attention_bias as chunk_bias
 from wyoming_cosyvoice3.engine.options import SynthesisOptions, SynthesisResult, VoicePrompt
-from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
-from wyoming_cosyvoice3.engine.request import RequestState
+from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine, RequestState
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"
 FLOW = "flow.npz"

@@ -286,7 +286,7 @@ def test_vocoder_defer_is_exact_and_runs_fewer_frames(engine, voice, monkeypatch
     the exact vocoder's samples are unchanged and it runs fewer mel frames. The audio in hand
     is set to 60 s after the first chunk (a shared test machine does not run the tiny model
     faster than real time reliably)."""
-    from wyoming_cosyvoice3.engine.request import RequestState
+    from wyoming_cosyvoice3.engine.pipeline import RequestState
 
     real_lead = RequestState.lead_s
     runs = {}

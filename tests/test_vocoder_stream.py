@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.dsp import istft
+from wyoming_cosyvoice3.engine.dsp import GrowingNoise, istft
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
-from wyoming_cosyvoice3.engine.request import GrowingNoise
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream, fade_in_gain
 
 FRAMES_PER_MEL = C.SAMPLES_PER_MEL_FRAME // C.ISTFT_HOP  # 120 STFT frames per mel frame
@@ -225,7 +224,7 @@ def test_may_defer_rule() -> None:
 
 def test_request_lead_counts_from_the_first_chunk() -> None:
     from wyoming_cosyvoice3.engine.options import SynthesisOptions, SynthesisResult
-    from wyoming_cosyvoice3.engine.request import RequestState
+    from wyoming_cosyvoice3.engine.pipeline import RequestState
 
     req = RequestState.create(SynthesisOptions(), None, SynthesisResult())
     req.samples_out = 48000

@@ -926,7 +926,7 @@ def engine_noise(seed: int, flow_frames: int, vocoder_samples: int) -> tuple[np.
                                                                              np.ndarray]:
     from wyoming_cosyvoice3.engine import PRESETS
     from wyoming_cosyvoice3.engine.options import SynthesisResult
-    from wyoming_cosyvoice3.engine.request import RequestState
+    from wyoming_cosyvoice3.engine.pipeline import RequestState
 
     req = RequestState.create(PRESETS["quality"].replace(seed=seed), None, SynthesisResult())
     flow = np.ascontiguousarray(req.flow_noise.take(flow_frames).T).astype(np.float32)

@@ -6,9 +6,11 @@ tokens (:func:`.llm.decoder.request_tokens`) -> per piece, the silent-run filter
 speed resampler and the streaming vocoder (:mod:`.vocoder`) -> the samples that became final
 are yielded.
 
-Per-request state lives in a :class:`.request.RequestState` and per-piece state in a
-:class:`PieceState` (which holds the piece's mel stream), both created per call; the
-engine's graphs and helpers are shared and may serve several threads at once.
+Per-request state lives in a :class:`RequestState` (options, the seeded random streams of
+:func:`.dsp.request_streams`, the deadline and cancellation, stage times and timeline events,
+and what has been sent) and per-piece state in a :class:`PieceState` (which holds the piece's
+mel stream), both created per call and never stored on the engine; the engine's graphs and
+helpers are shared and may serve several threads at once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import numpy.typing as npt
 
 from . import constants as C
 from . import graphs
+from .dsp import GrowingNoise, request_streams
+from .errors import SynthesisTimeout
 from .flow.solver import FlowRunner
 from .flow.stream import (
     ChunkedFlows,
@@ -39,11 +43,11 @@ from .options import (
     AudioChunk,
     EngineOptions,
     ShouldStop,
+    StageTimes,
     SynthesisOptions,
     SynthesisResult,
     VoicePrompt,
 )
-from .request import RequestState
 from .text.frontend import TextFrontend
 from .vocoder.hift import HiftRunner, VocoderStream, may_defer
 from .voice.prepare import VoiceFeatureExtractor
@@ -52,6 +56,71 @@ from .voice.worker import worker_for
 logger = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "Hello."
+
+
+@dataclass
+class RequestState:
+    """State of one ``synthesize`` call."""
+
+    options: SynthesisOptions
+    should_stop: ShouldStop | None
+    result: SynthesisResult
+    start_s: float
+    deadline_monotonic: float
+    rng: np.random.Generator
+    flow_noise: GrowingNoise
+    vocoder_noise: GrowingNoise
+    samples_out: int = 0
+    chunks_out: int = 0
+    last_sent: bool = False
+
+    @classmethod
+    def create(
+        cls, options: SynthesisOptions, should_stop: ShouldStop | None, result: SynthesisResult
+    ) -> RequestState:
+        rng, flow_noise, vocoder_noise = request_streams(options.seed)
+        return cls(
+            options=options,
+            should_stop=should_stop,
+            result=result,
+            start_s=time.perf_counter(),
+            deadline_monotonic=time.monotonic() + options.max_request_s,
+            rng=rng,
+            flow_noise=flow_noise,
+            vocoder_noise=vocoder_noise,
+        )
+
+    @property
+    def times(self) -> StageTimes:
+        return self.result.times
+
+    def now(self) -> float:
+        """Seconds since the request started."""
+        return time.perf_counter() - self.start_s
+
+    def check(self) -> bool:
+        """Cancellation callable for the stages: True = stop; raises past the deadline."""
+        if self.should_stop is not None and self.should_stop():
+            return True
+        if time.monotonic() > self.deadline_monotonic:
+            raise SynthesisTimeout(
+                f"request exceeded max_request_s={self.options.max_request_s:g} s; raise it "
+                "or send shorter text"
+            )
+        return False
+
+    def lead_s(self) -> float:
+        """Seconds of emitted audio not yet played by a player that started at the first
+        chunk (0 before the first chunk)."""
+        first = self.result.first_chunk_s
+        if first is None:
+            return 0.0
+        return self.samples_out / C.OUTPUT_SAMPLE_RATE_HZ - (self.now() - first)
+
+    def event(self, stage: str, start_s: float, end_s: float | None = None) -> None:
+        """Record a timeline event from ``start_s`` until ``end_s`` (default now), both
+        request-relative seconds."""
+        self.times.events.append((stage, start_s, self.now() if end_s is None else end_s))
 
 
 @dataclass

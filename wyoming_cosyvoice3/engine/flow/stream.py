@@ -36,9 +36,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import constants as C
+from ..dsp import GrowingNoise, request_streams
 from ..graphs import CHUNK_FRAMES
 from ..options import EngineOptions, ShouldStop, StageTimes, SynthesisOptions, VoiceFeatures
-from ..request import GrowingNoise, request_streams
 from .solver import ChunkedFlow, EulerSchedule, FlowRunner, KvCache
 
 logger = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -55,12 +55,11 @@ import onnxruntime as ort
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed, SynthesisTimeout
 from ..graphs import ORT_ERRORS
-from ..options import LlmPrompt, ShouldStop, StageTimes
+from ..options import LlmPrompt, ShouldStop, StageTimes, SynthesisOptions
 from .producer import TokenProducer
 
 if TYPE_CHECKING:
     from ..model import CosyVoice3Model
-    from ..request import RequestState
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -479,11 +478,30 @@ PieceToken = tuple[int, int | None]
 """``(piece index, speech token)``; the token is None at the end of the piece."""
 
 
+class TokenRequest(Protocol):
+    """What the token loop reads of a request: the pipeline's
+    :class:`~..pipeline.RequestState` (a stage may not import the pipeline, so it is named by
+    its shape here)."""
+
+    options: SynthesisOptions
+    rng: np.random.Generator
+    deadline_monotonic: float
+
+    @property
+    def times(self) -> StageTimes: ...
+
+    def check(self) -> bool: ...
+
+    def now(self) -> float: ...
+
+    def event(self, stage: str, start_s: float, end_s: float | None = None) -> None: ...
+
+
 def token_stream(
     llm: LlmDecoder,
     prompts: list[LlmPrompt],
     fixed_tokens: list[int | None],
-    req: RequestState,
+    req: TokenRequest,
     stopped: ShouldStop | None,
 ) -> Iterator[PieceToken]:
     """``(piece index, token)`` for every accepted LLM token of every piece of a request, then
@@ -533,7 +551,7 @@ def request_tokens(
     llm: LlmDecoder,
     prompts: list[LlmPrompt],
     fixed_tokens: list[int | None],
-    req: RequestState,
+    req: TokenRequest,
 ) -> Iterator[Iterator[PieceToken]]:
     """:func:`token_stream` of the request, decoded in a :class:`.producer.TokenProducer`
     thread when ``req.options.overlap_decoding`` (the items are the same either way); the

@@ -58,10 +58,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import constants as C
-from ..dsp import istft
+from ..dsp import GrowingNoise, istft
 from ..errors import GraphSignatureMismatch, SynthesisCancelled
 from ..options import ShouldStop, StageTimes
-from ..request import GrowingNoise
 
 if TYPE_CHECKING:
     from ..graphs import Graph

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from wyoming_cosyvoice3.engine.errors import TextError
 from wyoming_cosyvoice3.engine.text import dominant_script, is_english, normalize_text
-from wyoming_cosyvoice3.engine.text.normalize import expand_english
+from wyoming_cosyvoice3.engine.text.frontend import expand_english
 
 C2 = [
     ("It is 21.5 °C in the living room.",

@@ -103,7 +103,7 @@ class SynthesisOptions:
         language_hint: the language the text is most likely in (e.g. the voice's "en"):
             the text normaliser uses it only when the text itself gives no cue, so that a
             streamed sentence such as "Kitchen, 21 °C." reads its numbers as the whole
-            answer would (:func:`.text.normalize.normalize_text`); None: digits without a
+            answer would (:func:`.text.frontend.normalize_text`); None: digits without a
             cue stay digits.
         max_piece_tokens: upper size of a text piece in LLM text tokens (upstream
             ``split_paragraph`` ``token_max_n`` = 80, which packs several sentences into one

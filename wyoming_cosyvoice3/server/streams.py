@@ -26,8 +26,8 @@ from wyoming.audio import AudioStop
 from wyoming.tts import SynthesizeStopped
 
 from ..engine.errors import CosyVoiceError, TextError, TextTooLong
+from ..engine.text.frontend import english_cues
 from ..engine.text.markdown import MarkdownSpeech
-from ..engine.text.normalize import english_cues
 from .preroll import PieceGate, expected_speech_s
 from .protocol import SpeakRequest, check_chunk_text
 from .runtime import ServerRuntime, VoiceSlot
@@ -108,7 +108,7 @@ class StreamRequest:
     has_carry: bool = False
     english_cues: tuple[int, int] = (0, 0)
     """English / other-language function words of the sentences spoken so far
-    (:func:`~..engine.text.normalize.english_cues`)."""
+    (:func:`~..engine.text.frontend.english_cues`)."""
 
     def language_hint(self, text: str) -> str | None:
         """The language hint for the next engine request, whose text is ``text``: "en" when

@@ -1,7 +1,7 @@
 """Markdown to speech text, for whole texts and for text streamed in arbitrary deltas.
 
 Conversation agents answer in markdown. This pass turns it into plain sentences before
-:func:`.normalize.normalize_text`; the block structure is parsed by markdown-it-py
+:func:`.frontend.normalize_text`; the block structure is parsed by markdown-it-py
 (CommonMark + GFM tables and strikethrough, see :func:`markdown_parser`).
 What each block becomes (inline rules: :func:`speak_inline`):
 
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Literal
 
 from markdown_it import MarkdownIt
 
-from .normalize import char_script, is_emoji
+from .frontend import char_script, is_emoji
 
 if TYPE_CHECKING:
     from markdown_it.token import Token

@@ -38,7 +38,7 @@ from wyoming.tts import (
 )
 
 from wyoming_cosyvoice3.server.cli import RunningServer
-from wyoming_cosyvoice3.server.sink import pcm16
+from wyoming_cosyvoice3.server.protocol import pcm16
 from wyoming_cosyvoice3.server.streams import INLINE_CHUNK_CHARS
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

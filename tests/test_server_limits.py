@@ -31,9 +31,8 @@ from wyoming.event import Event
 from wyoming.info import Describe
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
-from wyoming_cosyvoice3.server.limits import ERROR_CODES, Limits
 from wyoming_cosyvoice3.server.protocol import IdleTimeout, ProtocolError, read_event
-from wyoming_cosyvoice3.server.settings import OPTIONS, resolve_settings
+from wyoming_cosyvoice3.server.settings import ERROR_CODES, OPTIONS, Limits, resolve_settings
 
 MakeClip = Callable[..., Path]
 pytestmark = pytest.mark.timeout(120)

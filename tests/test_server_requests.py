@@ -27,11 +27,10 @@ from wyoming_cosyvoice3.server.protocol import (
     check_text,
     check_text_format,
     parse_voice,
+    pcm16,
     read_event,
-    select_voice,
 )
-from wyoming_cosyvoice3.server.runtime import VoiceSlot
-from wyoming_cosyvoice3.server.sink import pcm16
+from wyoming_cosyvoice3.server.runtime import VoiceSlot, select_voice
 
 
 def test_check_text() -> None:

@@ -26,9 +26,8 @@ from web_support import CHANGE, add_voice, catalog_items, clip_bytes, page_url
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.server.catalog import MAX_CATALOG_VOICES, load_catalog_file
 from wyoming_cosyvoice3.server.cli import RunningServer
-from wyoming_cosyvoice3.server.limits import Limits
 from wyoming_cosyvoice3.server.runtime import Engine
-from wyoming_cosyvoice3.server.settings import resolve_settings
+from wyoming_cosyvoice3.server.settings import Limits, resolve_settings
 from wyoming_cosyvoice3.server.web import store as store_module
 from wyoming_cosyvoice3.server.web.errors import Conflict
 from wyoming_cosyvoice3.server.web.store import CatalogStore

@@ -7,7 +7,7 @@ connection is noticed at once (its ``should_stop`` flag stops the engine within 
 step). Every failure becomes a coded ``error`` event and the connection stays usable; only an
 unreadable byte stream (broken header, oversized or stalled event) closes it.
 
-Limits (see :mod:`.limits`): a connection over ``max_connections`` gets
+Limits (:class:`.settings.Limits`): a connection over ``max_connections`` gets
 ``too-many-connections`` and is closed; a connection that sends nothing while nothing is
 being answered for ``idle_timeout_s`` gets ``idle-timeout`` and is closed; a client that reads
 nothing for ``write_timeout_s`` is dropped (its synthesis stops and frees its worker).
@@ -39,10 +39,18 @@ from wyoming.tts import (
 
 from ..engine.errors import CosyVoiceError
 from .info import build_info
-from .limits import IDLE_TIMEOUT, SERVER_BUSY, TOO_MANY_CONNECTIONS
-from .protocol import IdleTimeout, ProtocolError, SpeakRequest, parse_request, read_event
+from .protocol import (
+    ClientGone,
+    EventSink,
+    IdleTimeout,
+    ProtocolError,
+    SpeakRequest,
+    parse_request,
+    pcm16,
+    read_event,
+)
 from .runtime import ServerRuntime
-from .sink import ClientGone, EventSink, pcm16
+from .settings import IDLE_TIMEOUT, SERVER_BUSY, TOO_MANY_CONNECTIONS
 from .speech import run_one_shot
 from .streaming_text import SentenceBuffer
 from .streams import StreamRequest, run_stream

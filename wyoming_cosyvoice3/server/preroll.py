@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 from wyoming.event import Event
 
-from .sink import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone
+from .protocol import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone
 
 _LOGGER = logging.getLogger(__name__)
 

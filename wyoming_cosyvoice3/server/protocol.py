@@ -1,4 +1,5 @@
-"""Reading Wyoming events with size limits and type checks.
+"""The Wyoming wire of one connection: reading events within size limits, checking a request,
+writing events within the write limit.
 
 ``wyoming.event.async_read_event`` trusts ``data_length`` and ``payload_length`` (a header
 announcing 10 GB makes it wait for, and buffer, 10 GB) and turns every malformed header into
@@ -11,21 +12,37 @@ The text and voice of a request are then checked by pure functions over the even
 I/O), so that every malformed value becomes a typed error with a Wyoming code:
 ``invalid-text``, ``empty-text``, ``text-too-long``, ``text-format-not-supported``,
 ``invalid-voice``.
+
+The write side (last section) is narrow and handed to the request logic: the connection handler
+(:mod:`.handler`) is the only reader of events, while the one-shot and streaming request logic
+(:mod:`.speech`, :mod:`.streams`) write their events through an :class:`EventSink` and never see
+the handler. A sink knows how to write one event within the write time limit, whether the client
+is gone, and whether its work must stop. The audio they write is converted there too
+(:func:`pcm16`), and each request's figures are logged in one line (:class:`RequestStats`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Mapping
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+from wyoming.error import Error
 from wyoming.event import Event
 
+from ..engine.constants import OUTPUT_SAMPLE_RATE_HZ
 from ..engine.errors import CosyVoiceError, EmptyText, TextError, TextTooLong, VoiceNotFound
-from .limits import MAX_VOICE_FIELD_CHARS
-from .voice_slots import VoiceSlot
+
+_LOGGER = logging.getLogger(__name__)
+
+MAX_VOICE_FIELD_CHARS = 256
+"""Longest ``voice.name`` / ``language`` / ``speaker`` accepted (longer: ``invalid-voice``)."""
 
 
 class ProtocolError(Exception):
@@ -321,66 +338,131 @@ def parse_voice(data: Mapping[str, Any]) -> VoiceRequest:
     return VoiceRequest(**fields)
 
 
-def _primary(language: str) -> str:
-    return language.replace("_", "-").split("-", 1)[0].lower()
+# -- writing events -------------------------------------------------------------------------
+
+MAX_ERROR_TEXT_CHARS = 2000
+"""Error texts are cut to this length."""
+SAMPLE_WIDTH_BYTES = 2
+"""16-bit PCM: every audio event carries rate 24000, width 2, channels 1."""
+CHANNELS = 1
 
 
-def _valid_names(voices: Mapping[str, VoiceSlot]) -> str:
-    names = [name for name, slot in voices.items() if slot.installed]
-    if names:
-        return ", ".join(names)
-    problem = next((f"{name}: {slot.problem}" for name, slot in voices.items() if slot.problem),
-                   "check the voice catalog and the log")
-    return f"(none; {problem})"
+class ClientGone(Exception):
+    """The client disconnected; the request stops quietly."""
 
 
-def select_voice(
-    request: VoiceRequest, voices: Mapping[str, VoiceSlot], default: VoiceSlot | None
-) -> VoiceSlot:
-    """Pick the voice: by name, else the first voice listing the language, else the default.
+class EventSink:
+    """Writes the events of one connection (one sink per connection, made by its handler).
 
-    A language matches exactly first (``en-US``), then by its primary subtag (``en``); voices
-    whose first language matches are preferred over voices that merely list it.
+    Args:
+        write_event: coroutine that writes one event to the connection.
+        transport: the connection's transport (``is_closing``, ``abort``).
+        write_timeout_s: a client that reads nothing for this long is dropped.
+        server_stopping: set when the server shuts down; every synthesis stops.
+        peer: the client's address, for log lines.
 
-    Raises:
-        VoiceNotFound: unknown or unusable name, a speaker (no voice has speakers), an
-            unsupported language, or no installed voice at all; the message lists the
-            installed voices.
+    Attributes:
+        gone: set when the client is gone: every synthesis of this connection stops.
+        last_write: ``time.monotonic()`` of the last event written (idle accounting).
     """
-    valid = _valid_names(voices)
-    if request.name is not None:
-        slot = voices.get(request.name)
-        if slot is None:
-            raise VoiceNotFound(f"unknown voice {short_repr(request.name)}; installed voices: "
-                                f"{valid}")
-        if not slot.installed:
-            reason = slot.problem or "it is not prepared yet"
-            raise VoiceNotFound(
-                f"voice {request.name!r} is not available ({reason}); installed voices: {valid}"
-            )
-        if request.speaker is not None:
-            raise VoiceNotFound(
-                f"voice {request.name!r} has no speakers (got speaker {request.speaker!r}); "
-                "leave 'speaker' out"
-            )
-        return slot
-    if request.language is not None:
-        wanted = request.language.replace("_", "-").lower()
-        installed = [slot for slot in voices.values() if slot.installed]
-        for match in (
-            lambda s: s.entry.languages[0].lower() == wanted,
-            lambda s: _primary(s.entry.languages[0]) == _primary(wanted),
-            lambda s: any(lang.lower() == wanted for lang in s.entry.languages),
-            lambda s: any(_primary(lang) == _primary(wanted) for lang in s.entry.languages),
-        ):
-            found = next((slot for slot in installed if match(slot)), None)
-            if found is not None:
-                return found
-        languages = sorted({lang for slot in installed for lang in slot.entry.languages})
-        raise VoiceNotFound(
-            f"no voice speaks {request.language!r}; languages: {', '.join(languages) or '-'}; "
-            f"installed voices: {valid}"
+
+    def __init__(
+        self, write_event: Callable[[Event], Awaitable[None]], transport: asyncio.WriteTransport,
+        write_timeout_s: float, server_stopping: threading.Event, peer: str,
+    ) -> None:
+        self._write_event = write_event
+        self._transport = transport
+        self._write_timeout_s = write_timeout_s
+        self._server_stopping = server_stopping
+        self.peer = peer
+        self.gone = threading.Event()
+        self.last_write = time.monotonic()
+
+    def should_stop(self) -> bool:
+        """Cancellation callable handed to the engine: the client left or the server stops."""
+        return self.gone.is_set() or self._server_stopping.is_set()
+
+    async def send(self, event: Event) -> None:
+        """Write one event.
+
+        Raises:
+            ClientGone: the client has disconnected, or has not read for ``write_timeout_s``
+                (the connection is then aborted).
+        """
+        if self.gone.is_set() or self._transport.is_closing():
+            self.gone.set()
+            raise ClientGone
+        try:
+            await asyncio.wait_for(self._write_event(event), self._write_timeout_s)
+        except asyncio.TimeoutError:
+            _LOGGER.warning("Client %s read nothing for %g s; dropping it", self.peer,
+                            self._write_timeout_s)
+            self.gone.set()
+            self._transport.abort()
+            raise ClientGone from None
+        except (ConnectionError, OSError) as err:
+            self.gone.set()
+            raise ClientGone from err
+        self.last_write = time.monotonic()
+
+    async def send_error(self, code: str, text: str) -> None:
+        """Send a coded ``error`` event (logged at INFO: it is the client's problem).
+
+        Raises:
+            ClientGone: as :meth:`send`.
+        """
+        text = text[:MAX_ERROR_TEXT_CHARS].encode("utf-8", "replace").decode("utf-8")
+        _LOGGER.info("Error for %s: [%s] %s", self.peer, code, first_line(text))
+        await self.send(Error(text=text, code=code).event())
+
+
+# -- audio and request figures ----------------------------------------------------------------
+
+def pcm16(samples: np.ndarray) -> bytes:
+    """Samples -> little-endian 16-bit PCM bytes (``len`` always a multiple of 2).
+
+    Args:
+        samples: float32 [N] in [-1, 1] (NaN becomes 0, values are clipped), or int16 [N].
+    """
+    if samples.dtype == np.int16:
+        return samples.astype("<i2", copy=False).tobytes()
+    clipped = np.clip(np.nan_to_num(samples.astype(np.float32, copy=False)), -1.0, 1.0)
+    return np.round(clipped * 32767.0).astype("<i2").tobytes()
+
+
+@dataclass
+class RequestStats:
+    """Figures of one request for its single INFO log line.
+
+    Attributes:
+        kind: ``synthesize`` (one-shot) or ``stream``.
+        first_chunk_s: seconds from the request (one-shot) or from the first complete
+            sentence (stream) to the first audio-chunk sent: the first-chunk latency.
+        audio_samples: 24 kHz samples sent.
+        compute_s: seconds the request held a synthesis worker (for the RTF).
+    """
+
+    kind: str
+    voice: str = "-"
+    chars: int = 0
+    sentences: int = 0
+    first_chunk_s: float | None = None
+    audio_samples: int = 0
+    compute_s: float = 0.0
+
+    @property
+    def audio_s(self) -> float:
+        return self.audio_samples / OUTPUT_SAMPLE_RATE_HZ
+
+    @property
+    def rtf(self) -> float:
+        """Real-time factor: compute seconds per audio second (0 without audio)."""
+        return self.compute_s / self.audio_s if self.audio_s > 0 else 0.0
+
+    def log(self, outcome: str) -> None:
+        first = f"{self.first_chunk_s:.3f}s" if self.first_chunk_s is not None else "-"
+        _LOGGER.info(
+            "%s %s: voice=%s chars=%d sentences=%d first_chunk=%s audio=%.2fs rtf=%.2f",
+            self.kind, outcome, self.voice, self.chars, self.sentences, first, self.audio_s,
+            self.rtf,
         )
-    if default is None:
-        raise VoiceNotFound(f"no voice is installed; installed voices: {valid}")
-    return default

@@ -39,9 +39,17 @@ from .preroll import (
     expected_speech_s,
     piece_limit_s,
 )
-from .protocol import SpeakRequest, VoiceRequest, select_voice
-from .runtime import ServerRuntime, VoiceSlot
-from .sink import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, EventSink, RequestStats, pcm16
+from .protocol import (
+    CHANNELS,
+    SAMPLE_WIDTH_BYTES,
+    ClientGone,
+    EventSink,
+    RequestStats,
+    SpeakRequest,
+    VoiceRequest,
+    pcm16,
+)
+from .runtime import ServerRuntime, VoiceSlot, select_voice
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -29,9 +29,8 @@ from ..engine.errors import CosyVoiceError, TextError, TextTooLong
 from ..engine.text.frontend import english_cues
 from ..engine.text.markdown import MarkdownSpeech
 from .preroll import PieceGate, expected_speech_s
-from .protocol import SpeakRequest, check_chunk_text
+from .protocol import ClientGone, EventSink, RequestStats, SpeakRequest, check_chunk_text
 from .runtime import ServerRuntime, VoiceSlot
-from .sink import ClientGone, EventSink, RequestStats
 from .speech import (
     INTERNAL_ERROR,
     audio_start,

@@ -32,8 +32,7 @@ from ..catalog import (
     with_model_dir,
 )
 from ..machine import AUTO
-from ..runtime import Engine, ModelState, ServerRuntime
-from ..voice_slots import VoiceSlot, prepare_slot
+from ..runtime import Engine, ModelState, ServerRuntime, VoiceSlot, prepare_slot
 from .errors import BadRequest, Conflict, NotFound, PageError, Unavailable
 from .store import CatalogStore, Items
 from .uploads import CheckedClip, VoiceFields, VoiceForm, check_clip, check_name, parse_fields

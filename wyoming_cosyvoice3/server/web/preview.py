@@ -25,8 +25,8 @@ from aiohttp import web
 from ...engine.constants import OUTPUT_SAMPLE_RATE_HZ
 from ...engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled
 from ...engine.options import AudioChunk
+from ..protocol import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
 from ..runtime import ServerBusy, ServerRuntime
-from ..sink import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
 from ..speech import speech_text
 from .errors import BadRequest, Conflict, NotFound, PageError, Unavailable
 

@@ -90,7 +90,7 @@ def chunk_mask_bias(frames: int, call_start: npt.NDArray[np.int64],
     bounded left context ``left``, frame i made by the chunk call that started at frame
     ``call_start[i]`` also loses the history frames that call no longer held: the engine keeps
     the prompt-cache frames (0 .. 49) always and, of the frames after them, only the last
-    ``left`` before the call's first new frame (chunked.py ``StepKv.append``).
+    ``left`` before the call's first new frame (solver.py ``StepKv.append``).
     """
     i = np.arange(frames)[:, None]
     j = np.arange(frames)[None, :]

@@ -1,4 +1,4 @@
-"""Silent-run filter and decode length limits (engine/llm/sampling.py)."""
+"""Silent-run filter and decode length limits (engine/llm/decoder.py, its sampling section)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Repetition-Aware Sampling, nucleus filtering and stop masking (engine/llm/sampling.py)."""
+"""Repetition-Aware Sampling, nucleus filtering and stop masking (engine/llm/decoder.py,
+its sampling section)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """What the engine is given and what it gives back.
 
 * Options: :class:`EngineOptions` (how the model's graphs are loaded, fixed for the engine's
-  life), :class:`SynthesisOptions` (how one request runs) and the named presets
-  (:data:`PRESETS`, :data:`PRESET_LLM_GRAPHS`).
+  life), :class:`SynthesisOptions` (how one request runs) and the named presets, one record
+  per stage each (:data:`PRESET_STAGES`; as request options: :data:`PRESETS`).
 * Records passed between the stages and returned to callers: voice features and prompts, the
   LLM prompt of a piece, audio chunks, a request's result and stage times.
 * :class:`EngineObserver`: how a caller (the benchmark, a profiler, a test) watches what the
@@ -281,59 +281,152 @@ class EngineOptions:
         self.preset.validate()
 
 
-PRESETS: dict[str, SynthesisOptions] = {
-    # Exactly upstream's PyTorch streaming (fp32 DiT, 10 Euler steps with CFG in each, whole
-    # prompt and history, chunk-causal non-final chunks, upstream's hop schedule, whole-utterance
-    # vocoder), so that parity with upstream can be tested. One-shot requests: full attention.
-    "quality": SynthesisOptions(
-        first_hop_tokens=25, first_hop_on_chunk_grid=True, flow_chunk_causal=True
+# -- presets ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlmPreset:
+    """The LLM stage of a preset.
+
+    Attributes:
+        graph: the LLM graph loaded when ``--llm-graph`` is ``preset`` (the server's default):
+            a load-time choice, so a request asking for another preset keeps the loaded one.
+    """
+
+    graph: LlmGraph
+
+
+@dataclass(frozen=True)
+class FlowPreset:
+    """The flow stage of a preset; each field sets the :class:`SynthesisOptions` field named in
+    brackets, which says what it does.
+
+    Attributes:
+        precision: DiT weights (``flow_precision``).
+        euler_steps: Euler steps (``euler_steps``).
+        cfg_rate: guidance rate (``cfg_rate``).
+        cfg_steps: the Euler steps that run CFG, None = all (``cfg_steps``).
+        chunk_causal: streamed chunks under the chunk mask (``flow_chunk_causal``).
+        final_chunk_causal: the final chunk too (``flow_final_chunk_causal``).
+        prompt_tokens: prompt tokens the flow sees, 0 = all (``flow_prompt_tokens``).
+        left_context_tokens: generated tokens of history, 0 = all
+            (``flow_left_context_tokens``).
+        fallback_prompt_tokens: ``prompt_tokens`` while the streaming DiT is not available,
+            None = the same (``fallback_prompt_tokens``).
+        fallback_left_context_tokens: ``left_context_tokens`` then
+            (``fallback_left_context_tokens``).
+        first_hop_tokens: speech tokens in the first chunk (``first_hop_tokens``).
+        first_hop_on_chunk_grid: the first chunk padded to the chunk grid
+            (``first_hop_on_chunk_grid``).
+    """
+
+    precision: FlowPrecision
+    euler_steps: int
+    cfg_rate: float
+    cfg_steps: int | None
+    chunk_causal: bool
+    final_chunk_causal: bool
+    prompt_tokens: int
+    left_context_tokens: int
+    fallback_prompt_tokens: int | None
+    fallback_left_context_tokens: int | None
+    first_hop_tokens: int
+    first_hop_on_chunk_grid: bool
+
+
+@dataclass(frozen=True)
+class VocoderPreset:
+    """The vocoder stage of a preset.
+
+    Attributes:
+        window_frames: left context of a vocoder call when the streamed vocoder cannot be
+            derived, 0 = the whole utterance (``vocoder_window_frames``; the streamed vocoder
+            runs each mel frame once and ignores it).
+    """
+
+    window_frames: int
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named preset: one record per stage. The README's presets table shows the values with
+    what each costs and how far it moves from the exact path; BENCHMARKS.md has the
+    measurements behind them."""
+
+    llm: LlmPreset
+    flow: FlowPreset
+    vocoder: VocoderPreset
+
+    def options(self) -> SynthesisOptions:
+        """The request options of this preset (every other field at its default)."""
+        flow = self.flow
+        return SynthesisOptions(
+            flow_precision=flow.precision,
+            euler_steps=flow.euler_steps,
+            cfg_rate=flow.cfg_rate,
+            cfg_steps=flow.cfg_steps,
+            flow_chunk_causal=flow.chunk_causal,
+            flow_final_chunk_causal=flow.final_chunk_causal,
+            flow_prompt_tokens=flow.prompt_tokens,
+            flow_left_context_tokens=flow.left_context_tokens,
+            fallback_prompt_tokens=flow.fallback_prompt_tokens,
+            fallback_left_context_tokens=flow.fallback_left_context_tokens,
+            first_hop_tokens=flow.first_hop_tokens,
+            first_hop_on_chunk_grid=flow.first_hop_on_chunk_grid,
+            vocoder_window_frames=self.vocoder.window_frames,
+        )
+
+
+PRESET_STAGES: dict[str, Preset] = {
+    # upstream's PyTorch streaming exactly, so that parity with upstream can be tested
+    "quality": Preset(
+        llm=LlmPreset(graph="fused"),
+        flow=FlowPreset(
+            precision="fp32", euler_steps=C.DEFAULT_EULER_STEPS, cfg_rate=C.DEFAULT_CFG_RATE,
+            cfg_steps=None, chunk_causal=True, final_chunk_causal=False,
+            prompt_tokens=0, left_context_tokens=0,
+            fallback_prompt_tokens=None, fallback_left_context_tokens=None,
+            first_hop_tokens=25, first_hop_on_chunk_grid=True,
+        ),
+        vocoder=VocoderPreset(window_frames=0),
     ),
-    # The default. Each lever is one that cuts work per chunk at the smallest measured
-    # deviation from the exact path (BENCHMARKS.md "Levers"): int8 DiT, 4 Euler steps, and a
-    # chunk-causal flow whose bounded prompt and history are cached, never run again. Without
-    # the derived streaming DiT, full attention runs that context again in every chunk, so the
-    # fallback bounds are smaller. The vocoder window applies only when the streamed vocoder
-    # cannot be derived; 24 frames is where the phase-carrying window stops gaining accuracy.
-    # Measurements behind these choices: docs/history/benchmarks-2026.md.
-    "balanced": SynthesisOptions(
-        flow_precision="int8",
-        euler_steps=4,
-        flow_chunk_causal=True,
-        flow_final_chunk_causal=True,
-        flow_prompt_tokens=100,
-        flow_left_context_tokens=50,
-        fallback_prompt_tokens=25,
-        fallback_left_context_tokens=10,
-        first_hop_tokens=10,
-        vocoder_window_frames=24,
+    # the default: each lever cuts work per chunk at the smallest deviation from the exact path
+    "balanced": Preset(
+        llm=LlmPreset(graph="fused"),
+        flow=FlowPreset(
+            precision="int8", euler_steps=4, cfg_rate=C.DEFAULT_CFG_RATE,
+            cfg_steps=None, chunk_causal=True, final_chunk_causal=True,
+            prompt_tokens=100, left_context_tokens=50,
+            fallback_prompt_tokens=25, fallback_left_context_tokens=10,
+            first_hop_tokens=10, first_hop_on_chunk_grid=False,
+        ),
+        vocoder=VocoderPreset(window_frames=24),
     ),
-    # Lowest latency: 2 Euler steps (a published port measured an audible loss for this on
-    # real weights) and the shortest cached flow context; a longer one was no faster and used
-    # more memory. The fallback vocoder window of 16 frames still covers the generator's
-    # receptive field on the upstream-exported parity model; 8 does not.
-    "fast": SynthesisOptions(
-        flow_precision="int8",
-        euler_steps=2,
-        flow_chunk_causal=True,
-        flow_final_chunk_causal=True,
-        flow_prompt_tokens=15,
-        flow_left_context_tokens=5,
-        first_hop_tokens=8,
-        vocoder_window_frames=16,
+    # lowest latency, lossy in every stage
+    "fast": Preset(
+        llm=LlmPreset(graph="fused-q4"),
+        flow=FlowPreset(
+            precision="int8", euler_steps=2, cfg_rate=C.DEFAULT_CFG_RATE,
+            cfg_steps=None, chunk_causal=True, final_chunk_causal=True,
+            prompt_tokens=15, left_context_tokens=5,
+            fallback_prompt_tokens=None, fallback_left_context_tokens=None,
+            first_hop_tokens=8, first_hop_on_chunk_grid=False,
+        ),
+        vocoder=VocoderPreset(window_frames=16),
     ),
 }
-"""Named option sets; tuned with the benchmark (BENCHMARKS.md)."""
+"""The presets, one record per stage (documented in the README's presets table)."""
+
+PRESETS: dict[str, SynthesisOptions] = {
+    name: preset.options() for name, preset in PRESET_STAGES.items()
+}
+"""Each preset's request options (:meth:`Preset.options`)."""
 
 PRESET_LLM_GRAPHS: dict[str, LlmGraph] = {
-    "quality": "fused",
-    "balanced": "fused",
-    # the lossy preset takes the 4-bit LLM: 0.73x the decoding time per token on two threads
-    # at a mean log-probability deviation of 0.10 from the int8 numbers (BENCHMARKS.md "LLM
-    # decode graph" and "Levers")
-    "fast": "fused-q4",
+    name: preset.llm.graph for name, preset in PRESET_STAGES.items()
 }
-"""The LLM graph each preset loads unless ``--llm-graph`` names one (the server's default
-``preset``); a load-time choice, so a request asking for another preset keeps the loaded one."""
+"""The LLM graph each preset loads unless ``--llm-graph`` names one (:attr:`LlmPreset.graph`)."""
+
 
 # -- records between the stages and for the caller -------------------------------------------
 

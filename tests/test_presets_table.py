@@ -1,0 +1,95 @@
+"""The README's presets table states what each preset record in engine/options.py sets: the
+expected values are read from the README, the values under test from ``PRESET_STAGES``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from wyoming_cosyvoice3.engine.options import PRESET_LLM_GRAPHS, PRESET_STAGES, PRESETS
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def presets_table() -> dict[str, dict[str, str]]:
+    """README "Presets" table: row label -> preset name -> cell text."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Presets"):].splitlines()
+    start = next(i for i, line in enumerate(section) if line.startswith("|"))
+    end = next(i for i in range(start, len(section)) if not section[i].startswith("|"))
+    lines = section[start:end]
+    names = [cell.strip(" `") for cell in lines[0].strip("|").split("|")[1:]]
+    table: dict[str, dict[str, str]] = {}
+    for line in lines[2:]:
+        label, *cells = (cell.strip() for cell in line.strip("|").split("|"))
+        table[label] = dict(zip(names, cells, strict=True))
+    return table
+
+
+def tokens(cell: str, what: str) -> int:
+    """``N <what> tokens`` in a cell as N; ``whole <what>`` as 0 (no bound)."""
+    found = re.search(rf"(\d+) {what} tokens", cell)
+    if found:
+        return int(found.group(1))
+    assert f"whole {what}" in cell, cell
+    return 0
+
+
+def test_the_table_names_every_preset() -> None:
+    table = presets_table()
+    assert set(table["Euler steps"]) == set(PRESET_STAGES) == set(PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_STAGES))
+def test_the_table_states_each_stage_of_the_preset(name: str) -> None:
+    rows = {label: cells[name] for label, cells in presets_table().items()}
+    preset = PRESET_STAGES[name]
+    flow = preset.flow
+    assert rows["LLM (`--llm-graph preset`, over `--llm-precision int8`)"].split("`")[1] == (
+        preset.llm.graph)
+    assert PRESET_LLM_GRAPHS[name] == preset.llm.graph
+    assert rows["flow DiT precision"].split()[0] == flow.precision
+    assert int(rows["Euler steps"]) == flow.euler_steps
+    rate, _, steps = rows["CFG"].partition(" in ")
+    assert float(rate) == flow.cfg_rate
+    assert (steps == "every step") == (flow.cfg_steps is None)
+    attention = rows["flow attention"]
+    assert ("chunk-causal" in attention or "chunk mask" in attention) == flow.chunk_causal
+    assert ("final chunk too" in attention) == flow.final_chunk_causal
+    context = rows["flow context"]
+    assert (tokens(context, "prompt"), tokens(context, "history")) == (
+        flow.prompt_tokens, flow.left_context_tokens)
+    first = rows["first flow chunk after"]
+    assert int(first.split()[0]) == flow.first_hop_tokens
+    assert ("chunk grid" in first) == flow.first_hop_on_chunk_grid
+    vocoder = rows["vocoder if the streamed form cannot be derived"]
+    window = re.search(r"(\d+)-frame window", vocoder)
+    assert (int(window.group(1)) if window else 0) == preset.vocoder.window_frames
+    fallback = PRESETS[name].fallback()
+    no_dit = rows["if the streaming DiT cannot be derived (one warning)"]
+    assert (tokens(no_dit, "prompt"), tokens(no_dit, "history")) == (
+        fallback.flow_prompt_tokens, fallback.flow_left_context_tokens)
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_STAGES))
+def test_the_request_options_carry_the_stage_records(name: str) -> None:
+    """``PRESETS`` is the same preset as request options: every stage field lands in the
+    option of the same meaning, the other options keep their defaults."""
+    preset, options = PRESET_STAGES[name], PRESETS[name]
+    flow = preset.flow
+    assert (options.flow_precision, options.euler_steps, options.cfg_rate, options.cfg_steps) == (
+        flow.precision, flow.euler_steps, flow.cfg_rate, flow.cfg_steps)
+    assert (options.flow_chunk_causal, options.flow_final_chunk_causal) == (
+        flow.chunk_causal, flow.final_chunk_causal)
+    assert (options.flow_prompt_tokens, options.flow_left_context_tokens) == (
+        flow.prompt_tokens, flow.left_context_tokens)
+    assert (options.fallback_prompt_tokens, options.fallback_left_context_tokens) == (
+        flow.fallback_prompt_tokens, flow.fallback_left_context_tokens)
+    assert (options.first_hop_tokens, options.first_hop_on_chunk_grid) == (
+        flow.first_hop_tokens, flow.first_hop_on_chunk_grid)
+    assert options.vocoder_window_frames == preset.vocoder.window_frames
+    assert (options.speed, options.seed, options.max_hop_tokens, options.streaming) == (
+        1.0, 0, 100, True)
+    options.validate()

@@ -186,9 +186,9 @@ class CosyVoice3Model:
 
     Graph sessions are thread-safe for ``run``; per-request state never lives here.
     ``estimator`` is the DiT estimator of ``options.preset.flow_precision``; the other
-    precision is loaded on first use by :meth:`estimator_for`. ``text_embedding`` is a memory-mapped
-    :class:`~.embedding_table.TableEmbedding` when ``options.mmap_embeddings`` and the graph is
-    a plain lookup, else the graph.
+    precision is loaded on first use by :meth:`estimator_for`. ``text_embedding`` is a
+    memory-mapped :class:`~.derive.llm.embedding_table.TableEmbedding` when
+    ``options.mmap_embeddings`` and the graph is a plain lookup, else the graph.
     """
 
     def __init__(
@@ -362,7 +362,7 @@ class CosyVoice3Model:
 
     def release_voice_encoders(self) -> None:
         """Drop the voice encoder sessions (they load again on the next use) and give their
-        memory back to the operating system (:func:`.memory.return_freed_memory`)."""
+        memory back to the operating system (:func:`.graphs.return_freed_memory`)."""
         with self._voice_lock:
             dropped = self._voice_encoders is not None
             self._voice_encoders = None

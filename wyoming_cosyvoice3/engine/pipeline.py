@@ -213,7 +213,8 @@ class CosyVoice3Engine:
         return voice
 
     def release_voice_encoders(self) -> None:
-        """Free the voice encoders now (see :meth:`.VoiceFeatureExtractor.release_encoders`)."""
+        """Free the voice encoders now (see
+        :meth:`.voice.prepare.VoiceFeatureExtractor.release_encoders`)."""
         self.voices.release_encoders()
 
     def close(self) -> None:

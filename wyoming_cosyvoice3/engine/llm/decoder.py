@@ -184,11 +184,11 @@ class LlmDecoder:
     """Prefill and step the LLM graph of a loaded model; decode speech tokens with RAS.
 
     Args:
-        model: the loaded :class:`~.model.CosyVoice3Model` (its ``llm``, ``text_embedding``,
+        model: the loaded :class:`~..model.CosyVoice3Model` (its ``llm``, ``text_embedding``,
             ``speech_embedding`` graphs and ``dims`` are used; nothing is stored per request).
         kv_mode: ``"auto"``, ``"iobinding"`` or ``"numpy"`` (module docstring); both paths
             give bit-identical logits.
-        prefix_cache_entries: voices whose prefix KV is kept (:mod:`.prefix_cache`; 0 = off).
+        prefix_cache_entries: voices whose prefix KV is kept (:class:`PrefixCache`; 0 = off).
 
     Raises:
         GraphSignatureMismatch: the LLM graph lacks an input/output the dims imply.
@@ -391,7 +391,7 @@ class LlmDecoder:
         ``min_len`` tokens and ends decoding afterwards (it is not yielded).
 
         Args:
-            prompt: the piece's :class:`~.types.LlmPrompt`.
+            prompt: the piece's :class:`~..options.LlmPrompt`.
             rng: the request's generator (RAS draws).
             should_stop: checked before every model step (prefill included).
             max_tokens: hard cap on yielded tokens (``SynthesisOptions.max_decode_tokens``).

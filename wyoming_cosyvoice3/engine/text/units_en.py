@@ -1,7 +1,7 @@
 """English names of the unit symbols and currencies that follow numbers (Home Assistant sensor
 units: temperature, power, energy, speed, pressure, air quality, data sizes).
 
-Used by :func:`.normalize.expand_english`: "21.5 °C" -> "twenty-one point five degrees
+Used by :func:`.frontend.expand_english`: "21.5 °C" -> "twenty-one point five degrees
 Celsius". Symbols are matched case-sensitively right after a number ("5 W" is watts, "5 w" is
 left alone); "in" (inches) is left out on purpose, it is far more often the preposition.
 """

@@ -61,11 +61,10 @@ from wyoming_cosyvoice3.engine.derive.vocoder.hift_phase import (
     ensure_phase_hift,
 )
 from wyoming_cosyvoice3.engine.derive.vocoder.hift_stream import STREAM_TAG
+from wyoming_cosyvoice3.engine.dsp import request_streams
 from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
 from wyoming_cosyvoice3.engine.loaders import load_hift, load_hift_stream
-from wyoming_cosyvoice3.engine.options import EngineOptions
-from wyoming_cosyvoice3.engine.dsp import request_streams
-from wyoming_cosyvoice3.engine.types import StageTimes
+from wyoming_cosyvoice3.engine.options import EngineOptions, StageTimes
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 
 FloatArray = npt.NDArray[np.float32]
@@ -126,7 +125,7 @@ def run_stream(
 ) -> StreamRun:
     """Stream ``mel`` in ``chunks``; the vocoder runs after chunk i when ``calls[i]``.
 
-    The source noise is a request's (:func:`~wyoming_cosyvoice3.engine.request.
+    The source noise is a request's (:func:`~wyoming_cosyvoice3.engine.dsp.
     request_streams` of ``seed``), so runs with the same seed see the same noise. ``cpu_s``
     is the process CPU time of the pushes (noise drawing included, as in the engine).
     """

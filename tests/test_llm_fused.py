@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 import pytest
 
-from synthetic.full_config import FullConfig
-from synthetic.full_llm import build_llm
+from synthetic.config import SyntheticConfig
+from synthetic.llm import build_llm
 from synthetic.onnx_builder import save_model
 from synthetic.quant import quantize_int8
 from wyoming_cosyvoice3.engine.derive.llm import fused as llm_fused
@@ -32,7 +32,7 @@ from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions
 
-MINI = replace(FullConfig(), llm_layers=2, llm_intermediate=256)
+MINI = replace(SyntheticConfig(), llm_layers=2, llm_intermediate=256)
 
 
 @pytest.fixture(scope="module")

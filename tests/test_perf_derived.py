@@ -14,8 +14,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from synthetic.full_config import FullConfig
-from synthetic.full_flow import build_estimator
+from synthetic.config import SyntheticConfig
+from synthetic.flow import build_estimator
 from wyoming_cosyvoice3.engine.derive.flow import quantize
 from wyoming_cosyvoice3.engine.derive.flow.quantize import ensure_int8_estimator, per_frame_matmuls
 from wyoming_cosyvoice3.engine.derive.llm.embedding_table import (
@@ -51,7 +51,7 @@ def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
 def small_dit() -> onnx.ModelProto:
     """A 2-block, 128-wide DiT estimator with the contract's inputs (the full builder's
     architecture at a test size; the tiny model's estimator has no per-frame MatMul)."""
-    cfg = replace(FullConfig(), dit_dim=128, dit_depth=2, dit_heads=2, dit_head_dim=64)
+    cfg = replace(SyntheticConfig(), dit_dim=128, dit_depth=2, dit_heads=2, dit_head_dim=64)
     return build_estimator(cfg, 0)
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from synthetic.audio import write_clip
 from synthetic import build_synthetic_model
+from synthetic.audio import write_clip
 
 MakeClip = Callable[..., Path]
 

@@ -12,7 +12,7 @@ from it; only the widths and depths of :data:`.config.SIZES` differ.
   ``python -m synthetic models/full --size full`` (``/models/`` is git-ignored). Measured on
   a shared 2-core x86 box: 3.5 min wall clock, peak RSS 7.2 GB.
 
-``synthetic_full.json`` in the directory records the size, seed, parameter count of every
+``synthetic_model.json`` in the directory records the size, seed, parameter count of every
 graph and the build time.
 
 Compared with the published files, ``full``'s llm.onnx.data and llm_q4.onnx.data have exactly
@@ -54,7 +54,7 @@ from .tokenizer import build_tokenizer_json
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "synthetic_full.json"
+MANIFEST = "synthetic_model.json"
 LLM_PRECISIONS = ("fp32", "int8", "q4")
 GraphBuilderFn = Callable[[SyntheticConfig, int], onnx.ModelProto]
 GRAPHS: dict[str, tuple[GraphBuilderFn, Callable[[SyntheticConfig], ParamTable]]] = {
@@ -101,7 +101,7 @@ def build_synthetic_model(
     llm_int8.onnx, llm_q4.onnx (each with its .data file; only those of ``llm_precisions``),
     flow_encoder.onnx, flow.decoder.estimator.fp32.onnx, hift.onnx, campplus.onnx,
     speech_tokenizer_v3.onnx, voices/zh-female.wav, voices/en-male.wav and
-    ``synthetic_full.json``. Existing files of these names are replaced. Peak memory is about
+    ``synthetic_model.json``. Existing files of these names are replaced. Peak memory is about
     three times the largest graph (``full``'s fp32 LLM: ~5 GB). Same seed, same bytes.
 
     Raises:

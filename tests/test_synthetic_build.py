@@ -150,7 +150,7 @@ def _digests(directory: Path) -> dict[str, str]:
     return {
         str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(directory.rglob("*"))
-        if p.is_file() and p.name != "synthetic_full.json"
+        if p.is_file() and p.name != "synthetic_model.json"
     }
 
 

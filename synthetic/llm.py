@@ -127,8 +127,8 @@ STOP_GAIN = 25.0
 """EOS logit per unit of the stop sum (one speech token moves it by 1/T, T the context
 length: about 0.4 logits per token for a short sentence). Bounded by the fused-LLM
 derivation's validation, which feeds speech tokens only (stop sum 1): there the EOS logit is
-the gain itself, and the 4-bit graph's deviation in log-probabilities grows with it (about
-1.4 at 25, above the accepted 2 at 40)."""
+the gain itself, and the 4-bit graph's deviation in log-probabilities grows with it (5.5 at
+a gain of 100, where 2 is accepted)."""
 SPECIAL_LOGIT = -30.0
 """Logit of the special ids other than EOS (6561, 6563..6760): never drawn."""
 

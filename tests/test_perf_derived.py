@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from broken_graphs import convolutional_estimator
 from onnx import TensorProto, helper, numpy_helper
 
 from synthetic.config import get_config
@@ -50,25 +51,6 @@ def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
 def small_dit() -> onnx.ModelProto:
     """The tiny model's DiT estimator (upstream's architecture, 2 blocks of width 128)."""
     return build_estimator(get_config("tiny"), 0)
-
-
-def convolutional_estimator() -> onnx.ModelProto:
-    """A graph with the estimator's contract but no MatMul at all (one Conv over x, mu and
-    cond, masked): nothing the int8, split or streaming derivations can work on."""
-    names = ("x", "mask", "mu", "t", "spks", "cond")
-    shapes: dict[str, list[int | str]] = {"mask": [2, 1, "F"], "t": [2], "spks": [2, 80]}
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shapes.get(n, [2, 80, "F"]))
-              for n in names]
-    kernel = np.random.default_rng(0).normal(0, 0.05, (80, 240, 3)).astype(np.float32)
-    nodes = [
-        helper.make_node("Concat", ["x", "mu", "cond"], ["xmc"], axis=1),
-        helper.make_node("Conv", ["xmc", "kernel"], ["conv"], pads=[1, 1]),
-        helper.make_node("Mul", ["conv", "mask"], ["estimator_out"]),
-    ]
-    out = helper.make_tensor_value_info("estimator_out", TensorProto.FLOAT, [2, 80, "F"])
-    graph = helper.make_graph(nodes, "conv_estimator", inputs, [out],
-                              [numpy_helper.from_array(kernel, "kernel")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 @pytest.fixture(scope="module")

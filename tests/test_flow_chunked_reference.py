@@ -66,10 +66,11 @@ LEFT_CONTEXT = 60
 inside a chunk; 60 < 100 so the second and third chunks really lose frames)."""
 AMPLIFY = 1.2
 """Factor on the tiny DiT's attention projections (q, k, v, out) and time MLP in the DiT copy
-used here: its weights (std 0.1) times 1.2 are the std 0.12 at which, measured, the
-left-context bound, the chunk mask and the rotary start each change the mel by 0.008-0.07
-while cached vs uncached stays at 5e-7 (at std 0.02 attention moves the velocity by about
-1e-5 only, so a wrong mask or rotary position would hide in float rounding)."""
+used here: std 0.1 x 1.2, the attention scale of the DiT this test was tuned on (std 0.02
+x 6), at which the left-context bound, the chunk mask and the rotary start each change the
+mel far above float rounding (the mutation tests below) while cached vs uncached stays at
+float rounding (:data:`TOL`). Unamplified std 0.02 weights move the velocity through
+attention by about 1e-5 only, so a wrong mask or rotary position would hide in rounding."""
 TOL = 2e-5
 """Max abs mel difference allowed (mel magnitude about 4). Cached and uncached runs do the
 same float32 arithmetic in other blockings (attention over split key sets, convolution context

@@ -102,7 +102,8 @@ def build_synthetic_model(
     flow_encoder.onnx, flow.decoder.estimator.fp32.onnx, hift.onnx, campplus.onnx,
     speech_tokenizer_v3.onnx, voices/zh-female.wav, voices/en-male.wav and
     ``synthetic_model.json``. Existing files of these names are replaced. Peak memory is about
-    three times the largest graph (``full``'s fp32 LLM: ~5 GB). Same seed, same bytes.
+    three times the largest graph (``full``'s fp32 LLM: ~5 GB). Same seed, same bytes (but
+    the manifest's build times).
 
     Raises:
         ValueError: unknown ``size`` or precision.

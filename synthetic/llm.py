@@ -148,12 +148,14 @@ class StopCounter:
 
         EOS logit = s * STOP_GAIN * (n_speech - k * n_text + k * system_tokens) / T
 
-    (s > 0: the final RMSNorm's scale), so EOS wins once the context holds about ``k``
-    speech tokens per text token after the system prompt. Speech tokens of a zero-shot
-    prompt count too, so a zero-shot request decodes fewer tokens than a cross-lingual one
-    by about (prompt speech tokens - k * prompt text tokens). All of it is weights: the graph
-    is the plain Qwen2 graph, and every changed weight is exact under int8 per-channel and
-    4-bit block quantisation (one non-zero value per output column and block).
+    (s > 0: the final RMSNorm's scale): negative until the context holds ``k`` speech tokens
+    per text token after the system prompt, then rising by ``s * STOP_GAIN / T`` per token,
+    so EOS is drawn a few tokens later (about 10 for a 16-token sentence). Speech tokens of
+    a zero-shot prompt count too, so a zero-shot request decodes fewer tokens than a
+    cross-lingual one by about (prompt speech tokens - k * prompt text tokens). All of it is
+    weights: the graph is the plain Qwen2 graph, and every changed weight is exact under int8
+    per-channel and 4-bit block quantisation (one non-zero value per output column and
+    block).
     """
 
     hidden: int

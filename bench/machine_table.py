@@ -7,7 +7,7 @@ efficiency (measured stage seconds / seconds at the run's measured peak rates) f
 full-size benchmark run (``--efficiency``; each preset's own factors when it ran there). The
 graph runs come from a benchmark output directory (``--shapes``): best the same full-size run.
 Input shapes depend only on the text, the voice prompt, the preset's schedule and how the
-server cut the text into pieces, so a run on the ``tiny-dit`` synthetic model stands in for
+server cut the text into pieces, so a run on the ``tiny`` synthetic model stands in for
 the full-size model: with the standard streamed paragraph it keeps up with the stream as a
 machine faster than playback does (the table of ``server/machine.py``); ``--delta-chars
 2000`` (the whole text at once) gives the 80-token pieces of a slow server without the piece

@@ -12,7 +12,11 @@ from pathlib import Path
 
 
 def build_synthetic_model(out_dir: Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Write a synthetic model directory; see :func:`.build.build_synthetic_model`."""
+    """Write a synthetic model directory; see :func:`.build.build_synthetic_model`.
+
+    Raises:
+        ValueError: unknown ``size``.
+    """
     from .build import build_synthetic_model as _build
 
     return _build(out_dir, size=size, seed=seed)

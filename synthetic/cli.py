@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from .config import SIZES
-from .full_config import FULL_SIZES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,12 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--size",
         default="tiny",
-        choices=sorted({*SIZES, *FULL_SIZES}),
-        help="model size: tiny (tests, ~19 MB, seconds); tiny-dit (tiny with an "
-        "upstream-structured DiT, on which the split and int8 DiT derivations work); "
-        "full (real architecture and widths, "
-        "random weights, ~4.8 GB, minutes; for benchmarks, write it outside git); "
-        "full-mini (full widths, 2 LLM layers, 2 DiT blocks)",
+        choices=sorted(SIZES),
+        help="model size; every size has the published graphs' structure: tiny (tests, "
+        "~30 MB, seconds); full (real widths, random weights, ~4.8 GB, minutes; for "
+        "benchmarks, write it outside git); full-mini (full widths, 2 LLM layers, 2 DiT "
+        "blocks)",
     )
     parser.add_argument("--seed", type=int, default=0, help="weight seed (same seed, same files)")
     parser.add_argument("--debug", action="store_true", help="log at DEBUG level")

@@ -32,7 +32,7 @@ def quantize_int8(model: onnx.ModelProto, exclude: tuple[str, ...] = ()) -> onnx
     int8 weight (symmetric per output column, ``scale = max|w| / 127``, zero point 0) ->
     ``Cast`` to float -> ``Mul`` by ``x_scale * w_scale``. Rewritten here with numpy because
     onnxruntime's quantiser handles per-channel weights one column at a time in Python
-    (~10 s for the tiny LLM); the result is checked against it in the tests.
+    (~10 s for a small LLM); the result is checked against it in the tests.
     """
     out = _copy(model)
     graph = out.graph

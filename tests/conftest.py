@@ -1,7 +1,9 @@
-"""Shared fixtures: a tiny contract-exact synthetic model and speech-like clips.
+"""Shared fixtures: the tiny synthetic model and speech-like clips.
 
-``tiny_model_dir`` is built once per test session (a few seconds) into a temporary directory.
-Tests must not modify it; copy files first (see ``tiny_model_copy``).
+``tiny_model_dir`` is built once per test session (a few seconds) into a temporary directory:
+the published graphs' structure at small widths, so every derived graph the default preset
+runs (fused LLM, int8 and streaming DiT, streamed and phase-carrying vocoder) derives from
+it. Tests must not modify it; copy files first (see ``tiny_model_copy``).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from synthetic import build_synthetic_model
 from synthetic.audio import write_clip
-from synthetic.build import build_synthetic_model
 
 MakeClip = Callable[..., Path]
 
@@ -27,26 +29,23 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One engine cache for the in-process servers on ``tiny_model_dir`` whose tests are not
-    about loading (``server_support.make_settings(..., engine_cache=...)``): the failed
-    derivations of the tiny model (streaming DiT, split and int8 estimators, streamed and
-    phase-carrying vocoder; each a child process) are tried once per session and later starts
-    read their markers. Tests of a first start or of the derivations use their own data dir."""
+    about loading (``server_support.make_settings(..., engine_cache=...)``): the derived graphs
+    of the tiny model (fused LLM, streaming, split and int8 DiT, streamed and phase-carrying
+    vocoder; each made in a child process) are made once per session and later starts read
+    them. Tests of a first start or of the derivations use their own data dir."""
     return tmp_path_factory.mktemp("tiny_engine_cache")
 
 
 @pytest.fixture(scope="session")
-def tiny_dit_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Path of a synthetic ``tiny-dit`` model directory (seed 0): the tiny model with an
-    upstream-structured DiT estimator, on which the split and int8 derivations work, so the
-    default preset's int8 DiT really runs. Shared by the session; never modify it (derived
-    files go to each test's own cache directory)."""
-    return build_synthetic_model(tmp_path_factory.mktemp("tiny_dit_model"), size="tiny-dit",
-                                 seed=0)
+def tiny_dit_model_dir(tiny_model_dir: Path) -> Path:
+    """``tiny_model_dir`` under the name the DiT-derivation tests use (the tiny model's DiT
+    is the upstream architecture, so the split, int8 and streaming DiT derive from it)."""
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="session")
 def tiny_dit_cache_dir(tiny_dit_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache directory of derived graphs for ``tiny_dit_model_dir``, shared by the engines
+    """One cache directory of derived graphs for ``tiny_model_dir``, shared by the engines
     of the whole session that only use those graphs (split, int8 and streaming DiT,
     phase-carrying vocoder, fused LLM), so each is derived once per run. Tests that check the
     derivation itself (files written, markers, counts) use a private ``tmp_path`` instead."""

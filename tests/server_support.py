@@ -57,10 +57,10 @@ def make_settings(model_dir: Path, data_dir: Path, engine_cache: Path | None = N
     once instead of once per data dir (conftest's ``tiny_engine_cache``). Tests about a first
     start, a damaged cache or loading itself leave it None.
 
-    The LLM graph is ``published`` unless a test asks otherwise: the default ``fused`` needs a
-    Qwen2-structured LLM, which the tiny models' stand-in is not, so it would start one
-    failing derivation process per fresh data dir (test_server_default_preset.py runs the
-    real default; test_llm_fused.py the fused graph itself). The preset is ``balanced``
+    The LLM graph is ``published`` unless a test asks otherwise: the default ``fused`` would
+    derive and validate the fused graph (a child process) once per fresh data dir
+    (test_server_default_preset.py runs the real default; test_llm_fused.py the fused graph
+    itself). The preset is ``balanced``
     unless a test asks otherwise: the default ``auto`` measures the machine at every start
     and its choice depends on the machine (test_server_auto_preset.py)."""
     values: dict[str, Any] = dict(uri="tcp://127.0.0.1:0", model_dir=model_dir,

@@ -150,19 +150,39 @@ def test_a_misread_phase_scale_fails_validation(
     assert not list(tmp_path.glob("*.onnx"))
 
 
-def test_tiny_model_falls_back_with_one_warning(
-    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+def _without_harmonic_source(model_dir: Path) -> None:
+    """Replace the CumSum of ``model_dir``'s hift.onnx (the harmonic phase) by an Identity:
+    a vocoder without a phase to carry."""
+    model = onnx.load(str(model_dir / HIFT.file))
+    node = next(n for n in model.graph.node if n.op_type == "CumSum")
+    node.CopyFrom(onnx.helper.make_node("Identity", [node.input[0]], list(node.output)))
+    onnx.save(model, str(model_dir / HIFT.file))
+
+
+def test_a_vocoder_without_harmonic_source_falls_back_with_one_warning(
+    tiny_model_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The tiny stand-in vocoder has no harmonic source: hift.onnx is used, one warning, and
-    the failure is remembered (no second attempt)."""
+    """No harmonic source: hift.onnx is used, one warning, and the failure is remembered (no
+    second attempt)."""
+    _without_harmonic_source(tiny_model_copy)
     with caplog.at_level(logging.WARNING):
-        graph, period = load_hift(tiny_model_dir, EngineOptions(cache_dir=tmp_path))
-    assert period is None and graph.path == tiny_model_dir / HIFT.file
+        graph, period = load_hift(tiny_model_copy, EngineOptions(cache_dir=tmp_path))
+    assert period is None and graph.path == tiny_model_copy / HIFT.file
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "has no CumSum" in warnings[0].getMessage()
     assert list(tmp_path.glob("*.failed"))
-    assert load_phase_hift(tiny_model_dir / HIFT.file, tmp_path, 1, ("CPUExecutionProvider",),
+    assert load_phase_hift(tiny_model_copy / HIFT.file, tmp_path, 1, ("CPUExecutionProvider",),
                            False) is None
+
+
+def test_the_tiny_vocoder_derives_and_off_derives_nothing(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        graph, period = load_hift(tiny_model_dir, EngineOptions(cache_dir=tmp_path))
+    assert period == pytest.approx(1.0 / C.SAMPLES_PER_MEL_FRAME)  # 2 pi 480 cumsum(rad)
+    assert graph.path.parent == tmp_path
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     # off by option or without a cache directory: nothing derived, nothing written
     graph, period = load_hift(tiny_model_dir, EngineOptions())
     assert period is None and graph.path == tiny_model_dir / HIFT.file

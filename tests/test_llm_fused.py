@@ -1,22 +1,21 @@
 """The fused-operator LLM graph: weights found by structure, validation, cache, fallback.
 
-A Qwen2-structured LLM with the published interface (hidden 896, 2 KV heads of 64, 6761
-logits) but 2 layers and a narrow MLP is built with the full-size synthetic builder; the
-tiny synthetic LLM (not a Qwen2 stack) exercises the fallback.
+The tiny synthetic model's LLM is a Qwen2 stack (hidden 64, 2 layers, 4 query heads over 2 KV
+heads of 32, MLP 128, 6761 logits; synthetic/config.py): the fused graph derives from it. The
+fallback runs on a copy whose LLM has one projection that the reader cannot see (its weight
+is computed in the graph, not a constant).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from onnx import helper, numpy_helper
 
-from synthetic.full_config import FullConfig
-from synthetic.full_llm import build_llm
 from synthetic.onnx_builder import save_model
 from synthetic.quant import quantize_int8
 from wyoming_cosyvoice3.engine.derive.llm import fused as llm_fused
@@ -32,20 +31,25 @@ from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions
 
-MINI = replace(FullConfig(), llm_layers=2, llm_intermediate=256)
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS, MLP = 64, 4, 2, 32, 2, 128
 
 
 @pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    """The tiny model directory with a 2-layer Qwen2-structured llm.onnx / llm_int8.onnx."""
-    out = tmp_path_factory.mktemp("qwen_mini")
-    for path in tiny_model_dir.iterdir():
-        if not path.name.startswith("llm"):
-            (out / path.name).symlink_to(path)
-    llm = build_llm(MINI, 0)
-    save_model(llm, out / "llm.onnx", external_data=True)
-    save_model(quantize_int8(llm), out / "llm_int8.onnx", external_data=True)
-    return out
+def qwen_dir(tiny_model_dir: Path) -> Path:
+    """The tiny model directory: its llm.onnx / llm_int8.onnx are 2-layer Qwen2 stacks."""
+    return tiny_model_dir
+
+
+def hide_one_projection(source: Path, target: Path) -> None:
+    """Write ``source``'s graph to ``target`` with layer 1's up projection weight stored
+    transposed and transposed back in the graph: the same numbers, but that MatMul has no
+    constant weight, so the structure reader counts one projection too few."""
+    model = onnx.load(str(source))
+    node = next(n for n in model.graph.node if n.name == "layers.1.up_proj.matmul")
+    init = next(i for i in model.graph.initializer if i.name == node.input[1])
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).T.copy(), init.name + "_t"))
+    model.graph.node.insert(0, helper.make_node("Transpose", [init.name], [node.input[1]]))
+    save_model(model, target, external_data=True)
 
 
 def _session(path: Path) -> object:
@@ -55,11 +59,13 @@ def _session(path: Path) -> object:
 @pytest.mark.parametrize("source", ["llm.onnx", "llm_int8.onnx"])
 def test_weights_are_found_by_structure(qwen_dir: Path, source: str) -> None:
     w = read_llm_weights(qwen_dir / source)
-    assert (w.hidden, w.heads, w.kv_heads, w.head_dim, w.vocab) == (896, 14, 2, 64, 6761)
-    assert len(w.layers) == 2 and w.layers[0].gate.n == 256
+    assert (w.hidden, w.heads, w.kv_heads, w.head_dim, w.vocab) == (
+        HIDDEN, HEADS, KV_HEADS, HEAD_DIM, 6761
+    )
+    assert len(w.layers) == LAYERS and w.layers[0].gate.n == MLP
     assert w.eps == pytest.approx(1e-6) and w.int8 == (source == "llm_int8.onnx")
     # rotary table of theta 1e6 (Qwen2), read from the graph's own Cos subgraph
-    inv_freq = 1.0 / 1e6 ** (np.arange(0, 64, 2) / 64)
+    inv_freq = 1.0 / 1e6 ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
     np.testing.assert_allclose(w.cos[7], np.cos(7 * inv_freq), atol=1e-6)
     assert w.layers[0].q.bias is not None and w.layers[0].o.bias is None
 
@@ -71,9 +77,9 @@ def test_fused_graph_is_validated_and_matches_the_published_graph(
     path, report = ensure_fused_llm(qwen_dir / source, tmp_path, "fused")
     assert report.structure_max_abs_logp < EXACT_MAX_ABS_LOGP
     # 11 nodes per layer (+1 bias Add with float weights) + 10 outside the layers
-    assert report.nodes <= 10 + 12 * MINI.llm_layers < report.source_nodes / 3
+    assert report.nodes <= 10 + 12 * LAYERS < report.source_nodes / 3
     assert report.greedy_agreement == 1.0
-    embeds = validation_embeddings(896, seed=5)
+    embeds = validation_embeddings(HIDDEN, seed=5)
     ours = teacher_forced_logp(_session(path), embeds)
     theirs = teacher_forced_logp(_session(qwen_dir / source), embeds)
     tolerance = 1e-4 if source == "llm.onnx" else max(1e-4, report.int8_noise_max_abs_logp)
@@ -126,22 +132,33 @@ def test_a_misread_structure_fails_validation_and_is_not_retried(
     assert not list(tmp_path.glob("*.onnx"))
 
 
-def test_the_tiny_synthetic_llm_is_not_a_qwen2_stack(tiny_model_dir: Path) -> None:
-    with pytest.raises(LlmStructureError):
-        read_llm_weights(tiny_model_dir / "llm_int8.onnx")
+@pytest.fixture
+def unreadable_llm_copy(tiny_model_copy: Path) -> Path:
+    """The tiny model with one projection of llm.onnx hidden, requantised to llm_int8.onnx."""
+    hide_one_projection(tiny_model_copy / "llm.onnx", tiny_model_copy / "llm.onnx")
+    save_model(quantize_int8(onnx.load(str(tiny_model_copy / "llm.onnx"))),
+               tiny_model_copy / "llm_int8.onnx", external_data=True)
+    return tiny_model_copy
+
+
+def test_a_hidden_projection_is_a_structure_error(unreadable_llm_copy: Path) -> None:
+    with pytest.raises(LlmStructureError, match="14 projections for 2 layers"):
+        read_llm_weights(unreadable_llm_copy / "llm_int8.onnx")
 
 
 def test_engine_falls_back_to_the_published_graph_with_one_warning(
-    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    unreadable_llm_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    options = EngineOptions(llm_graph="fused", cache_dir=tmp_path)
+    options = EngineOptions(llm_graph="fused", cache_dir=tmp_path, split_estimator=False,
+                            phase_vocoder=False, stream_vocoder=False)
     for _ in range(2):  # the second load reads the failure marker: still one warning
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            model = CosyVoice3Model.load(tiny_model_dir, options)
-        assert model.llm.path == tiny_model_dir / "llm_int8.onnx"
-        warnings = [r for r in caplog.records if "LLM graph not used" in r.getMessage()]
-        assert len(warnings) == 1
+            model = CosyVoice3Model.load(unreadable_llm_copy, options)
+        assert model.llm.path == unreadable_llm_copy / "llm_int8.onnx"
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "fused LLM graph not used" in warnings[0]
+        assert "14 projections for 2 layers" in warnings[0]
 
 
 def test_decoder_runs_the_fused_graph_with_the_same_logits(qwen_dir: Path, tmp_path: Path) -> None:
@@ -153,7 +170,7 @@ def test_decoder_runs_the_fused_graph_with_the_same_logits(qwen_dir: Path, tmp_p
     published = CosyVoice3Model.load(qwen_dir, EngineOptions(llm_precision="fp32"))
     assert fused.llm.path.parent == tmp_path and fused.llm.spec.file == "llm.onnx"
     rng = np.random.default_rng(1)
-    embeds = rng.standard_normal((1, 30, 896)).astype(np.float32)
+    embeds = rng.standard_normal((1, 30, HIDDEN)).astype(np.float32)
     a, b = LlmDecoder(fused), LlmDecoder(published)
     sa, sb = a.new_state(), b.new_state()
     for part in (embeds[:, :12], embeds[:, 12:20]):

@@ -5,17 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from broken_graphs import convolutional_estimator
 from onnx import TensorProto, helper, numpy_helper
 
-from synthetic.full_config import FullConfig
-from synthetic.full_flow import build_estimator
+from synthetic.config import get_config
+from synthetic.flow import build_estimator
 from wyoming_cosyvoice3.engine.derive.flow import quantize
 from wyoming_cosyvoice3.engine.derive.flow.quantize import ensure_int8_estimator, per_frame_matmuls
 from wyoming_cosyvoice3.engine.derive.llm.embedding_table import (
@@ -49,10 +49,8 @@ def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
 
 
 def small_dit() -> onnx.ModelProto:
-    """A 2-block, 128-wide DiT estimator with the contract's inputs (the full builder's
-    architecture at a test size; the tiny model's estimator has no per-frame MatMul)."""
-    cfg = replace(FullConfig(), dit_dim=128, dit_depth=2, dit_heads=2, dit_head_dim=64)
-    return build_estimator(cfg, 0)
+    """The tiny model's DiT estimator (upstream's architecture, 2 blocks of width 128)."""
+    return build_estimator(get_config("tiny"), 0)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +110,9 @@ def test_int8_estimator_quantises_per_frame_matmuls_and_stays_close(int8_dir: Pa
     got = ort.InferenceSession(str(target)).run(None, feeds)[0]
     assert got.shape == ref.shape
     assert not np.array_equal(got, ref)
-    assert snr_db(ref, got) > 30.0
+    # 25 dB: the tiny DiT's weights (std 0.1) spread its activations wider than a Qwen-like
+    # init (std 0.02, above 30 dB), and dynamic int8 rounds them coarser
+    assert snr_db(ref, got) > 25.0
 
 
 def test_per_frame_selection_skips_batch_row_matmuls() -> None:
@@ -121,12 +121,10 @@ def test_per_frame_selection_skips_batch_row_matmuls() -> None:
     assert any(".attn.to_q." in n for n in names) and any(".ff." in n for n in names)
 
 
-def test_model_loads_int8_estimator_on_first_use(tiny_model_copy: Path, tmp_path: Path) -> None:
-    onnx.save(small_dit(), str(tiny_model_copy / EST))
-    opts = EngineOptions(
-        threads=1, cache_dir=tmp_path, mmap_embeddings=False, split_estimator=False
-    )
-    model = CosyVoice3Model.load(tiny_model_copy, opts)
+def test_model_loads_int8_estimator_on_first_use(tiny_model_dir: Path, tmp_path: Path) -> None:
+    opts = EngineOptions(threads=1, cache_dir=tmp_path, mmap_embeddings=False,
+                         split_estimator=False, phase_vocoder=False, stream_vocoder=False)
+    model = CosyVoice3Model.load(tiny_model_dir, opts)
     assert model.estimator_for("fp32") is model.estimator
     assert not list(tmp_path.glob("*.onnx"))
     int8 = model.estimator_for("int8")
@@ -135,19 +133,19 @@ def test_model_loads_int8_estimator_on_first_use(tiny_model_copy: Path, tmp_path
 
 
 def test_estimator_without_per_frame_matmuls_stays_fp32(
-    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tiny_model_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # the tiny estimator is convolutional: nothing to quantise -> one warning, fp32 graph
-    opts = EngineOptions(  # the tiny vocoder has neither a harmonic source nor causal
-        # convolutions: its derived forms are not asked for
+    # a convolutional estimator: nothing to quantise -> one warning, fp32 graph
+    onnx.save(convolutional_estimator(), str(tiny_model_copy / EST))
+    opts = EngineOptions(  # the other derived forms are not this test's subject
         threads=1, cache_dir=tmp_path, preset=SynthesisOptions(flow_precision="int8"),
         split_estimator=False, phase_vocoder=False, stream_vocoder=False,
     )
     for _ in range(2):  # the second load reads the failure marker: again one warning
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            model = CosyVoice3Model.load(tiny_model_dir, opts)
-        assert model.estimator.path == tiny_model_dir / EST
+            model = CosyVoice3Model.load(tiny_model_copy, opts)
+        assert model.estimator.path == tiny_model_copy / EST
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len(warnings) == 1 and "int8 DiT estimator not available" in warnings[0]
     assert not list(tmp_path.glob("*.onnx")) and list(tmp_path.glob("*.onnx.failed"))
@@ -196,15 +194,29 @@ def test_table_embedding_equals_the_graph(tmp_path: Path) -> None:
     assert again is not None and npy.stat().st_mtime_ns == before
 
 
-def test_model_falls_back_to_the_graph_when_it_is_not_a_plain_lookup(
-    tiny_model_dir: Path, tmp_path: Path
+def test_model_serves_the_table_and_falls_back_to_the_graph_when_it_is_not_a_plain_lookup(
+    tiny_model_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # the tiny builder's text embedding folds ids with Mod before its Gather
-    bare = CosyVoice3Model.load(tiny_model_dir, EngineOptions(threads=1))
-    assert isinstance(bare.text_embedding, Graph)
-    cached = CosyVoice3Model.load(tiny_model_dir, EngineOptions(threads=1, cache_dir=tmp_path))
-    assert isinstance(cached.text_embedding, Graph)
-    assert not list(tmp_path.glob("*.npy"))
+    off = {"split_estimator": False, "phase_vocoder": False, "stream_vocoder": False}
+    bare = CosyVoice3Model.load(tiny_model_copy, EngineOptions(threads=1))
+    assert isinstance(bare.text_embedding, Graph)  # no cache directory: nothing derived
+    cached = CosyVoice3Model.load(
+        tiny_model_copy, EngineOptions(threads=1, cache_dir=tmp_path / "a", **off))
+    assert isinstance(cached.text_embedding, TableEmbedding)  # the published plain lookup
+    # ids folded with Mod before the Gather: not a plain lookup -> the graph, no warning
+    table = np.random.default_rng(1).standard_normal((151936, 64)).astype(np.float16)
+    fold = helper.make_node("Mod", ["input_ids", "rows"], ["row"])
+    gather = helper.make_node("Gather", ["w", "row"], ["g"], axis=0)
+    cast = helper.make_node("Cast", ["g"], ["inputs_embeds"], to=TensorProto.FLOAT)
+    folded = _graph_model([fold, gather, cast], table)
+    folded.graph.initializer.append(numpy_helper.from_array(np.array(151936, np.int64), "rows"))
+    onnx.save(folded, str(tiny_model_copy / TEXT_EMBEDDING.file))
+    with caplog.at_level(logging.WARNING):
+        other = CosyVoice3Model.load(
+            tiny_model_copy, EngineOptions(threads=1, cache_dir=tmp_path / "b", **off))
+    assert isinstance(other.text_embedding, Graph)
+    assert not list((tmp_path / "b").glob("*.npy"))
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def _plain_model(table: np.ndarray) -> onnx.ModelProto:
@@ -244,8 +256,7 @@ def test_int8_failure_falls_back_to_the_fp32_estimator(
         raise ModelLoadError("quantiser ran out of memory")
 
     monkeypatch.setattr(quantize, "ensure_int8_estimator", fail)
-    opts = EngineOptions(  # the tiny vocoder has neither a harmonic source nor causal
-        # convolutions: its derived forms are not asked for
+    opts = EngineOptions(  # the other derived forms are not this test's subject
         threads=1, cache_dir=tmp_path, preset=SynthesisOptions(flow_precision="int8"),
         split_estimator=False, phase_vocoder=False, stream_vocoder=False,
     )

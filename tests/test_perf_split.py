@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +10,8 @@ import onnxruntime as ort
 import pytest
 
 from synthetic.audio import write_clip
-from synthetic.full_config import FullConfig
-from synthetic.full_flow import build_estimator
+from synthetic.config import get_config
+from synthetic.flow import build_estimator
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
 from wyoming_cosyvoice3.engine.derive.flow.estimator_split import (
     SplitEstimator,
@@ -40,8 +39,7 @@ def feeds(frames: int, t: float = 0.3) -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def dit_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("split")
-    cfg = replace(FullConfig(), dit_dim=128, dit_depth=2, dit_heads=2, dit_head_dim=64)
-    onnx.save(build_estimator(cfg, 0), str(folder / EST))
+    onnx.save(build_estimator(get_config("tiny"), 0), str(folder / EST))  # the tiny model's
     return folder
 
 

@@ -26,10 +26,13 @@ from wyoming_cosyvoice3.engine.graphs import (
 )
 from wyoming_cosyvoice3.engine.model import BUILT_IN_VOICE_FILES, required_files
 
+# The tiny size's LLM widths (synthetic/config.py, documented there): the engine reads them
+# from the graphs; published: hidden 896, 24 layers, KV 2 x 64.
+HIDDEN, LAYERS, KV_HEADS, HEAD_DIM = 64, 2, 2, 32
 # Static dims of the contract (model card of the ONNX export); None = dynamic axis.
 CONTRACT_SHAPES: dict[str, dict[str, list[int | None]]] = {
-    "text_embedding_fp16.onnx": {"input_ids": [1, None], "inputs_embeds": [1, None, 896]},
-    "speech_embedding.onnx": {"input_ids": [1, None], "inputs_embeds": [1, None, 896]},
+    "text_embedding_fp16.onnx": {"input_ids": [1, None], "inputs_embeds": [1, None, HIDDEN]},
+    "speech_embedding.onnx": {"input_ids": [1, None], "inputs_embeds": [1, None, HIDDEN]},
     "flow_encoder.onnx": {
         "token": [1, None],
         "embedding": [1, 192],
@@ -99,19 +102,20 @@ def test_graph_names_dtypes_shapes_match_contract(tiny_model_dir: Path, spec: Gr
 @pytest.mark.parametrize("file", ["llm.onnx", "llm_int8.onnx", "llm_q4.onnx"])
 def test_llm_signature_matches_contract(tiny_model_dir: Path, file: str) -> None:
     session = ort.InferenceSession(str(tiny_model_dir / file))
-    spec = llm_spec(file, 24)
+    spec = llm_spec(file, LAYERS)
     inputs = {a.name: a for a in session.get_inputs()}
     outputs = {a.name: a for a in session.get_outputs()}
     assert set(inputs) == set(spec.inputs)
     assert set(outputs) == set(spec.outputs)
-    assert _normalised(inputs["inputs_embeds"].shape) == [1, None, 896]
+    assert _normalised(inputs["inputs_embeds"].shape) == [1, None, HIDDEN]
     assert inputs["attention_mask"].type == "tensor(int64)"
     assert inputs["position_ids"].type == "tensor(int64)"
     assert _normalised(outputs["logits"].shape) == [1, 6761]
-    for layer in range(24):
+    cache = [1, KV_HEADS, None, HEAD_DIM]
+    for layer in range(LAYERS):
         for kind in ("key", "value"):
-            assert _normalised(inputs[f"past_key_values.{layer}.{kind}"].shape) == [1, 2, None, 64]
-            assert _normalised(outputs[f"present.{layer}.{kind}"].shape) == [1, 2, None, 64]
+            assert _normalised(inputs[f"past_key_values.{layer}.{kind}"].shape) == cache
+            assert _normalised(outputs[f"present.{layer}.{kind}"].shape) == cache
     data = (tiny_model_dir / (file + ".data")).stat().st_size
     assert data > (tiny_model_dir / file).stat().st_size  # weights live in the .data file
 
@@ -142,10 +146,11 @@ def test_built_in_voices_are_24k_pcm16_clips(tiny_model_dir: Path) -> None:
 
 
 def _digests(directory: Path) -> dict[str, str]:
+    """sha256 of every file but the manifest (it records the build's timing)."""
     return {
         str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(directory.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != "synthetic_model.json"
     }
 
 

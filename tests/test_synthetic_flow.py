@@ -1,4 +1,4 @@
-"""flow_encoder and estimator of the synthetic model: upstream's context structure."""
+"""flow_encoder and the DiT estimator of the tiny model: upstream's context structure."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_mu_has_two_frames_per_token(encoder: Graph) -> None:
     out = encode(encoder, tokens, np.ones(192, np.float32))
     assert out["mu"].shape == (1, 80, 46) and out["spks"].shape == (1, 80)
     np.testing.assert_array_equal(out["mu"][..., 0::2], out["mu"][..., 1::2])
-    assert out["mu"].min() >= -8.0 and out["mu"].max() <= -2.0  # log-mel-like range
+    assert np.all(np.isfinite(out["mu"])) and out["mu"].std() > 0.1
 
 
 @pytest.mark.parametrize("changed", [0, 9, 19])
@@ -100,33 +100,20 @@ def test_estimator_depends_on_every_input(estimator: Graph) -> None:
         other = dict(feeds)
         other[name] = feeds[name] + 0.5
         assert np.abs(estimator.run(other)["estimator_out"] - base).max() > 1e-3, name
-    other = dict(feeds)
-    other["mask"] = np.zeros_like(feeds["mask"])
-    np.testing.assert_array_equal(estimator.run(other)["estimator_out"], 0.0)
 
 
-def test_euler_steps_reach_log_mel_range(encoder: Graph, estimator: Graph) -> None:
-    """10 cosine-schedule Euler steps with CFG 0.7 (flow_matching.py) give a mel-like output."""
-    rng = np.random.default_rng(6)
-    tokens = rng.integers(0, C.SPEECH_TOKEN_VOCAB, 25)
-    enc = encode(encoder, tokens, rng.normal(size=192).astype(np.float32))
-    frames = enc["mu"].shape[2]
-    x = rng.normal(size=(1, 80, frames)).astype(np.float32)
-    zeros = np.zeros_like(x)
-    t_span = 1.0 - np.cos(np.linspace(0.0, 1.0, 11) * np.pi / 2.0)
-    for k in range(10):
-        t = np.full(2, t_span[k], np.float32)
-        v = estimator.run(
-            {
-                "x": np.concatenate([x, x]),
-                "mask": np.ones((2, 1, frames), np.float32),
-                "mu": np.concatenate([enc["mu"], zeros]),
-                "t": t,
-                "spks": np.concatenate([enc["spks"], np.zeros_like(enc["spks"])]),
-                "cond": np.concatenate([zeros, zeros]),
-            }
-        )["estimator_out"]
-        x = (x + (t_span[k + 1] - t_span[k]) * (1.7 * v[:1] - 0.7 * v[1:])).astype(np.float32)
-    assert np.isfinite(x).all()
-    assert -8.0 < x.mean() < -2.0 and 0.5 < x.std() < 4.0
-    assert x.min() > -15.0 and x.max() < 3.0  # natural-log mel range of speech
+def test_cfg_rows_are_independent_and_masked_frames_invisible(estimator: Graph) -> None:
+    feeds = _feeds(np.random.default_rng(7), 37)
+    out = estimator.run(feeds)["estimator_out"]
+    other_row = {**feeds, "mu": feeds["mu"].copy()}
+    other_row["mu"][1] = 0.0
+    np.testing.assert_allclose(estimator.run(other_row)["estimator_out"][0], out[0], atol=1e-5)
+    # masked frames are invisible as keys (their own outputs may change)
+    masked = {**feeds, "mask": feeds["mask"].copy()}
+    masked["mask"][:, :, 30:] = 0.0
+    base = estimator.run(masked)["estimator_out"]
+    masked_x = {**masked, "x": masked["x"].copy()}
+    masked_x["x"][:, :, 30:] += 3.0  # (the position convs are causal: left padding only)
+    np.testing.assert_allclose(
+        estimator.run(masked_x)["estimator_out"][:, :, :30], base[:, :, :30], atol=1e-5
+    )

@@ -1,4 +1,4 @@
-"""hift.onnx of the synthetic model: shapes, ranges and CausalHiFTGenerator's right context."""
+"""hift.onnx of the tiny model: shapes, ranges and CausalHiFTGenerator's right context."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from synthetic.vocoder import hift_right_context_frames
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
 
@@ -61,30 +60,18 @@ def test_output_shapes_and_ranges(hift: Graph) -> None:
 
 
 @pytest.mark.parametrize("changed", [3, 15, 28])
-def test_right_context_is_seven_mel_frames(hift: Graph, changed: int) -> None:
+def test_a_mel_frame_reaches_four_frames_back(hift: Graph, changed: int) -> None:
+    """conv_pre looks 4 mel frames ahead (``conv_pre_look_right: 4``) and the f0 predictor 3:
+    a change in mel frame c changes STFT frames of mel frames c - 4 on (the causal convs carry
+    it to the end), never earlier."""
     frames = 30
     mel, noise = random_inputs(1, frames)
     base, _ = run(hift, mel, noise)
     other = mel.copy()
     other[:, changed] += 2.0
     diff = np.abs(run(hift, other, noise)[0] - base).max(axis=0)
-    per_mel = np.zeros(frames, bool)
-    for j in np.flatnonzero(diff > 0):
-        per_mel[min(int(j) // PER_MEL, frames - 1)] = True
-    right = hift_right_context_frames()
-    assert right == 7  # 3 (conv_pre lookahead) + 4
-    expected = np.zeros(frames, bool)
-    expected[max(0, changed - right) : changed + 5] = True  # left context 4 frames
-    np.testing.assert_array_equal(per_mel, expected)
-
-
-def test_noise_drives_only_its_own_stft_frame(hift: Graph) -> None:
-    mel, noise = random_inputs(2, 10)
-    base, _ = run(hift, mel, noise)
-    other = noise.copy()
-    other[4 * 500 : 4 * 500 + 4] = 0.5
-    diff = np.abs(run(hift, mel, other)[0] - base).max(axis=0)
-    assert list(np.flatnonzero(diff > 0)) == [500]
+    first = int(np.flatnonzero(diff > 1e-6)[0])
+    assert first // PER_MEL == max(0, changed - 4)
 
 
 @pytest.mark.parametrize(("mel_frames", "more"), [(12, 1), (30, 20), (64, 7)])
@@ -96,7 +83,8 @@ def test_streaming_rule_samples_before_480_m_minus_8_never_change(
     short = istft(*run(hift, mel_long[:, :mel_frames], noise))
     long = istft(*run(hift, mel_long, noise))
     stable = C.SAMPLES_PER_MEL_FRAME * (mel_frames - C.VOCODER_RIGHT_CONTEXT_FRAMES)
-    np.testing.assert_allclose(short[:stable], long[:stable], rtol=0, atol=1e-5)
-    # and the rule is tight to one mel frame: the frame after it does change
-    next_frame = slice(stable + C.SAMPLES_PER_MEL_FRAME, stable + 2 * C.SAMPLES_PER_MEL_FRAME)
-    assert np.abs(short[next_frame] - long[next_frame]).max() > 1e-4
+    # (1e-4: the harmonic phase is a float32 cumulative sum, rounded per call length)
+    np.testing.assert_allclose(short[:stable], long[:stable], rtol=0, atol=1e-4)
+    # the last 4 frames do change: conv_pre looks 4 frames ahead
+    tail = slice(C.SAMPLES_PER_MEL_FRAME * (mel_frames - 4), C.SAMPLES_PER_MEL_FRAME * mel_frames)
+    assert np.abs(short[tail] - long[tail]).max() > 1e-3

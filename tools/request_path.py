@@ -1,7 +1,7 @@
 """Count the product files one one-shot request runs through (DEVELOPMENT.md, "One request
 through the code").
 
-Starts the real server in this process (the synthetic ``tiny-dit`` model, preset ``balanced``,
+Starts the real server in this process (the synthetic ``tiny`` model, preset ``balanced``,
 every other setting as shipped), installs a profiler on every thread (``sys.setprofile`` for
 this one, ``threading.setprofile`` for every thread started later: the profiler is installed
 before the server starts, so the worker, decoding and executor threads all carry it), sends one
@@ -14,7 +14,7 @@ Run from a clone (development tooling, not part of the package)::
 
     python tools/request_path.py [--model-dir DIR] [--text TEXT] [--json]
 
-Without ``--model-dir`` the tiny-dit model is built into a temporary directory (seconds).
+Without ``--model-dir`` the tiny model is built into a temporary directory (seconds).
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ async def measure(model_dir: Path, data_dir: Path, text: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, help="a tiny-dit model (default: build one)")
+    parser.add_argument("--model-dir", type=Path, help="a tiny model (default: build one)")
     parser.add_argument("--text", default=DEFAULT_TEXT, help="the measured request's text")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         if model_dir is None:
             from synthetic.build import build_synthetic_model
 
-            model_dir = build_synthetic_model(Path(tmp) / "model", size="tiny-dit", seed=0)
+            model_dir = build_synthetic_model(Path(tmp) / "model", size="tiny", seed=0)
         result = asyncio.run(measure(model_dir, Path(tmp) / "data", args.text))
     if args.json:
         print(json.dumps(result, indent=2))

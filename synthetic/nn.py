@@ -1,9 +1,9 @@
-"""Layer helpers shared by the full-size synthetic graph builders.
+"""Layer helpers shared by the synthetic graph builders.
 
-:class:`Net` couples a :class:`~.onnx_builder.GraphBuilder` with the :class:`~.full_config.Weights`
+:class:`Net` couples a :class:`~.onnx_builder.GraphBuilder` with the :class:`~.config.Weights`
 of one graph: parameters become initializers under their table names (``llm.layers.3.q.weight``),
-so counting initializers by name reproduces :func:`~.full_config.count_params`. The ``*_params``
-functions add the entries of one layer to a :data:`~.full_config.ParamTable`.
+so counting initializers by name reproduces :func:`~.config.count_params`. The ``*_params``
+functions add the entries of one layer to a :data:`~.config.ParamTable`.
 
 Conventions: linear weights are ``[in, out]`` (``y = x @ W + b``, a quantisable MatMul), conv
 weights ``[out, in / groups, kernel]``; every op is standard ONNX opset 18.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .full_config import ParamSpec, ParamTable, Weights, fan_in_std
+from .config import ParamSpec, ParamTable, Weights, fan_in_std
 from .onnx_builder import GraphBuilder
 
 

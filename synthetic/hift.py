@@ -1,6 +1,6 @@
-"""Full-size synthetic hift.onnx: CausalHiFTGenerator with its real channel counts.
+"""Synthetic hift.onnx: CausalHiFTGenerator (channel counts below are the ``full`` size's).
 
-Contract (model card, identical to the tiny graph): speech_feat float32 [1,80,F], noise
+Contract (model card): speech_feat float32 [1,80,F], noise
 float32 [1,480F,9] uniform [0,1) -> magnitude, phase float32 [1,9,120F+1].
 
 Architecture (cosyvoice/hifigan/generator.py CausalHiFTGenerator, SineGen2 and
@@ -40,8 +40,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .full_config import FullConfig, ParamSpec, ParamTable, Weights
-from .full_nn import Net, conv_params, linear_params
+from .config import ParamSpec, ParamTable, SyntheticConfig, Weights
+from .nn import Net, conv_params, linear_params
 from .onnx_builder import GraphBuilder
 
 HIFT_FILE = "hift.onnx"
@@ -58,18 +58,18 @@ def _resblock_params(
             table[f"{prefix}.{acts}.{j}.alpha"] = ParamSpec((channels,), 0.1, 1.0)
 
 
-def stage_channels(cfg: FullConfig) -> list[int]:
+def stage_channels(cfg: SyntheticConfig) -> list[int]:
     """Output channels of the upsampling stages: 256, 128, 64."""
     return [cfg.hift_base_channels // 2 ** (i + 1) for i in range(len(cfg.hift_upsample_rates))]
 
 
-def source_down_strides(cfg: FullConfig) -> list[int]:
+def source_down_strides(cfg: SyntheticConfig) -> list[int]:
     """Stride of the source branch per stage: 15, 3, 1 (cumulative rates, reversed)."""
     rates = [1, *list(cfg.hift_upsample_rates[::-1][:-1])]
     return [int(x) for x in np.cumprod(rates)[::-1]]
 
 
-def hift_params(cfg: FullConfig) -> ParamTable:
+def hift_params(cfg: SyntheticConfig) -> ParamTable:
     """Parameters of hift.onnx (module names as upstream)."""
     table: ParamTable = {}
     mels, f0_ch = cfg.mel_bins, cfg.hift_f0_channels
@@ -118,7 +118,7 @@ def _upsample_nearest(g: GraphBuilder, x: str, factor: int) -> str:
     return g.op("Reshape", [tiled, g.const([0, 0, -1])])
 
 
-def _f0(net: Net, cfg: FullConfig) -> str:
+def _f0(net: Net, cfg: SyntheticConfig) -> str:
     """f0 in Hz per mel frame, [1, F, 1] (CausalConvRNNF0Predictor, finalize form)."""
     g = net.g
     h = net.conv1d("speech_feat", "f0_predictor.condnet.0", pads=(0, cfg.hift_f0_look_right))
@@ -139,7 +139,7 @@ def _stft_kernel(n_fft: int) -> np.ndarray:
     return rows[:, None, :].astype(np.float32)
 
 
-def _source_stft(net: Net, cfg: FullConfig, f0: str) -> str:
+def _source_stft(net: Net, cfg: SyntheticConfig, f0: str) -> str:
     """STFT of the harmonic source, [1, n_fft + 2, 120F + 1]."""
     g = net.g
     harmonics = np.arange(1, cfg.hift_harmonics + 1, dtype=np.float32)
@@ -175,7 +175,7 @@ def _source_stft(net: Net, cfg: FullConfig, f0: str) -> str:
     return g.op("Conv", [padded, kernel], kernel_shape=[cfg.hift_n_fft], strides=[cfg.hift_hop])
 
 
-def build_hift(cfg: FullConfig, seed: int) -> onnx.ModelProto:
+def build_hift(cfg: SyntheticConfig, seed: int) -> onnx.ModelProto:
     """hift.onnx; see the module docstring."""
     g = GraphBuilder("hift_causal")
     g.input("speech_feat", "float32", [1, cfg.mel_bins, "num_frames"])

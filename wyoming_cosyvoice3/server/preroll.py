@@ -5,7 +5,7 @@ per second. When the server produces audio more slowly than that, playback must 
 somewhere; the total waiting is the same wherever the pauses fall, but a pause between two
 sentences sounds like a breath and a pause inside a word sounds broken. So the audio of every
 *piece* (the engine's unit of text: a sentence, several short ones, or a clause of a long one;
-:attr:`~..engine.types.AudioChunk.piece_index` within one engine request) is held until the
+:attr:`~..engine.options.AudioChunk.piece_index` within one engine request) is held until the
 rest of that piece can follow without running dry, and then played through.
 
 Rule (constant production rate): ``r`` = audio seconds produced per second within a piece,
@@ -150,7 +150,7 @@ def needed_hold_s(remaining_s: float, rate: float, chunk_s: float = 0.0,
         rate: ``r``, audio seconds produced per second of work (> 0).
         chunk_s: ``d``, the longest chunk so far, seconds.
         next_chunk_s: ``c_1``, audio seconds of the piece's next chunk (the engine's next
-            hop, :attr:`~..engine.types.AudioChunk.next_chunk_s`; 0: unknown).
+            hop, :attr:`~..engine.options.AudioChunk.next_chunk_s`; 0: unknown).
         max_chunk_s: the longest chunk the hop schedule makes, seconds (0: ``c_1``).
 
     Returns:

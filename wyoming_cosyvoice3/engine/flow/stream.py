@@ -1,7 +1,7 @@
 """The flow stage of one text piece: speech tokens in, the next chunk's mel frames out.
 
 A :class:`MelStream` is opened when a piece starts. It decides once whether the piece runs
-the chunk-causal flow (:class:`.chunked.ChunkedFlow`: upstream's ``streaming=True`` with the
+the chunk-causal flow (:class:`.solver.ChunkedFlow`: upstream's ``streaming=True`` with the
 static chunk mask, prompt and history keys/values cached) or full attention
 (:class:`.solver.FlowRunner`: prompt ++ every token so far through the exported estimator),
 and owns what the piece's flow carries from chunk to chunk: the tokens, the offset of the
@@ -54,7 +54,7 @@ GRID_TOKENS = CHUNK_FRAMES // C.TOKEN_MEL_RATIO
 
 def prompt_noise(frames: int) -> FloatArray:
     """float32 [80, frames]: the first frames of the flow noise of a request with seed
-    :data:`PROMPT_NOISE_SEED` (:func:`..request.request_streams`)."""
+    :data:`PROMPT_NOISE_SEED` (:func:`..dsp.request_streams`)."""
     noise = request_streams(PROMPT_NOISE_SEED)[1]
     return np.ascontiguousarray(noise.take(frames).T)
 

@@ -42,10 +42,13 @@ def test_cli_writes_24k_pcm16_wav(tiny_model_dir: Path, make_clip, tmp_path: Pat
         assert label in printed
 
 
-def test_cli_one_shot_and_speed(tiny_model_dir: Path, make_clip, tmp_path: Path) -> None:
+def test_cli_one_shot_and_speed(tiny_model_dir: Path, tiny_engine_cache: Path, make_clip,
+                                tmp_path: Path) -> None:
     clip = make_clip(tmp_path / "ref.wav", seconds=2.0)
     base = ["--model-dir", str(tiny_model_dir), "--clip", str(clip), "--text", "Hi there."]
-    base += ["--llm-precision", "fp32", "--threads", "1", "--cache-dir", str(tmp_path / "d")]
+    # the session's engine cache: the tiny model's derivations are tried once per session
+    # (where they go is the test above)
+    base += ["--llm-precision", "fp32", "--threads", "1", "--cache-dir", str(tiny_engine_cache)]
     out1, out2 = tmp_path / "a.wav", tmp_path / "b.wav"
     assert main([*base, "--out", str(out1), "--no-streaming", "--seed", "1"]) == 0
     assert main([*base, "--out", str(out2), "--no-streaming", "--seed", "1", "--speed", "2"]) == 0

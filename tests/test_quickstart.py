@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from describe_poll import ask_describe, free_port
+from server_support import link_engine_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_S = 1800.0
@@ -59,11 +60,16 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def test_readme_lines_work_as_written_in_a_fresh_copy(tiny_model_dir: Path,
+                                                      tiny_engine_cache: Path,
                                                       tmp_path: Path) -> None:
     server_line, tests_line = readme_line("server"), readme_line("tests")
     assert server_line.startswith("python3 -m venv .venv && ")
     assert tests_line.startswith("python3 -m venv .venv && ")
+    assert server_line.endswith(" --data-dir ./data")
     work = fresh_copy(tmp_path / "clone")
+    # the derived graphs of the tiny model come from the session's engine cache (a first
+    # start's derivations: test_server_subprocess.py::test_started_as_the_readme_says)
+    link_engine_cache(work / "data", tiny_engine_cache)
     port = free_port()
     log_path = tmp_path / "server.log"
     with log_path.open("wb") as log:

@@ -238,9 +238,10 @@ async def test_an_explicit_preset_is_not_replaced(
 
 
 async def test_describe_answers_while_the_machine_is_measured(
-        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tiny_model_dir: Path, tiny_engine_cache: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     calls = fixed_probe(monkeypatch, SLOW, delay_s=3.0)
-    settings = make_settings(tiny_model_dir, tmp_path / "data", preset="auto")
+    settings = make_settings(tiny_model_dir, tmp_path / "data", tiny_engine_cache, preset="auto")
     async with running_server(settings, wait_ready=False) as server:
         deadline = time.monotonic() + 30.0
         while server.runtime.phase != "measuring this machine":

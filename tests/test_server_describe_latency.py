@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from describe_poll import poll_start_and_synthesis
+from server_support import link_engine_cache
 
 from wyoming_cosyvoice3.server import preload
 
@@ -19,13 +20,15 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def test_describe_answers_within_a_second_through_start_and_synthesis(
-    tiny_model_dir: Path, tmp_path: Path, make_clip
+    tiny_model_dir: Path, tiny_engine_cache: Path, tmp_path: Path, make_clip
 ) -> None:
     """The start prepares a user voice from the largest clip the engine uses (30 s of 48 kHz
     stereo; the model's two voices as well), then a second such voice is added through the
     voice page while the poll runs (a voice-cache miss after the start), and the synthesis
-    speaks in it. Every preparation runs in the voice encoder process."""
-    data_dir = tmp_path / "data"
+    speaks in it. Every preparation runs in the voice encoder process. The derived graphs
+    come from the session's engine cache (the derivations, child processes, of a first start:
+    test_server_subprocess.py::test_started_as_the_readme_says)."""
+    data_dir = link_engine_cache(tmp_path / "data", tiny_engine_cache)
     make_clip(data_dir / "clips" / "mine.wav", seconds=30.0, sample_rate_hz=48000, channels=2)
     (data_dir / "voices.yaml").write_text(
         "voices:\n  - name: mine\n    languages: [en]\n    clip: clips/mine.wav\n"

@@ -27,6 +27,7 @@ from server_support import (
     collect,
     describe,
     fake_model_dir,
+    link_engine_cache,
     make_settings,
     recording_faulty_factory,
     running_server,
@@ -348,14 +349,18 @@ async def test_bug_outside_the_engine_still_ends_the_response(
 
 
 async def test_sigterm_with_streaming_and_queued_requests(tiny_model_dir: Path,
+                                                          tiny_engine_cache: Path,
                                                           tmp_path: Path) -> None:
     """SIGTERM while one stream is being spoken and a one-shot request waits for the single
-    worker: both clients get ``cancelled`` and their proper ends, the process exits 0."""
+    worker: both clients get ``cancelled`` and their proper ends, the process exits 0 within
+    5 s of the signal. (A one-shot request in flight: the faulty engine's test below.)"""
     port = free_port()
     # --max-preroll-ms 0: no holds, so the first sentence is not cut into a first clause of
     # its own (a separate engine request, after which the queued request could take the
     # worker before the rest of the stream)
-    process = server_process(port, tiny_model_dir, tmp_path / "data", "--no-warm-up",
+    process = server_process(port, tiny_model_dir,
+                             link_engine_cache(tmp_path / "data", tiny_engine_cache),
+                             "--no-warm-up",
                              "--max-concurrent", "1", "--max-preroll-ms", "0")
     # one sentence of 379 characters: a single synthesis that holds the only worker for
     # seconds (about 7 s on 2 cores; its first chunk comes after about 0.3 s)

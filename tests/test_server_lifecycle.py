@@ -39,7 +39,8 @@ from wyoming_cosyvoice3.server.runtime import Engine, ModelState, default_engine
 MakeClip = Callable[..., Path]
 
 
-async def test_describe_and_errors_while_loading(tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_describe_and_errors_while_loading(tiny_model_dir: Path, tiny_engine_cache: Path,
+                                                 tmp_path: Path) -> None:
     """Describe answers at once during loading; synthesis gets a model-loading error."""
     gate = threading.Event()
 
@@ -47,7 +48,7 @@ async def test_describe_and_errors_while_loading(tiny_model_dir: Path, tmp_path:
         gate.wait(60)
         return default_engine_factory(model_dir, options)
 
-    settings = make_settings(tiny_model_dir, tmp_path)
+    settings = make_settings(tiny_model_dir, tmp_path, tiny_engine_cache)
     try:
         async with running_server(settings, slow_factory, wait_ready=False) as server:
             info = await describe(server, timeout_s=1.0)

@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 from server_support import (
     fake_model_dir,
+    link_engine_cache,
     make_settings,
     quiet_faulty_factory,
     running_server,
@@ -193,11 +194,12 @@ async def run_clients(port: int, count: int, rng: random.Random, tally: Tally) -
     await asyncio.gather(*(client_loop(k) for k in range(CLIENTS)))
 
 
-async def test_soak(tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_soak(tiny_model_dir: Path, tiny_engine_cache: Path, tmp_path: Path) -> None:
     port = free_port()
     stderr_path = tmp_path / "server.log"
+    data_dir = link_engine_cache(tmp_path / "data", tiny_engine_cache)  # no derivations
     with stderr_path.open("wb") as log:
-        process = server_process(port, tiny_model_dir, tmp_path / "data",
+        process = server_process(port, tiny_model_dir, data_dir,
                                  "--max-concurrent", "2", "--threads", "1", stderr=log)
     tally = Tally()
     rng = random.Random(20240601)

@@ -1,26 +1,29 @@
 """Chunk-causal streaming flow: schedule, chunk mask and the fallback on other graphs.
 
 The exactness against upstream is tested in test_parity_flow_chunked.py (on the parity fixture
-set) and against an uncached reference in test_flow_chunked_reference.py; these tests need only
-the tiny synthetic model, whose DiT has no upstream structure, so the engine must fall back to
-full attention with one warning.
+set) and against an uncached reference in test_flow_chunked_reference.py; the fallback here
+runs the tiny synthetic model with a convolutional estimator (no DiT blocks to stream), so the
+engine must fall back to full attention with one warning.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
+from broken_graphs import convolutional_estimator
 from decoding_support import FixedDecoding
 
 from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
 from wyoming_cosyvoice3.engine.flow.solver import EulerSchedule, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import first_hop_tokens
-from wyoming_cosyvoice3.engine.graphs import chunk_attention_bias
+from wyoming_cosyvoice3.engine.graphs import ESTIMATOR, chunk_attention_bias
 from wyoming_cosyvoice3.engine.options import PRESETS
 
 
@@ -54,9 +57,13 @@ def test_cache_geometry() -> None:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> CosyVoice3Engine:
+    """The tiny model with a convolutional estimator: no DiT blocks to stream."""
+    model_dir = tmp_path_factory.mktemp("conv-dit") / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    onnx.save(convolutional_estimator(), str(model_dir / ESTIMATOR.file))
     cache = tmp_path_factory.mktemp("derived")
     return CosyVoice3Engine.load(
-        tiny_model_dir, EngineOptions(threads=1, llm_precision="fp32", cache_dir=cache,
+        model_dir, EngineOptions(threads=1, llm_precision="fp32", cache_dir=cache,
                                       observer=FixedDecoding(2.0))
     )
 

@@ -178,19 +178,25 @@ def test_parity_prompt_cache_covers_whole_chunks_before_the_lookahead(parity: Pa
     assert cacheable_prompt_frames(0) == 0
 
 
-def test_parity_tiny_synthetic_dit_is_refused_cleanly(tmp_path: Path,
-                                                      tiny_model_dir: Path) -> None:
-    """A graph without upstream's DiT structure raises StructureError, and the cached
-    derivation reports ModelLoadError (the caller's fallback signal) and a failure marker."""
+def test_parity_estimator_without_dit_blocks_is_refused_cleanly(tmp_path: Path) -> None:
+    """A graph without upstream's DiT structure (a convolutional estimator) raises
+    StructureError, and the cached derivation reports ModelLoadError (the caller's fallback
+    signal) and a failure marker."""
     import onnx
+    from broken_graphs import convolutional_estimator
 
+    path = tmp_path / "model" / ESTIMATOR
+    path.parent.mkdir()
+    onnx.save(convolutional_estimator(), str(path))
+    cache = tmp_path / "cache"
+    cache.mkdir()
     with pytest.raises(StructureError):
-        read_dit(onnx.load(str(tiny_model_dir / ESTIMATOR)))
+        read_dit(onnx.load(str(path)))
     with pytest.raises(ModelLoadError):
-        ensure_streaming_estimator(tiny_model_dir / ESTIMATOR, tmp_path, "fp32", in_process=True)
-    assert list(tmp_path.glob("*.failed"))
+        ensure_streaming_estimator(path, cache, "fp32", in_process=True)
+    assert list(cache.glob("*.failed"))
     with pytest.raises(ModelLoadError, match="earlier attempt"):
-        ensure_streaming_estimator(tiny_model_dir / ESTIMATOR, tmp_path, "fp32", in_process=True)
+        ensure_streaming_estimator(path, cache, "fp32", in_process=True)
 
 
 # --- chunk-causal flow: mel per chunk, caches ----------------------------------------------

@@ -261,10 +261,11 @@ def test_vocoder_window_bounds_each_call_and_keeps_the_length(engine: CosyVoice3
     # the first call is identical (no earlier context to drop)
     first = 480 * (20 - 8)
     np.testing.assert_array_equal(windowed[:first], exact[:first])
-    # the tiny vocoder's receptive field fits in 10 frames: cutting the context leaves the
-    # samples equal up to float rounding (measured 124 dB); a misaligned window, noise
-    # offset or seam would not
-    assert _snr_db(exact, windowed) > 100.0
+    # hift.onnx as published restarts the harmonic source's phase at each window, so the
+    # later calls differ from the exact ones (the tiny model has the real source path); with
+    # the phase carried they are equal to float rounding (test_hift_phase.py,
+    # test_engine_windowed_vocoder_matches_the_exact_stream)
+    assert 0.0 < _snr_db(exact, windowed) < 60.0
 
 
 class _LevelRunner:

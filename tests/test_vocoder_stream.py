@@ -151,8 +151,10 @@ def test_fade_in_applied_to_first_20_ms() -> None:
 
 
 def test_streamed_equals_offline_with_tiny_hift(tiny_model_dir) -> None:
-    """The synthetic hift.onnx has HiFT's right context (7 mel frames): the held-back 8 frames
-    make every streamed sample equal to the one offline pass."""
+    """The synthetic hift.onnx has HiFT's structure: the held-back 8 frames cover its right
+    context, so every streamed sample equals the one offline pass up to the rounding that
+    the call length changes in onnxruntime's kernels on the published f0 path (measured
+    1.1e-5; the derived forms remove it: test_hift_stream.py), within issue 26's 1e-4."""
     from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
 
     runner = HiftRunner(Graph(tiny_model_dir / HIFT.file, HIFT, threads=1))
@@ -168,11 +170,12 @@ def test_streamed_equals_offline_with_tiny_hift(tiny_model_dir) -> None:
             prev = c
         parts.append(stream.push(mel[:, prev:], final=True))
         streamed = np.concatenate(parts)
-        assert np.max(np.abs(streamed - ref)) <= 1e-6
-    # the samples held back on a partial pass (mel frame M-8 onwards) do still change
+        assert np.max(np.abs(streamed - ref)) <= 1e-4
+    # a partial pass: the frames before the held-back 8 are final
     partial = runner.waveform(mel[:, :30], make_noise().take(480 * 30))
-    assert np.max(np.abs(partial[480 : 480 * 22] - ref[480 : 480 * 22])) <= 1e-6
-    assert np.max(np.abs(partial[480 * 22 : 480 * 23] - ref[480 * 22 : 480 * 23])) > 1e-4
+    assert np.max(np.abs(partial[480 : 480 * 22] - ref[480 : 480 * 22])) <= 1e-4
+    # the last 4 frames of a partial pass are within HiFT's right context: they change
+    assert np.max(np.abs(partial[480 * 26 : 480 * 30] - ref[480 * 26 : 480 * 30])) > 1e-2
 
 
 def test_deferred_calls_equal_offline_and_run_fewer_frames() -> None:

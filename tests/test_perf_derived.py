@@ -19,12 +19,11 @@ from synthetic.flow import build_estimator
 from wyoming_cosyvoice3.engine.derive.flow import quantize
 from wyoming_cosyvoice3.engine.derive.flow.quantize import ensure_int8_estimator, per_frame_matmuls
 from wyoming_cosyvoice3.engine.derive.llm.embedding_table import (
-    TableEmbedding,
     load_table_embedding,
     plain_gather_table,
 )
 from wyoming_cosyvoice3.engine.errors import ModelLoadError, SynthesisFailed
-from wyoming_cosyvoice3.engine.graphs import TEXT_EMBEDDING, Graph
+from wyoming_cosyvoice3.engine.graphs import TEXT_EMBEDDING, Graph, TableEmbedding
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions, SynthesisOptions
 

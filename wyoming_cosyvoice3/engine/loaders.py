@@ -71,7 +71,7 @@ from .derive.flow import quantize
 from .derive.flow.estimator_split import SplitEstimator, ensure_split_estimator, main_graph_spec
 from .derive.flow.full_attention import FullAttentionDiT
 from .derive.flow.streaming_estimator import load_streaming_estimator
-from .derive.llm.embedding_table import TableEmbedding, load_table_embedding
+from .derive.llm.embedding_table import load_table_embedding
 from .derive.vocoder.hift_phase import PHASE_WARNING, open_phase_hift
 from .derive.vocoder.hift_stream import STREAM_WARNING, open_stream_hift
 from .errors import ModelLoadError
@@ -81,6 +81,7 @@ from .graphs import (
     TEXT_EMBEDDING,
     Graph,
     StreamingEstimator,
+    TableEmbedding,
     load_llm,
     open_session,
 )

@@ -24,7 +24,6 @@ from tokenizers import Tokenizer
 from . import constants as C
 from .derive.flow.estimator_split import SplitEstimator
 from .derive.flow.full_attention import FullAttentionDiT
-from .derive.llm.embedding_table import TableEmbedding
 from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
 from .graphs import (
     CAMPPLUS,
@@ -37,6 +36,7 @@ from .graphs import (
     Graph,
     GraphSpec,
     StreamingEstimator,
+    TableEmbedding,
     return_freed_memory,
 )
 from .loaders import (

@@ -70,6 +70,16 @@ def _chunk_event(duration_s: float) -> Event:
     return AudioChunk(rate=RATE_HZ, width=2, channels=1, audio=bytes(2 * samples)).event()
 
 
+async def _advance(gate: PieceGate, clock: FakeClock, to_s: float) -> None:
+    """Move the fake clock to ``to_s``; the gate's timer runs on the event loop's clock, so a
+    release due before then is fired on the fake one first."""
+    due = gate.release_due
+    if due is not None and due < to_s:
+        clock.now_s = max(clock.now_s, due)
+        await gate.release_if_due()
+    clock.now_s = to_s
+
+
 async def _produce(
     pieces_s: list[float], rate: float, chunk_s: float, overhead_s: float,
     max_hold_s: float = 60.0, history: ProductionHistory | None = None,
@@ -95,12 +105,7 @@ async def _produce(
     counts = [max(1, round(length_s / chunk_s)) for length_s in pieces_s]
     gate.begin_text([n * chunk_s * expected_factor for n in counts])  # whole chunks
     async def advance(to_s: float) -> None:
-        # the gate's timer runs on the event loop's clock: fire it on the fake one
-        due = gate.release_due
-        if due is not None and due < to_s:
-            clock.now_s = max(clock.now_s, due)
-            await gate.release_if_due()
-        clock.now_s = to_s
+        await _advance(gate, clock, to_s)
 
     for index, count in enumerate(counts):
         await advance(clock.now_s + overhead_s)
@@ -257,11 +262,7 @@ async def _produce_hops(
     gate.begin_text(pieces_s, max_hop_s if tell_next else 0.0)
 
     async def advance(to_s: float) -> None:
-        due = gate.release_due
-        if due is not None and due < to_s:
-            clock.now_s = max(clock.now_s, due)
-            await gate.release_if_due()
-        clock.now_s = to_s
+        await _advance(gate, clock, to_s)
 
     for index, length_s in enumerate(pieces_s):
         await advance(clock.now_s + overhead_s)

@@ -346,3 +346,39 @@ def test_each_chunk_announces_the_audio_of_its_pieces_next_chunk(engine, voice) 
     last_of_piece = [c for k, c in enumerate(chunks)
                      if k + 1 == len(chunks) or chunks[k + 1].piece_index != c.piece_index]
     assert [c.next_chunk_s for c in last_of_piece] == [0.0, 0.0]
+    # the last chunk of each piece says so (the server releases a held piece with it)
+    assert [c.piece_done for c in chunks] == [any(c is x for x in last_of_piece) for c in chunks]
+
+
+def test_whole_middle_pieces_run_in_one_chunk_each(engine, voice) -> None:
+    """``whole_middle_pieces``: the first and the last piece stream exactly as before, each
+    middle piece comes as one chunk that equals the piece of a request made without
+    streaming (the same tokens through one flow and vocoder call)."""
+    opts = SynthesisOptions(seed=4, first_hop_tokens=5, max_hop_tokens=20, vocoder_defer=False,
+                            max_piece_tokens=12)
+    text = ("The kitchen lights are on now. The front door is locked for the night. "
+            "The heating is set to twenty degrees. Good night.")
+
+    def by_piece(chunks: list[Any]) -> dict[int, list[Any]]:
+        pieces: dict[int, list[Any]] = {}
+        for c in chunks:
+            pieces.setdefault(c.piece_index, []).append(c)
+        return pieces
+
+    with fixed_decoding(engine, 1.5):
+        streamed = by_piece(list(engine.synthesize(text, voice, opts)))
+        whole = by_piece(list(engine.synthesize(text, voice,
+                                                opts.replace(whole_middle_pieces=True))))
+        one_shot = by_piece(list(engine.synthesize(text, voice, opts.replace(streaming=False))))
+    last = len(streamed) - 1
+    assert last >= 2 and sorted(whole) == sorted(streamed) == sorted(one_shot)
+    for index, chunks in whole.items():
+        samples = np.concatenate([c.samples for c in chunks])
+        if index in (0, last):
+            assert len(chunks) == len(streamed[index]) > 1
+            reference = np.concatenate([c.samples for c in streamed[index]])
+        else:
+            assert len(chunks) == 1 and chunks[0].piece_done and len(streamed[index]) > 1
+            reference = np.concatenate([c.samples for c in one_shot[index]])
+        assert samples.shape == reference.shape
+        assert np.array_equal(samples, reference)

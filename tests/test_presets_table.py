@@ -64,6 +64,8 @@ def test_the_table_states_each_stage_of_the_preset(name: str) -> None:
     first = rows["first flow chunk after"]
     assert int(first.split()[0]) == flow.first_hop_tokens
     assert ("chunk grid" in first) == flow.first_hop_on_chunk_grid
+    middle = rows["middle pieces of an answer, when synthesis is slower than playback"]
+    assert (middle == "one chunk each") == flow.whole_middle_pieces
     vocoder = rows["vocoder if the streamed form cannot be derived"]
     window = re.search(r"(\d+)-frame window", vocoder)
     assert (int(window.group(1)) if window else 0) == preset.vocoder.window_frames
@@ -89,6 +91,7 @@ def test_the_request_options_carry_the_stage_records(name: str) -> None:
         flow.fallback_prompt_tokens, flow.fallback_left_context_tokens)
     assert (options.first_hop_tokens, options.first_hop_on_chunk_grid) == (
         flow.first_hop_tokens, flow.first_hop_on_chunk_grid)
+    assert options.whole_middle_pieces == flow.whole_middle_pieces
     assert options.vocoder_window_frames == preset.vocoder.window_frames
     assert (options.speed, options.seed, options.max_hop_tokens, options.streaming) == (
         1.0, 0, 100, True)

@@ -186,6 +186,40 @@ async def test_audio_queued_at_the_player_counts() -> None:
     assert sent[-1] == 4.1 and len(sent) == 9
 
 
+async def test_a_piece_is_released_with_its_last_chunk() -> None:
+    # r = 0.5 (measured), a piece expected at 4 s that the engine ends after 2 s: 1 s chunks
+    # every 2 s. Its 1st chunk is held (3 s said to follow need 3 x 1.1 / 0.5 s of cover). Its
+    # 2nd chunk is its last (the engine says so): nothing more of the piece can run dry, so
+    # both go out at once instead of waiting for the timer or the next piece (the expected
+    # length still says 2 s are to come, which would hold it past t = 6)
+    clock = FakeClock()
+    sent: list[float] = []
+
+    async def send(event: Event) -> None:
+        sent.append(clock.now_s)
+
+    history = ProductionHistory()
+    history.add_response(5.0, 10.0)
+    gate = PieceGate(send, 60.0, history, clock=clock, first_audio_limit_s=1e9)
+    gate.begin_text([4.0 / LENGTH_MARGIN, 2.0 / LENGTH_MARGIN])
+    clock.now_s = 2.0
+    await gate.audio([_chunk_event(1.0)], 1.0, 0, 1.0)
+    assert sent == []
+    clock.now_s = 4.0
+    await gate.audio([_chunk_event(1.0)], 1.0, 0, 0.0, piece_done=True)
+    assert sent == [4.0, 4.0]
+    # the same chunk without the flag stays held (the expected length says 2 s to come)
+    held = PieceGate(send, 60.0, history, clock=clock, first_audio_limit_s=1e9)
+    held.begin_text([4.0 / LENGTH_MARGIN])
+    clock.now_s = 2.0
+    await held.audio([_chunk_event(1.0)], 1.0, 0, 1.0)
+    clock.now_s = 4.0
+    await held.audio([_chunk_event(1.0)], 1.0, 0, 0.0)
+    assert sent == [4.0, 4.0]
+    await held.close()
+    await gate.close()
+
+
 async def test_a_held_piece_starts_between_chunks_when_waiting_covers_the_rest() -> None:
     # r = 0.5, 1 s chunks every 2 s, a 4 s piece: at its 2nd chunk (t = 4) 2 s are in hand and
     # 2 s + one chunk are needed; with nothing queued each second of waiting adds a second of
@@ -584,10 +618,12 @@ class RecordingPacedEngine(PiecePacedEngine):
         super().__init__(model_dir, options)
         self.frontend = WordFrontend()
         self.max_piece_tokens: list[int] = []
+        self.whole_middle_pieces: list[bool] = []
 
     def synthesize(self, text, voice, options=None, should_stop=None, result=None):  # type: ignore[no-untyped-def]
         assert options is not None
         self.max_piece_tokens.append(options.max_piece_tokens)
+        self.whole_middle_pieces.append(options.whole_middle_pieces)
         return super().synthesize(text, voice, options, should_stop, result)
 
 
@@ -610,5 +646,8 @@ async def test_slow_server_asks_the_engine_for_sentence_pieces(
     if bounded:
         assert engine.max_piece_tokens and all(n < 80 for n in engine.max_piece_tokens)
         assert engine.frontend.bounds[-1] == engine.max_piece_tokens[-1]
+        # pieces held until they play through: the middle ones are made in one chunk each
+        assert engine.whole_middle_pieces == [True] * len(engine.max_piece_tokens)
     else:
         assert engine.max_piece_tokens == [80]
+        assert engine.whole_middle_pieces == [False]

@@ -105,6 +105,17 @@ class SynthesisOptions:
             streamed sentence such as "Kitchen, 21 °C." reads its numbers as the whole
             answer would (:func:`.text.frontend.normalize_text`); None: digits without a
             cue stay digits.
+        whole_middle_pieces: the pieces between a request's first and last run the flow
+            and the vocoder once each, when the LLM has ended them, instead of in streamed
+            chunks (``streaming`` still holds for the first and the last piece). Every flow
+            chunk costs a fixed part on top of its frames (4 Euler steps of about 40 ms at
+            ``balanced`` on the 2-core reference machine, BENCHMARKS.md "What a listener
+            hears"), and on a machine slower than playback the server holds such a piece
+            until most of it is made anyway (:mod:`wyoming_cosyvoice3.server.preroll`), so
+            its chunks only cost time. Exact in the sense of upstream's ``stream=False``: the
+            piece's audio is what a one-shot request gives for it. The server asks for it
+            only while it bounds pieces for slower-than-playback synthesis: on a faster
+            machine a middle piece streamed keeps playback going.
         max_piece_tokens: upper size of a text piece in LLM text tokens (upstream
             ``split_paragraph`` ``token_max_n`` = 80, which packs several sentences into one
             LLM pass). A smaller bound gives a piece per sentence (a long sentence is cut at
@@ -138,6 +149,7 @@ class SynthesisOptions:
     output_dtype: Literal["float32", "int16"] = "float32"
     language_hint: str | None = None
     max_piece_tokens: int = C.DEFAULT_MAX_PIECE_TOKENS
+    whole_middle_pieces: bool = False
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value is out of range."""
@@ -318,6 +330,8 @@ class FlowPreset:
         first_hop_tokens: speech tokens in the first chunk (``first_hop_tokens``).
         first_hop_on_chunk_grid: the first chunk padded to the chunk grid
             (``first_hop_on_chunk_grid``).
+        whole_middle_pieces: a request's middle pieces in one chunk each, when the server
+            bounds pieces for slower-than-playback synthesis (``whole_middle_pieces``).
     """
 
     precision: FlowPrecision
@@ -332,6 +346,7 @@ class FlowPreset:
     fallback_left_context_tokens: int | None
     first_hop_tokens: int
     first_hop_on_chunk_grid: bool
+    whole_middle_pieces: bool
 
 
 @dataclass(frozen=True)
@@ -373,6 +388,7 @@ class Preset:
             fallback_left_context_tokens=flow.fallback_left_context_tokens,
             first_hop_tokens=flow.first_hop_tokens,
             first_hop_on_chunk_grid=flow.first_hop_on_chunk_grid,
+            whole_middle_pieces=flow.whole_middle_pieces,
             vocoder_window_frames=self.vocoder.window_frames,
         )
 
@@ -386,7 +402,7 @@ PRESET_STAGES: dict[str, Preset] = {
             cfg_steps=None, chunk_causal=True, final_chunk_causal=False,
             prompt_tokens=0, left_context_tokens=0,
             fallback_prompt_tokens=None, fallback_left_context_tokens=None,
-            first_hop_tokens=25, first_hop_on_chunk_grid=True,
+            first_hop_tokens=25, first_hop_on_chunk_grid=True, whole_middle_pieces=False,
         ),
         vocoder=VocoderPreset(window_frames=0),
     ),
@@ -398,7 +414,7 @@ PRESET_STAGES: dict[str, Preset] = {
             cfg_steps=None, chunk_causal=True, final_chunk_causal=True,
             prompt_tokens=100, left_context_tokens=50,
             fallback_prompt_tokens=25, fallback_left_context_tokens=10,
-            first_hop_tokens=10, first_hop_on_chunk_grid=False,
+            first_hop_tokens=10, first_hop_on_chunk_grid=False, whole_middle_pieces=True,
         ),
         vocoder=VocoderPreset(window_frames=24),
     ),
@@ -410,7 +426,7 @@ PRESET_STAGES: dict[str, Preset] = {
             cfg_steps=None, chunk_causal=True, final_chunk_causal=True,
             prompt_tokens=15, left_context_tokens=5,
             fallback_prompt_tokens=None, fallback_left_context_tokens=None,
-            first_hop_tokens=8, first_hop_on_chunk_grid=False,
+            first_hop_tokens=8, first_hop_on_chunk_grid=False, whole_middle_pieces=True,
         ),
         vocoder=VocoderPreset(window_frames=16),
     ),
@@ -521,6 +537,7 @@ class AudioChunk:
             of speech tokens at 25 per second, divided by the speed); 0 after the piece's
             last chunk. A consumer that holds audio until a piece can play through uses it
             for the wait until the next chunk.
+        piece_done: True on the last chunk of its piece (the piece's audio is complete).
     """
 
     samples: np.ndarray
@@ -529,6 +546,7 @@ class AudioChunk:
     is_last: bool
     elapsed_s: float
     next_chunk_s: float = 0.0
+    piece_done: bool = False
 
 
 @dataclass

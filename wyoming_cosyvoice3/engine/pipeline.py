@@ -15,6 +15,7 @@ helpers are shared and may serve several threads at once.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -347,12 +348,16 @@ class CosyVoice3Engine:
             flow_voice.prompt_mel.shape[0]
         )
         flow_options = MelStreamOptions.of(req.options)
+        middle_options = (dataclasses.replace(flow_options, streaming=False)
+                          if req.options.whole_middle_pieces else flow_options)
         with request_tokens(self.llm, prompts, fixed_tokens, req) as stream:
             piece: PieceState | None = None
             for index, token in stream:
                 if piece is None:
-                    mel = MelStream(self.chunked, flow_voice, flow_options, req.flow_noise,
-                                    noise_skip_frames)
+                    middle = 0 < index < len(pieces) - 1
+                    mel = MelStream(self.chunked, flow_voice,
+                                    middle_options if middle else flow_options,
+                                    req.flow_noise, noise_skip_frames)
                     piece = self._new_piece(index, req, mel)
                     logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
                 if token is not None:
@@ -364,12 +369,13 @@ class CosyVoice3Engine:
                     final, piece, next_s = True, None, 0.0
                 if samples is not None:
                     is_last = final and index == len(pieces) - 1
-                    chunk = self._chunk(samples, req, index, is_last, next_s)
+                    chunk = self._chunk(samples, req, index, is_last, next_s, final)
                     if chunk is not None:
                         yield chunk
         if req.chunks_out and not req.last_sent:
             # the last piece produced no audio: close the stream with an empty last chunk
-            yield self._make_chunk(np.zeros(0, dtype=np.float32), req, len(pieces) - 1, True)
+            yield self._make_chunk(np.zeros(0, dtype=np.float32), req, len(pieces) - 1, True,
+                                   piece_done=True)
 
     def _new_piece(self, index: int, req: RequestState, mel: MelStream) -> PieceState:
         return PieceState(
@@ -427,17 +433,17 @@ class CosyVoice3Engine:
 
     def _chunk(
         self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool,
-        next_chunk_s: float,
+        next_chunk_s: float, piece_done: bool,
     ) -> AudioChunk | None:
         if len(samples) == 0 and not is_last:
             return None
         if len(samples) == 0 and req.chunks_out == 0:
             return None
-        return self._make_chunk(samples, req, index, is_last, next_chunk_s)
+        return self._make_chunk(samples, req, index, is_last, next_chunk_s, piece_done)
 
     def _make_chunk(
         self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool,
-        next_chunk_s: float = 0.0,
+        next_chunk_s: float = 0.0, piece_done: bool = False,
     ) -> AudioChunk:
         elapsed = req.now()
         if req.result.first_chunk_s is None and len(samples):
@@ -455,4 +461,5 @@ class CosyVoice3Engine:
             is_last=is_last,
             elapsed_s=elapsed,
             next_chunk_s=next_chunk_s,
+            piece_done=piece_done,
         )

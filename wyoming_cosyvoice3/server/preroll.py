@@ -375,11 +375,12 @@ class PieceGate:
         return self.produced_s / work if work > 0 and self.produced_s > 0 else None
 
     async def audio(self, events: list[Event], duration_s: float, piece_index: int = 0,
-                    next_chunk_s: float = 0.0) -> None:
+                    next_chunk_s: float = 0.0, piece_done: bool = False) -> None:
         """Send (or hold) the ``audio-chunk`` events of one engine chunk of ``duration_s``
         seconds that belongs to piece ``piece_index`` of the current engine request;
         ``next_chunk_s`` = the audio seconds the piece's next chunk will bring (0: unknown
-        or none).
+        or none); ``piece_done``: the piece's last chunk (it is released at once: nothing
+        more of it can run dry).
 
         Raises:
             ClientGone: the client disconnected.
@@ -405,7 +406,7 @@ class PieceGate:
                 await self._send_chunk(piece.key, events, duration_s)
                 return
             piece.held.append((events, duration_s))
-            if self._can_play_through(piece, now) or now >= piece.deadline:
+            if piece_done or self._can_play_through(piece, now) or now >= piece.deadline:
                 await self._release_piece(piece)
             else:
                 self._schedule_release(piece, now)

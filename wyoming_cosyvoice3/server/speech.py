@@ -152,7 +152,7 @@ async def speak(
         samples = len(pcm) // SAMPLE_WIDTH_BYTES
         if gate is not None:
             await gate.audio(events, samples / OUTPUT_SAMPLE_RATE_HZ, chunk.piece_index,
-                             chunk.next_chunk_s)
+                             chunk.next_chunk_s, chunk.piece_done)
             stats.audio_samples += samples
         else:
             for event in events:
@@ -161,14 +161,19 @@ async def speak(
         note_first_chunk(stats, gate, t0)
 
     stats.sentences += 1
+    whole_middle = False  # without a gate every piece streams (nothing holds it)
     if slot.prompt is None:
         raise CosyVoiceError(f"voice {slot.entry.name!r} is not prepared")
     if gate is not None:
         max_tokens, expected = await plan_pieces(runtime, gate, text, options.language_hint)
         if max_tokens is not None:
             options = options.replace(max_piece_tokens=max_tokens)
+        # pieces bounded: synthesis is (or may be) slower than playback, so a middle piece is
+        # held until most of it is made, and streaming it in chunks would only cost time
+        whole_middle = options.whole_middle_pieces and max_tokens is not None
         gate.begin_text(expected,
                         options.max_hop_tokens / SPEECH_TOKEN_RATE_HZ / options.speed)
+    options = options.replace(whole_middle_pieces=whole_middle)
     try:
         try:
             stats.compute_s += await runtime.run_synthesis(text, slot.prompt, options, stop,

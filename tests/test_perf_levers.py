@@ -19,6 +19,7 @@ from wyoming_cosyvoice3.engine import (
     SynthesisOptions,
     VoicePrompt,
 )
+from wyoming_cosyvoice3.engine.flow.solver import cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import flow_prompt_features
 from wyoming_cosyvoice3.engine.options import PRESETS, VoiceFeatures
 
@@ -60,6 +61,16 @@ def test_flow_prompt_features_keeps_the_last_tokens_and_their_frames() -> None:
     assert trimmed.speaker_embedding is emb
     assert flow_prompt_features(full, 0) is full
     assert flow_prompt_features(full, 10) is full
+
+
+def test_balanced_caches_its_whole_flow_prompt() -> None:
+    """``balanced``'s flow prompt length leaves no prompt frame to run again in each piece:
+    the frames before the 3 lookahead tokens (2 mel frames per token, spec section 2d) fill
+    whole 50-frame chunks of upstream's static chunk mask, and all of them are cached."""
+    prompt_tokens = PRESETS["balanced"].flow_prompt_tokens
+    independent_frames = 2 * (prompt_tokens - 3)
+    assert independent_frames % 50 == 0
+    assert cacheable_prompt_frames(prompt_tokens) == independent_frames == 200
 
 
 def test_flow_sees_only_the_trimmed_prompt_and_llm_the_whole(

@@ -406,13 +406,17 @@ PRESET_STAGES: dict[str, Preset] = {
         ),
         vocoder=VocoderPreset(window_frames=0),
     ),
-    # the default: each lever cuts work per chunk at the smallest deviation from the exact path
+    # the default: each lever cuts work per chunk at the smallest deviation from the exact path.
+    # 103 prompt tokens = 4 s + the 3 lookahead tokens: the prompt frames that do not depend on
+    # the generated tokens, 2 x (103 - 3) = 200, end on the 50-frame chunk grid, so all of them
+    # are cached (solver.cacheable_prompt_frames) and a piece's first chunk runs only the
+    # prompt's last 6 frames again, not a whole 50-frame block (100 tokens cached 150 frames)
     "balanced": Preset(
         llm=LlmPreset(graph="fused"),
         flow=FlowPreset(
             precision="int8", euler_steps=4, cfg_rate=C.DEFAULT_CFG_RATE,
             cfg_steps=None, chunk_causal=True, final_chunk_causal=True,
-            prompt_tokens=100, left_context_tokens=50,
+            prompt_tokens=103, left_context_tokens=50,
             fallback_prompt_tokens=25, fallback_left_context_tokens=10,
             first_hop_tokens=10, first_hop_on_chunk_grid=False, whole_middle_pieces=True,
         ),

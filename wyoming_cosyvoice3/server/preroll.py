@@ -64,12 +64,13 @@ decodes 15 characters/s), so the expected length errs long and the hold errs saf
 CJK_CHARS_PER_S = 4.0
 """Han, kana and hangul characters per second of speech (read Mandarin: about 4-5 syllables/s,
 one character each), on the slow side for the same reason."""
-FIRST_AUDIO_LIMIT_S = 2.5
+FIRST_AUDIO_LIMIT_S = 2.45
 """Latest first audio after a response began (request or first streamed text), seconds,
-unless the first chunk itself comes later: issue 26's target for a 60-character sentence
-(the Voice PE satellite gives up at about 5 s without audio, shared spec ``wyoming.md``).
-The client hears it about 10 ms later on a LAN; a lower limit releases a short first piece
-before its second chunk exists and puts a pause inside it (BENCHMARKS.md)."""
+unless the first chunk itself comes later: issue 26's target of 2.5 s for a 60-character
+sentence (the Voice PE satellite gives up at about 5 s without audio, shared spec
+``wyoming.md``), less the 10-20 ms a chunk takes to reach a client on the same host or LAN.
+A lower limit releases a short first piece before its second chunk exists and puts a pause
+inside it (BENCHMARKS.md, "What a listener hears")."""
 FIRST_PIECE_MAX_S = 2.5
 """Longest expected speech of a response's first piece when synthesis is slower than
 playback, seconds (35 Latin / 10 CJK characters): with ``r`` about 0.5 such a piece is safe

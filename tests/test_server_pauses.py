@@ -393,6 +393,49 @@ async def test_history_refines_expected_length() -> None:
     assert history.ratio is not None and 0.55 < history.length_ratio() < 0.7
 
 
+def test_length_margin_follows_the_measured_misses() -> None:
+    def history(ratios: list[float]) -> ProductionHistory:
+        h = ProductionHistory()
+        for ratio in ratios:
+            h.add_piece(ratio * 2.0, 2.0)
+        return h
+
+    # before three pieces: the fixed prior
+    assert history([]).length_margin() == LENGTH_MARGIN == 1.15
+    assert history([1.0, 1.0]).length_margin() == 1.15
+    # every piece as predicted: the floor
+    assert history([1.0, 1.0, 1.0]).length_margin() == pytest.approx(1.03)
+    # misses of 5 % then 1/1.025 - 1: spread (0.05 + 0.02439) / 2, margin 1 + 2 x spread
+    assert history([1.0, 1.05, 1.0]).length_margin() == pytest.approx(1.0744, abs=1e-4)
+    # misses of 20 % and 27 %: capped
+    assert history([1.0, 1.2, 0.8]).length_margin() == pytest.approx(1.3)
+
+
+async def test_a_calibrated_history_releases_earlier_and_still_plays_through() -> None:
+    # r = 0.5, a 4 s piece in 0.5 s chunks whose length is predicted exactly: a fresh history
+    # adds 15 % to the prediction, one whose last three pieces came out as predicted 3 %,
+    # so the piece goes out earlier and still has no pause inside
+    def calibrated() -> ProductionHistory:
+        h = ProductionHistory()
+        for _ in range(3):
+            h.add_piece(2.0, 2.0)
+        h.add_response(5.0, 10.0)
+        return h
+
+    def fresh() -> ProductionHistory:
+        h = ProductionHistory()
+        h.add_response(5.0, 10.0)
+        return h
+
+    first_sent = []
+    for make in (fresh, calibrated):
+        sent, starts, _ = await _produce([4.0], rate=0.5, chunk_s=0.5, overhead_s=0.0,
+                                         history=make(), first_audio_limit_s=1e9)
+        assert simulate_playback(sent, piece_starts_s=starts).inside_stalls == 0
+        first_sent.append(sent[0][0])
+    assert first_sent[1] < first_sent[0]
+
+
 # --- the first piece: a clause of a long first sentence -------------------------------------
 
 LONG_FIRST = ("Here is the weather for today, it will be sunny in the morning with temperatures "

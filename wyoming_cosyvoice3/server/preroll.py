@@ -38,8 +38,9 @@ any chunk-to-chunk measurement (the first chunk of a fresh server's first respon
 the response's audio per second of work so far, start-up included, which errs slow.
 
 The expected length of a piece is the speech of its text (:func:`expected_speech_s`) times
-the ratio measured on earlier pieces (:meth:`ProductionHistory.length_ratio`) times
-:data:`LENGTH_MARGIN`.
+the ratio measured on earlier pieces (:meth:`ProductionHistory.length_ratio`) times a margin
+for how far that prediction has missed on them (:meth:`ProductionHistory.length_margin`:
+:data:`LENGTH_MARGIN` until a few pieces were measured).
 """
 
 from __future__ import annotations
@@ -80,9 +81,22 @@ FIRST_PIECE_MIN_S = 0.8
 """Shortest first piece, and shortest rest of its sentence, seconds (about two words): a
 shorter cut saves little and leaves a fragment for the LLM to speak alone."""
 LENGTH_MARGIN = 1.15
-"""Factor on a piece's predicted length: predicting too short lets a pause fall inside the
-piece, too long only lengthens the pause before it (the measured ratio scatters by about
-+-10 % between sentences of the tiny and the full model)."""
+"""Factor on a piece's predicted length before :data:`MIN_PIECES_FOR_SPREAD` pieces were
+measured: predicting too short lets a pause fall inside the piece, too long lengthens the
+pause before it and, for a response's last piece, the whole answer (the measured ratio
+scatters by about +-10 % between sentences of the tiny and the full model)."""
+MIN_PIECES_FOR_SPREAD = 3
+"""Pieces measured before the margin follows their measured spread instead of
+:data:`LENGTH_MARGIN`."""
+SPREAD_MARGIN_FACTOR = 2.0
+"""The margin is ``1 + SPREAD_MARGIN_FACTOR x spread``, spread = the decayed mean relative
+miss of the length prediction on recent pieces: about two typical misses of headroom."""
+MIN_LENGTH_MARGIN = 1.03
+"""Smallest margin: a piece's audio comes in whole mel frames and the speed resampler rounds,
+so even a perfect ratio misses by a few per cent on short pieces."""
+MAX_LENGTH_MARGIN = 1.3
+"""Largest margin (a voice whose pieces scatter widely): beyond it the holds grow more than
+the pauses inside pieces they would prevent."""
 PRIOR_WEIGHT_S = 10.0
 """Seconds of engine work the runtime's history counts as, next to this response's own
 measurement (which dominates after about one sentence)."""
@@ -213,12 +227,17 @@ class ProductionHistory:
             first chunk) by finished responses.
         work_s: decayed sum of the seconds that took.
         ratio: measured / expected length of recent pieces (None before the first).
+        spread: decayed mean of ``|piece ratio / predicted ratio - 1|`` over the pieces
+            measured after the first (None before the second).
+        pieces: pieces counted in ``ratio``.
     """
 
     def __init__(self) -> None:
         self.audio_s = 0.0
         self.work_s = 0.0
         self.ratio: float | None = None
+        self.spread: float | None = None
+        self.pieces = 0
 
     def rate(self) -> float | None:
         """Audio seconds per second within pieces of recent responses, or None before any."""
@@ -235,12 +254,26 @@ class ProductionHistory:
         if expected_s < MIN_PIECE_FOR_RATIO_S or measured_s <= 0:
             return
         ratio = measured_s / expected_s
+        if self.ratio is not None:
+            miss = abs(ratio / self.ratio - 1.0)
+            self.spread = miss if self.spread is None else (
+                self.spread * HISTORY_DECAY + miss * (1 - HISTORY_DECAY))
         self.ratio = ratio if self.ratio is None else (
             self.ratio * HISTORY_DECAY + ratio * (1 - HISTORY_DECAY))
+        self.pieces += 1
 
     def length_ratio(self) -> float:
         """Factor from :func:`expected_speech_s` to the measured length (1 before any)."""
         return 1.0 if self.ratio is None else self.ratio
+
+    def length_margin(self) -> float:
+        """Factor on the predicted length of a piece: :data:`LENGTH_MARGIN` before
+        :data:`MIN_PIECES_FOR_SPREAD` pieces, then ``1 + SPREAD_MARGIN_FACTOR x spread``
+        within :data:`MIN_LENGTH_MARGIN` .. :data:`MAX_LENGTH_MARGIN`."""
+        if self.spread is None or self.pieces < MIN_PIECES_FOR_SPREAD:
+            return LENGTH_MARGIN
+        margin = 1.0 + SPREAD_MARGIN_FACTOR * self.spread
+        return min(MAX_LENGTH_MARGIN, max(MIN_LENGTH_MARGIN, margin))
 
 
 @dataclass
@@ -448,7 +481,8 @@ class PieceGate:
     # --- the rule -----------------------------------------------------------------------
     def _start_piece(self, key: tuple[int, int], now: float) -> _Piece:
         index = min(key[1], len(self._expected) - 1)
-        expected = self._expected[index] * self.history.length_ratio() * LENGTH_MARGIN
+        expected = (self._expected[index] * self.history.length_ratio()
+                    * self.history.length_margin())
         queued_end = self.play_end if self.play_end is not None else now
         deadline = max(now, queued_end) + self.max_hold_s
         origin = self.first_audio_from if self.first_audio_from is not None else self.started_at

@@ -434,6 +434,14 @@ async def test_a_calibrated_history_releases_earlier_and_still_plays_through() -
         assert simulate_playback(sent, piece_starts_s=starts).inside_stalls == 0
         first_sent.append(sent[0][0])
     assert first_sent[1] < first_sent[0]
+    # a piece that is not the request's last keeps the fixed margin (a longer hold before it
+    # is paid back by the next piece): the same release either way
+    followed = []
+    for make in (fresh, calibrated):
+        sent, _, _ = await _produce([4.0, 1.0], rate=0.5, chunk_s=0.5, overhead_s=0.0,
+                                    history=make(), first_audio_limit_s=1e9)
+        followed.append(sent[0][0])
+    assert followed[0] == followed[1] == first_sent[0]
 
 
 # --- the first piece: a clause of a long first sentence -------------------------------------

@@ -38,9 +38,10 @@ any chunk-to-chunk measurement (the first chunk of a fresh server's first respon
 the response's audio per second of work so far, start-up included, which errs slow.
 
 The expected length of a piece is the speech of its text (:func:`expected_speech_s`) times
-the ratio measured on earlier pieces (:meth:`ProductionHistory.length_ratio`) times a margin
-for how far that prediction has missed on them (:meth:`ProductionHistory.length_margin`:
-:data:`LENGTH_MARGIN` until a few pieces were measured).
+the ratio measured on earlier pieces (:meth:`ProductionHistory.length_ratio`) times
+:data:`LENGTH_MARGIN`; for the last piece of an engine request, whose hold lengthens the
+answer when it is the answer's last, the margin follows how far the prediction has missed
+on recent pieces instead (:meth:`ProductionHistory.length_margin`).
 """
 
 from __future__ import annotations
@@ -81,10 +82,11 @@ FIRST_PIECE_MIN_S = 0.8
 """Shortest first piece, and shortest rest of its sentence, seconds (about two words): a
 shorter cut saves little and leaves a fragment for the LLM to speak alone."""
 LENGTH_MARGIN = 1.15
-"""Factor on a piece's predicted length before :data:`MIN_PIECES_FOR_SPREAD` pieces were
-measured: predicting too short lets a pause fall inside the piece, too long lengthens the
-pause before it and, for a response's last piece, the whole answer (the measured ratio
-scatters by about +-10 % between sentences of the tiny and the full model)."""
+"""Factor on a piece's predicted length (for a request's last piece: until
+:data:`MIN_PIECES_FOR_SPREAD` pieces were measured): predicting too short lets a pause fall
+inside the piece, too long lengthens the pause before it and, for a response's last piece,
+the whole answer (the measured ratio scatters by about +-10 % between sentences of the tiny
+and the full model)."""
 MIN_PIECES_FOR_SPREAD = 3
 """Pieces measured before the margin follows their measured spread instead of
 :data:`LENGTH_MARGIN`."""
@@ -481,8 +483,13 @@ class PieceGate:
     # --- the rule -----------------------------------------------------------------------
     def _start_piece(self, key: tuple[int, int], now: float) -> _Piece:
         index = min(key[1], len(self._expected) - 1)
-        expected = (self._expected[index] * self.history.length_ratio()
-                    * self.history.length_margin())
+        # the measured margin only for the request's last piece: holding it for length that
+        # never comes lengthens the answer, while a longer hold before an earlier piece is
+        # paid back (the next piece finds that much more audio queued) and the fixed margin
+        # also covers a rate that drops within a long piece
+        last = index == len(self._expected) - 1
+        margin = self.history.length_margin() if last else LENGTH_MARGIN
+        expected = self._expected[index] * self.history.length_ratio() * margin
         queued_end = self.play_end if self.play_end is not None else now
         deadline = max(now, queued_end) + self.max_hold_s
         origin = self.first_audio_from if self.first_audio_from is not None else self.started_at

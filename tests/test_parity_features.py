@@ -121,7 +121,8 @@ def test_parity_prepared_voice_matches_upstream_prompt(parity: Parity) -> None:
         voice = engine.prepare_voice(_clip(parity, prefix), transcript=case["transcript"])
         tokens = parity.array("llm.npz", f"{mode}_prompt_speech_tokens")
         assert_identical(voice.features.speech_tokens, tokens, f"{mode} prompt speech tokens")
-        mel = parity.array(FEATURES, f"{prefix}_prompt_mel")[: C.TOKEN_MEL_RATIO * tokens.size]
+        frames = parity.token_mel_ratio(next(iter(parity.flow_cases))) * tokens.size
+        mel = parity.array(FEATURES, f"{prefix}_prompt_mel")[:frames]
         assert_close(
             voice.features.prompt_mel,
             mel,

@@ -274,11 +274,17 @@ def test_parity_prompt_cache_on_disk_gives_the_same_chunk(
     np.testing.assert_array_equal(reread, written)
     cache = reader.prompt_cache(voice, steps, cfg, guided)
     assert cache.frames == parity.cacheable_prompt_frames(case)
-    rows = [2] * guided + [1] * (steps - guided)  # CFG rows per Euler step
+    rows = [_cfg_rows(parity)] * guided + [1] * (steps - guided)  # CFG rows per Euler step
     assert [s.kv[0][0].shape[0] for s in cache.steps if s.kv] == rows
     assert {s.kv[0][0].shape[2] for s in cache.steps if s.kv} == {cache.frames}
     files[0].write_bytes(b"not an npz")
     np.testing.assert_array_equal(first_chunk(make()), written)
+
+
+def _cfg_rows(parity: Parity) -> int:
+    """Rows of a guided Euler step: conditional and unconditional with the set's CFG rate,
+    the conditional one only when the rate is 0 (solver.py runs no unconditional row then)."""
+    return 2 if parity.cfg_rate else 1
 
 
 def _count_solves(flow: ChunkedFlow,
@@ -361,7 +367,7 @@ def test_parity_other_seed_draws_new_frames_over_the_seed0_prompt_noise(
                      f"{case} bounds, seed {seed}")
     prompt_frames = voice.features.prompt_mel.shape[0]
     cached = parity.cacheable_prompt_frames(case)
-    total = prompt_frames + 2 * len(flow_refs[f"{case}_gen_tokens"])
+    total = prompt_frames + parity.token_mel_ratio(case) * len(flow_refs[f"{case}_gen_tokens"])
     if parity.request_seed == PROMPT_SEED:  # upstream's noise is the seed-0 one
         seed0 = np.asarray(flow_refs["flow_noise"], dtype=np.float32)[:, :total]
     else:
@@ -411,8 +417,12 @@ def test_parity_warm_up_builds_the_voice_prompt_cache(
     solve of the cacheable prompt frames), so the first request's chunk finds it in memory:
     asking for it afterwards runs the streaming estimator zero times. Cached frames and the
     cache's size follow the set's DiT geometry."""
-    case = next(iter(parity.flow_cases))
-    _with_tokens(engine, monkeypatch, flow_refs[f"{case}_gen_tokens"][:3])  # one final chunk
+    # the case with the most cacheable prompt frames; fewer tokens than its first streamed
+    # call (hop + lookahead) make one final chunk, so nothing but the prompt is chunk-causal
+    case = max(parity.flow_cases, key=parity.cacheable_prompt_frames)
+    few = parity.lookahead_tokens(case)
+    assert few < parity.flow_case(case)["stream_chunkmask"]["flow_calls"][0][0]
+    _with_tokens(engine, monkeypatch, flow_refs[f"{case}_gen_tokens"][:few])
     voice = VoicePrompt(features=flow_case_voice(flow_refs, case), name="warm")
     quality = quality_options(parity)
     flow = engine.chunked.get("fp32")
@@ -424,7 +434,7 @@ def test_parity_warm_up_builds_the_voice_prompt_cache(
                         lambda *a, **k: runs.append(int(a[2])) or run(*a, **k))
     solves = _count_solves(flow, monkeypatch)
     cached = parity.cacheable_prompt_frames(case)
-    assert cached > 0, f"case {case}: its prompt is shorter than one cacheable chunk"
+    assert cached > 0, "no flow case has a prompt of one cacheable chunk or more"
     engine.warm_up(voice, quality)
     assert [start for start, _ in solves] == [0]  # the prompt cache, nothing else chunked
     assert solves[0][1].shape[1] == cached
@@ -435,7 +445,7 @@ def test_parity_warm_up_builds_the_voice_prompt_cache(
     assert runs == [] and len(solves) == 1  # from memory, not recomputed
     assert cache.frames == cached and len(cache.steps) == parity.euler_steps
     dit = parity.dit
-    rows = 2 if parity.cfg_rate else 1  # CFG: conditional and unconditional rows
+    rows = _cfg_rows(parity)
     # frames x steps x CFG rows x (key, value) x blocks x inner width x 4 bytes
     assert cache.nbytes == (cached * parity.euler_steps * rows * 2 * dit["depth"]
                             * dit["heads"] * dit["dim_head"] * 4)

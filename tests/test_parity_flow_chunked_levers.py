@@ -98,6 +98,15 @@ def _stream(parity: Parity, case: str, flow: ChunkedFlow, voice: VoiceFeatures,
     return mels, stored, history.frames
 
 
+def _lever_hops(tokens: int) -> list[int]:
+    """Four non-final chunks (tokens) for the left-context lever, not upstream's schedule:
+    h, h, 1.5 h, 1.5 h with h = 10, or less when the case has fewer than 5 h ``tokens``
+    (generated tokens that can end a non-final chunk: the last lookahead ones cannot)."""
+    hop = min(10, tokens // 5)
+    assert hop >= 2, f"{tokens} generated tokens are too few for four streamed chunks"
+    return [hop, hop, hop + hop // 2, hop + hop // 2]
+
+
 def test_bounded_left_context_stores_only_what_is_attended(
     parity: Parity, flow_refs: Any, engine: CosyVoice3Engine,
     streaming_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
@@ -111,7 +120,7 @@ def test_bounded_left_context_stores_only_what_is_attended(
     voice = _voice(flow_refs, case)
     gen = np.asarray(flow_refs[f"{case}_gen_tokens"], dtype=np.int64)
     ratio = parity.token_mel_ratio(case)
-    hops = [10, 10, 15, 15]  # the lever's chunks (tokens), not upstream's schedule
+    hops = _lever_hops(len(gen) - parity.lookahead_tokens(case))
     left = ratio * hops[0] + ratio * 2  # frames: one hop and a bit, so frames really drop
     tol = parity.tolerance("mel")
     bounded, stored, seen = _stream(parity, case, flow, voice, gen, hops, left)

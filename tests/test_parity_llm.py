@@ -71,10 +71,14 @@ def test_parity_prompt_ids(parity: Parity, engine: Any, mode: str) -> None:
     """
     case = parity.llm_cases[mode]
     tokens = _clip_tokens(parity, case.get("clip"))
+    # placeholder speaker and mel of the set's shapes (a flow case's; only the ids are checked)
+    flow_case = next(iter(parity.flow_cases))
+    embedding_dim = int(parity.entry("flow.npz", f"{flow_case}_embedding")["shape"][-1])
+    frames = parity.token_mel_ratio(flow_case) * tokens.size
     features = VoiceFeatures(
         speech_tokens=tokens,
-        speaker_embedding=np.zeros(C.SPEAKER_EMBEDDING_DIM, dtype=np.float32),
-        prompt_mel=np.zeros((C.TOKEN_MEL_RATIO * tokens.size, C.MEL_BINS), dtype=np.float32),
+        speaker_embedding=np.zeros(embedding_dim, dtype=np.float32),
+        prompt_mel=np.zeros((frames, int(parity.dit["mel_dim"])), dtype=np.float32),
     )
     voice = VoicePrompt(
         features=features, transcript=case.get("transcript"), instruction=case.get("instruction")

@@ -15,6 +15,9 @@ Run from a clone (development tooling, not part of the package)::
     python tools/request_path.py [--model-dir DIR] [--text TEXT] [--json]
 
 Without ``--model-dir`` the tiny model is built into a temporary directory (seconds).
+
+``tests/test_request_path.py`` runs :func:`measure` on the test session's tiny model and engine
+cache and holds the result to DEVELOPMENT.md's table and to the limit of 15 files.
 """
 
 from __future__ import annotations

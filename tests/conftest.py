@@ -28,11 +28,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One engine cache for the in-process servers on ``tiny_model_dir`` whose tests are not
-    about loading (``server_support.make_settings(..., engine_cache=...)``): the derived graphs
-    of the tiny model (fused LLM, streaming, split and int8 DiT, streamed and phase-carrying
-    vocoder; each made in a child process) are made once per session and later starts read
-    them. Tests of a first start or of the derivations use their own data dir."""
+    """One engine cache for the servers and engines on ``tiny_model_dir`` whose tests are not
+    about loading (``server_support.make_settings(..., engine_cache=...)``, servers started as
+    a program through ``link_engine_cache``, ``--cache-dir`` of the command lines, and
+    ``tiny_dit_cache_dir``): the derived graphs of the tiny model (fused LLM, streaming, split
+    and int8 DiT, streamed and phase-carrying vocoder; each made in a child process) are made
+    once per session and later starts read them. Tests of a first start or of the derivations
+    use their own data dir."""
     return tmp_path_factory.mktemp("tiny_engine_cache")
 
 
@@ -44,12 +46,14 @@ def tiny_dit_model_dir(tiny_model_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_dit_cache_dir(tiny_dit_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache directory of derived graphs for ``tiny_model_dir``, shared by the engines
-    of the whole session that only use those graphs (split, int8 and streaming DiT,
-    phase-carrying vocoder, fused LLM), so each is derived once per run. Tests that check the
-    derivation itself (files written, markers, counts) use a private ``tmp_path`` instead."""
-    return tmp_path_factory.mktemp("tiny_dit_derived")
+def tiny_dit_cache_dir(tiny_engine_cache: Path) -> Path:
+    """The cache directory of derived graphs for the engines of the session that only use
+    those graphs (split, int8 and streaming DiT, phase-carrying and streamed vocoder, fused
+    LLM): ``tiny_engine_cache`` itself, so a graph the servers derived is not derived again
+    for an engine built in the test process (derived names are keyed by the source file's
+    size and mtime, so both find the same files). Tests that check the derivation itself
+    (files written, markers, counts) use a private ``tmp_path`` instead."""
+    return tiny_engine_cache
 
 
 @pytest.fixture

@@ -11,9 +11,17 @@ import soundfile as sf
 from wyoming_cosyvoice3.engine.cli import build_parser, main
 
 
-def test_cli_writes_24k_pcm16_wav(tiny_model_dir: Path, make_clip, tmp_path: Path, capsys) -> None:
+def _listing(directory: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``directory``: relative path -> (size, mtime_ns)."""
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_cli_writes_24k_pcm16_wav(tiny_model_dir: Path, tiny_engine_cache: Path, make_clip,
+                                  tmp_path: Path, capsys) -> None:
     clip = make_clip(tmp_path / "ref.wav", seconds=2.5, sample_rate_hz=44100, channels=2)
     out = tmp_path / "out" / "hello.wav"
+    model_files = _listing(tiny_model_dir)
     code = main(
         [
             "--model-dir", str(tiny_model_dir),
@@ -24,13 +32,17 @@ def test_cli_writes_24k_pcm16_wav(tiny_model_dir: Path, make_clip, tmp_path: Pat
             "--seed", "3",
             "--llm-precision", "fp32",
             "--threads", "1",
-            "--cache-dir", str(tmp_path / "derived"),
+            # the session's engine cache: the tiny model's derivations are tried once per
+            # session. Whether they are made now or were made before, the engine reads and
+            # writes them only in --cache-dir: without it (or with the model directory as its
+            # cache) they would be written next to the model files, which the listing catches
+            "--cache-dir", str(tiny_engine_cache),
         ]
     )  # fmt: skip
     assert code == 0
     # derived files go to --cache-dir, never into the shared model directory
-    derived = [p for p in tiny_model_dir.iterdir() if "estimator.int8" in p.name]
-    assert not derived and not list(tiny_model_dir.glob("*.failed"))
+    assert _listing(tiny_model_dir) == model_files
+    assert list(tiny_engine_cache.glob("flow.decoder.estimator.*.onnx"))
     info = sf.info(str(out))
     assert info.samplerate == 24000 and info.channels == 1 and info.subtype == "PCM_16"
     data, rate = sf.read(str(out), dtype="int16")
@@ -46,8 +58,7 @@ def test_cli_one_shot_and_speed(tiny_model_dir: Path, tiny_engine_cache: Path, m
                                 tmp_path: Path) -> None:
     clip = make_clip(tmp_path / "ref.wav", seconds=2.0)
     base = ["--model-dir", str(tiny_model_dir), "--clip", str(clip), "--text", "Hi there."]
-    # the session's engine cache: the tiny model's derivations are tried once per session
-    # (where they go is the test above)
+    # the session's engine cache (where derived files go is the test above)
     base += ["--llm-precision", "fp32", "--threads", "1", "--cache-dir", str(tiny_engine_cache)]
     out1, out2 = tmp_path / "a.wav", tmp_path / "b.wav"
     assert main([*base, "--out", str(out1), "--no-streaming", "--seed", "1"]) == 0

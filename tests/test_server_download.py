@@ -27,11 +27,20 @@ from wyoming_cosyvoice3.server.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
 
+NOT_ABOUT_THE_PRESET = {"llm_graph": "published", "preset": "balanced"}
+"""Settings of the downloading servers that skip two steps a default first start takes after
+the download, which other tests cover: measuring the machine for ``--preset auto``
+(test_server_auto_preset.py) and deriving and validating the preset's fused LLM graph in a
+child process (test_server_default_preset.py; test_server_subprocess.py::
+test_started_as_the_readme_says starts with every default). The downloaded files have their
+own mtimes, so the session's engine cache cannot serve their derived graphs."""
+
 
 async def test_first_start_downloads_then_serves(tiny_model_dir: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     data_dir = tmp_path / "data"
-    settings = Settings(uri="tcp://127.0.0.1:0", data_dirs=(data_dir,), warm_up=False, seed=1)
+    settings = Settings(uri="tcp://127.0.0.1:0", data_dirs=(data_dir,), warm_up=False, seed=1,
+                        **NOT_ABOUT_THE_PRESET)
     repos = repos_from_dir(tiny_model_dir, EXPORT_REPO, UPSTREAM_REPO)
     with HubMimic(repos) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
@@ -101,7 +110,8 @@ async def test_download_resumes_when_the_network_comes_back(
     monkeypatch.setattr(download_wait, "DOWNLOAD_RETRY_DELAYS_S", (0.3, 0.6))
     caplog.set_level(logging.INFO, logger="wyoming_cosyvoice3")
     data_dir = tmp_path / "data"
-    settings = Settings(uri="tcp://127.0.0.1:0", data_dirs=(data_dir,), warm_up=False, seed=1)
+    settings = Settings(uri="tcp://127.0.0.1:0", data_dirs=(data_dir,), warm_up=False, seed=1,
+                        **NOT_ABOUT_THE_PRESET)
     repos = repos_from_dir(tiny_model_dir, EXPORT_REPO, UPSTREAM_REPO)
     with HubMimic(repos) as hub:
         async with running_server(settings, wait_ready=False) as server:

@@ -477,10 +477,28 @@ def test_first_clause_cuts(text: str, head: str) -> None:
     assert got == head and rest and expected_speech_s(got) <= FIRST_PIECE_MAX_S
 
 
+@pytest.mark.parametrize(("text", "head", "rest"), [
+    ("Look at the photo. 是 family, friends, 还是 people at a game?",  # C4
+     "Look at the photo.", "是 family, friends, 还是 people at a game?"),
+    ("The living room lights are now on. The kitchen is 21.5 degrees",  # C6
+     "The living room lights are now on.", "The kitchen is 21.5 degrees"),
+    # the paragraph of the benchmark: the next sentence (66 characters) does not fit in 2.5 s
+    ("Good morning! It is seven degrees outside with light rain, so take an umbrella.",
+     "Good morning!", "It is seven degrees outside with light rain, so take an umbrella."),
+    # two short sentences fit together (23 characters: 1.6 s of expected speech)
+    ("Okay. The lights are on. Now the heating is set to twenty one degrees.",
+     "Okay. The lights are on.", "Now the heating is set to twenty one degrees."),
+])
+def test_short_first_sentences_are_the_first_piece(text: str, head: str, rest: str) -> None:
+    # the engine would pack a short first sentence with the next into one piece too long to
+    # play through by the first-audio limit
+    assert _first(text) == (head, rest)
+    assert expected_speech_s(head) <= FIRST_PIECE_MAX_S
+
+
 @pytest.mark.parametrize("text", [
-    "Look at the photo. 是 family, friends, 还是 people at a game?",  # C4: short first sentence
-    "The living room lights are now on. The kitchen is 21.5 degrees",  # C6
     "Battery at 50%.",
+    "The lights are on. Done.",  # the rest is under FIRST_PIECE_MIN_S: one piece
     "Averyveryverylongwordwithoutanyblanksthatmightbeanaddressorsomething.com please",
     "",
 ])

@@ -480,11 +480,15 @@ def _with_full_stop(piece: str) -> str:
 def split_first_clause(
     text: str, max_s: float, min_s: float, speech_s: Callable[[str], float]
 ) -> tuple[str, str]:
-    """Cut a short first piece off ``text`` when its first sentence is long.
+    """Cut a short first piece off ``text``.
 
-    The first sentence (up to the first :data:`SENTENCE_MARKS` cut) is left alone when its
-    expected speech is at most ``max_s``. Otherwise the head is the longest prefix of it
-    within ``max_s`` and at least ``min_s`` that ends, in this order of preference: after a
+    When the first sentence (up to the first :data:`SENTENCE_MARKS` cut) has at most ``max_s``
+    of expected speech, the head is the leading whole sentences within ``max_s`` and the rest
+    is the text after them, provided the rest has at least ``min_s`` (else nothing is cut):
+    the engine would otherwise pack a short first sentence with the next ones into one piece
+    that cannot play through by the first-audio limit. Otherwise the head is the longest
+    prefix of the first sentence within ``max_s`` and at least ``min_s`` that ends, in this
+    order of preference: after a
     :data:`FIRST_CLAUSE_MARKS` run, before a :data:`CONJUNCTIONS` word, before a blank,
     between two CJK characters (a Chinese or Japanese sentence without a comma); a run of
     Latin letters is never cut inside (it may be a name or an address). The rest of the
@@ -510,6 +514,14 @@ def split_first_clause(
     sentences = cut_after_marks(stripped, SENTENCE_MARKS)
     first = sentences[0] if sentences else ""
     if speech_s(first) <= max_s:
+        end = len(first)
+        for sentence in sentences[1:]:
+            if speech_s(stripped[:end + len(sentence)]) > max_s:
+                break
+            end += len(sentence)
+        head, rest = stripped[:end].strip(), stripped[end:].strip()
+        if rest and head and speech_s(rest) >= min_s:
+            return head, rest
         return stripped, ""
     # candidate cut positions in ``first``, by preference; each must leave both parts long
     # enough (speech_s is monotonic in the prefix, so the last fitting cut is the longest)

@@ -281,7 +281,7 @@ def test_balanced_preset_streams_every_flow_call_chunk_causally(
     """``synthesize`` with the default preset ``balanced`` (LLM replaced by 120 fixed tokens)
     on tiny-dit: the int8 streaming DiT is loaded, and every flow call of the piece, the final
     one too (``flow_final_chunk_causal``), goes through :meth:`ChunkedFlow.chunk_mel` with one
-    history, the last 100 prompt tokens, a 100-frame (50-token) left context and the hop
+    history, the preset's last prompt tokens (103), a 100-frame (50-token) left context and the hop
     schedule 10, 20, 40, then the rest; no full-attention pass runs. The audio covers
     exactly the mel frames those calls returned (480 samples per frame)."""
     opts = PRESETS["balanced"]
@@ -321,11 +321,15 @@ def test_balanced_preset_streams_every_flow_call_chunk_causally(
 
     assert chunks and chunks[-1].is_last and all(c.piece_index == 0 for c in chunks)
     gen_ends = [13, 33, 73, 120]  # hops 10, 20, 40 (+3 lookahead each), then the final chunk
-    assert [len(c["tokens"]) - 100 for c in calls] == gen_ends
+    flow_prompt = opts.flow_prompt_tokens
+    assert flow_prompt == 103 < prompt_tokens
+    assert [len(c["tokens"]) - flow_prompt for c in calls] == gen_ends
     for c, end in zip(calls, gen_ends, strict=True):
-        np.testing.assert_array_equal(c["tokens"][:100], features.speech_tokens[-100:])
-        np.testing.assert_array_equal(c["tokens"][100:], gen[:end])
-        np.testing.assert_array_equal(c["voice"].prompt_mel, features.prompt_mel[-200:])
+        np.testing.assert_array_equal(c["tokens"][:flow_prompt],
+                                      features.speech_tokens[-flow_prompt:])
+        np.testing.assert_array_equal(c["tokens"][flow_prompt:], gen[:end])
+        np.testing.assert_array_equal(c["voice"].prompt_mel,
+                                      features.prompt_mel[-2 * flow_prompt:])
         assert c["history"] is calls[0]["history"]
         assert (c["steps"], c["cfg_rate"], c["cfg_steps"]) == (4, opts.cfg_rate, opts.cfg_steps)
         assert c["drop_lookahead_frames"] == (0 if end == gen_count else 2 * LOOKAHEAD)

@@ -160,10 +160,9 @@ async def test_without_the_gate_the_same_production_pauses_inside_pieces() -> No
     assert report.inside_stalls is not None and report.inside_stalls > 10
 
 
-async def test_audio_queued_at_the_player_counts() -> None:
-    # at r = 0.5 a piece with 0.25 s still to come needs 0.25 s + one 0.25 s chunk in hand;
-    # its first chunk alone (0.25 s) is short of that, but 0.4 s of the earlier piece are still
-    # queued at the player, so it goes out at once (a gate ignoring Q would hold it)
+def _half_rate_gate() -> tuple[FakeClock, list[float], PieceGate]:
+    """A gate on a fake clock whose history measured r = 0.5 (no first-audio limit, 60 s
+    holds); returns the clock, the send time of every event, and the gate."""
     clock = FakeClock()
     sent: list[float] = []
 
@@ -172,7 +171,14 @@ async def test_audio_queued_at_the_player_counts() -> None:
 
     history = ProductionHistory()
     history.add_response(5.0, 10.0)
-    gate = PieceGate(send, 60.0, history, clock=clock, first_audio_limit_s=1e9)
+    return clock, sent, PieceGate(send, 60.0, history, clock=clock, first_audio_limit_s=1e9)
+
+
+async def test_audio_queued_at_the_player_counts() -> None:
+    # at r = 0.5 a piece with 0.25 s still to come needs 0.25 s + one 0.25 s chunk in hand;
+    # its first chunk alone (0.25 s) is short of that, but 0.4 s of the earlier piece are still
+    # queued at the player, so it goes out at once (a gate ignoring Q would hold it)
+    clock, sent, gate = _half_rate_gate()
     gate.begin_text([2.0 / LENGTH_MARGIN, 0.5 / LENGTH_MARGIN])
     for _ in range(8):
         clock.now_s += 0.5
@@ -192,15 +198,7 @@ async def test_a_piece_is_released_with_its_last_chunk() -> None:
     # 2nd chunk is its last (the engine says so): nothing more of the piece can run dry, so
     # both go out at once instead of waiting for the timer or the next piece (the expected
     # length still says 2 s are to come, which would hold it past t = 6)
-    clock = FakeClock()
-    sent: list[float] = []
-
-    async def send(event: Event) -> None:
-        sent.append(clock.now_s)
-
-    history = ProductionHistory()
-    history.add_response(5.0, 10.0)
-    gate = PieceGate(send, 60.0, history, clock=clock, first_audio_limit_s=1e9)
+    clock, sent, gate = _half_rate_gate()
     gate.begin_text([4.0 / LENGTH_MARGIN, 2.0 / LENGTH_MARGIN])
     clock.now_s = 2.0
     await gate.audio([_chunk_event(1.0)], 1.0, 0, 1.0)
@@ -209,13 +207,13 @@ async def test_a_piece_is_released_with_its_last_chunk() -> None:
     await gate.audio([_chunk_event(1.0)], 1.0, 0, 0.0, piece_done=True)
     assert sent == [4.0, 4.0]
     # the same chunk without the flag stays held (the expected length says 2 s to come)
-    held = PieceGate(send, 60.0, history, clock=clock, first_audio_limit_s=1e9)
+    held_clock, held_sent, held = _half_rate_gate()
     held.begin_text([4.0 / LENGTH_MARGIN])
-    clock.now_s = 2.0
+    held_clock.now_s = 2.0
     await held.audio([_chunk_event(1.0)], 1.0, 0, 1.0)
-    clock.now_s = 4.0
+    held_clock.now_s = 4.0
     await held.audio([_chunk_event(1.0)], 1.0, 0, 0.0)
-    assert sent == [4.0, 4.0]
+    assert held_sent == []
     await held.close()
     await gate.close()
 

@@ -15,6 +15,9 @@ flag. The benchmark flags:
 - ``--bench-synthesis-options FIELD=VALUE,...``: change fields of the preset's synthesis
   options (e.g. ``euler_steps=3,flow_chunk_causal=true``) to measure one lever through the
   server; values are ``true``/``false``, ``none``, numbers or text.
+- ``--bench-engine-options FIELD=VALUE,...``: change fields of the options the engine is
+  loaded with (e.g. ``stream_vocoder=false``: the windowed vocoder the streamed one replaced),
+  to measure an exact derived form apart; the same value spellings.
 
 They keep the spelling the server's own flags had before they left the product, so older
 command lines (``--variant 'cc:--bench-synthesis-options=...'``) still work.
@@ -31,7 +34,7 @@ from typing import Any
 
 from wyoming_cosyvoice3.engine.options import SynthesisOptions
 from wyoming_cosyvoice3.server import cli
-from wyoming_cosyvoice3.server.hooks import ServerHooks
+from wyoming_cosyvoice3.server.hooks import ENGINE_OVERRIDABLE, ServerHooks
 
 from .recorder import FixedDecoding, StatsRecorder
 
@@ -61,6 +64,24 @@ def synthesis_overrides(text: str) -> dict[str, Any]:
                              f"({', '.join(sorted(known))})")
         pairs[name] = _value(raw)
     SynthesisOptions().replace(**pairs).validate()
+    return pairs
+
+
+def engine_overrides(text: str) -> dict[str, Any]:
+    """``FIELD=VALUE,...`` -> {field: value} for the engine option fields a hook may replace
+    (:data:`~wyoming_cosyvoice3.server.hooks.ENGINE_OVERRIDABLE`).
+
+    Raises:
+        ValueError: an item is not ``FIELD=VALUE`` or names no such field.
+    """
+    pairs: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, raw = item.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not sep or name not in ENGINE_OVERRIDABLE:
+            raise ValueError(f"{item!r} is not FIELD=VALUE with an engine option field "
+                             f"({', '.join(sorted(ENGINE_OVERRIDABLE))})")
+        pairs[name] = _value(raw)
     return pairs
 
 
@@ -105,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
                         type=_checked(synthesis_overrides, "--bench-synthesis-options"),
                         help="change fields of the preset's synthesis options, "
                         "FIELD=VALUE,... (e.g. euler_steps=3,flow_chunk_causal=true)")
+    parser.add_argument("--bench-engine-options", default={},
+                        type=_checked(engine_overrides, "--bench-engine-options"),
+                        help="change fields of the engine's load options, FIELD=VALUE,... "
+                        "(e.g. stream_vocoder=false)")
     return parser
 
 
@@ -122,7 +147,8 @@ def parse(argv: Sequence[str]) -> tuple[ServerHooks, list[str]]:
     elif rate is not None:
         observer = FixedDecoding(rate)
     hooks = ServerHooks(observer=observer,
-                        synthesis_overrides=dict(args.bench_synthesis_options))
+                        synthesis_overrides=dict(args.bench_synthesis_options),
+                        engine_overrides=dict(args.bench_engine_options))
     return hooks, server_argv
 
 

@@ -93,8 +93,36 @@ def test_the_engine_is_loaded_for_the_preset_with_the_benchmark_observer(
         precision, chunk_causal)
 
 
+def test_bench_engine_options_reach_the_loaded_engine(tmp_path: Path) -> None:
+    """``--bench-engine-options`` replaces fields of the options the engine is loaded with
+    (here the streamed vocoder, so the windowed one it replaced can be measured through the
+    server); without it the server's own options stand."""
+    hooks, server_argv = serve.parse(["--model-dir", str(tmp_path), "--preset", "balanced",
+                                      "--bench-engine-options", "stream_vocoder=false"])
+    assert dict(hooks.engine_overrides) == {"stream_vocoder": False}
+    assert server_argv == ["--model-dir", str(tmp_path), "--preset", "balanced"]
+    settings = resolve_settings(server_argv, environ={})
+    (changed,) = loaded_engine_options(settings, tmp_path, hooks)
+    (plain,) = loaded_engine_options(settings, tmp_path)
+    assert (changed.stream_vocoder, plain.stream_vocoder) == (False, True)
+    assert changed.preset == plain.preset and changed.llm_graph == plain.llm_graph == "fused"
+    assert serve.engine_overrides("split_estimator=false, threads=1") == {
+        "split_estimator": False, "threads": 1}
+
+
+@pytest.mark.parametrize("raw", ["stream_vocoder", "no_such_field=1", "preset=fast",
+                                 "observer=none"])
+def test_bad_bench_engine_options_are_refused(raw: str) -> None:
+    with pytest.raises(SystemExit):
+        serve.parse(["--data-dir", "/d", "--bench-engine-options", raw])
+    name = raw.partition("=")[0]
+    if name != "stream_vocoder":  # a field, only the value is missing
+        with pytest.raises(ValueError, match="engine_overrides"):
+            ServerHooks(engine_overrides={name: None})
+
+
 @pytest.mark.parametrize("flag", ["--bench-stats-file", "--bench-tokens-per-char",
-                                  "--bench-synthesis-options"])
+                                  "--bench-synthesis-options", "--bench-engine-options"])
 def test_the_product_has_no_benchmark_flag(flag: str, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Benchmark knobs are not settings: the server refuses them as flags, ignores them in

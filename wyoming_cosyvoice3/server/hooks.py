@@ -8,11 +8,16 @@ caller builds :class:`ServerHooks` and passes it to :func:`.cli.main` (or
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from ..engine.options import EngineObserver, SynthesisOptions
+from ..engine.options import EngineObserver, EngineOptions, SynthesisOptions
+
+ENGINE_OVERRIDABLE = frozenset(
+    f.name for f in fields(EngineOptions) if f.name not in ("preset", "observer"))
+"""Fields of :class:`~..engine.options.EngineOptions` a hook may replace: all but the preset
+(``synthesis_overrides`` changes it) and the observer (``observer`` is the hook for it)."""
 
 
 class ServerObserver(EngineObserver):
@@ -39,16 +44,27 @@ class ServerHooks:
         synthesis_overrides: fields of :class:`~..engine.options.SynthesisOptions` replaced in
             the preset's options, for loading and every request, before the server's own
             ``--speed``, seed and time limit are applied; e.g. ``{"euler_steps": 3}``.
+        engine_overrides: fields of :class:`~..engine.options.EngineOptions` (those in
+            :data:`ENGINE_OVERRIDABLE`) replaced in the options the engine is loaded with,
+            after the server's own flags; e.g. ``{"stream_vocoder": False}`` to measure an
+            exact derived form against the one it replaced.
     """
 
     observer: ServerObserver | None = None
     synthesis_overrides: Mapping[str, Any] = field(
+        default_factory=lambda: MappingProxyType({}))
+    engine_overrides: Mapping[str, Any] = field(
         default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         """Raises ``ValueError`` (from :meth:`SynthesisOptions.validate
         <..engine.options.SynthesisOptions.validate>`, or for an unknown field) when the
         overrides do not make valid options."""
+        unknown = sorted(set(self.engine_overrides) - ENGINE_OVERRIDABLE)
+        if unknown:
+            known = ", ".join(sorted(ENGINE_OVERRIDABLE))
+            raise ValueError(f"engine_overrides: {', '.join(unknown)} is no overridable "
+                             f"EngineOptions field ({known})")
         try:
             SynthesisOptions().replace(**self.synthesis_overrides).validate()
         except TypeError as err:  # an unknown field name

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import threading
@@ -504,6 +505,8 @@ class ServerRuntime(SynthesisRunner):
                 preset=self.synthesis_options(),  # its DiT graphs are opened at start
                 observer=self.observer,
             )
+            if self.hooks.engine_overrides:
+                options = dataclasses.replace(options, **self.hooks.engine_overrides)
             engine = self._built_engine = self._engine_factory(model_dir, options)
             self.phase = "preparing voices"
             self._prepare_voices(engine, model_dir)

@@ -79,9 +79,16 @@ leaves 30x room for other CPUs' kernels and stays 300x below the smallest mutati
 
 # -- the reference (this file's own formulas) -------------------------------------------------
 def cosine_times(steps: int) -> npt.NDArray[np.float32]:
-    """flow_matching.py ``t_scheduler == "cosine"``: ``t_k = 1 - cos(pi/2 * k / steps)``."""
-    return np.array([1.0 - math.cos(math.pi / 2.0 * k / steps) for k in range(steps + 1)],
-                    dtype=np.float32)
+    """flow_matching.py ``t_scheduler == "cosine"``: ``t_k = 1 - cos(pi/2 * k / steps)`` as
+    upstream computes it, every operation in float32 (``torch.linspace`` counts the first half
+    up from 0 and the second half down from 1; the cosine rounded once)."""
+    f32, step = np.float32, np.float32(1.0) / np.float32(steps)
+    times = []
+    for k in range(steps + 1):
+        t = f32(k) * step if k < (steps + 1) // 2 else f32(1.0) - f32(steps - k) * step
+        angle = f32(f32(t * f32(0.5)) * f32(math.pi))
+        times.append(f32(1.0) - f32(math.cos(float(angle))))
+    return np.array(times, dtype=np.float32)
 
 
 def chunk_mask_bias(frames: int, call_start: npt.NDArray[np.int64],

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -54,15 +54,7 @@ def synthesis_overrides(text: str) -> dict[str, Any]:
         ValueError: an item is not ``FIELD=VALUE``, names no synthesis option field, or the
             options refuse the value (:meth:`SynthesisOptions.validate`).
     """
-    known = {f.name for f in fields(SynthesisOptions)}
-    pairs: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, raw = item.partition("=")
-        name, raw = name.strip(), raw.strip()
-        if not sep or name not in known:
-            raise ValueError(f"{item!r} is not FIELD=VALUE with a synthesis option field "
-                             f"({', '.join(sorted(known))})")
-        pairs[name] = _value(raw)
+    pairs = _field_pairs(text, {f.name for f in fields(SynthesisOptions)}, "a synthesis")
     SynthesisOptions().replace(**pairs).validate()
     return pairs
 
@@ -74,13 +66,19 @@ def engine_overrides(text: str) -> dict[str, Any]:
     Raises:
         ValueError: an item is not ``FIELD=VALUE`` or names no such field.
     """
+    return _field_pairs(text, ENGINE_OVERRIDABLE, "an engine")
+
+
+def _field_pairs(text: str, known: Set[str], kind: str) -> dict[str, Any]:
+    """``FIELD=VALUE,...`` -> {field: value}; ``ValueError`` for an item that is not
+    ``FIELD=VALUE`` with a field of ``known`` (``kind`` names them in the message)."""
     pairs: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, raw = item.partition("=")
         name, raw = name.strip(), raw.strip()
-        if not sep or name not in ENGINE_OVERRIDABLE:
-            raise ValueError(f"{item!r} is not FIELD=VALUE with an engine option field "
-                             f"({', '.join(sorted(ENGINE_OVERRIDABLE))})")
+        if not sep or name not in known:
+            raise ValueError(f"{item!r} is not FIELD=VALUE with {kind} option field "
+                             f"({', '.join(sorted(known))})")
         pairs[name] = _value(raw)
     return pairs
 

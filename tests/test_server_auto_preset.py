@@ -147,6 +147,37 @@ def test_available_memory_reads_meminfo_and_the_cgroup_limit(tmp_path: Path) -> 
     assert available_memory_bytes(tmp_path / "nothing") is None
 
 
+def test_a_v1_cgroup_limit_counts(tmp_path: Path) -> None:
+    # cgroup v1 (older Docker, some NAS systems): memory/memory.limit_in_bytes and
+    # memory/memory.usage_in_bytes; an unlimited v1 group reports a number near 2^63
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/meminfo").write_text("MemAvailable:    3000000 kB\n", encoding="ascii")
+    (tmp_path / "proc/self/statm").write_text("50000 25000 0 0 0 0 0\n", encoding="ascii")
+    own = 25000 * os.sysconf("SC_PAGE_SIZE")
+    v1 = tmp_path / "sys/fs/cgroup/memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("1000000000\n", encoding="ascii")
+    (v1 / "memory.usage_in_bytes").write_text("400000000\n", encoding="ascii")
+    assert available_memory_bytes(tmp_path) == 600_000_000 + own
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n", encoding="ascii")
+    assert available_memory_bytes(tmp_path) == 3000000 * 1024 + own
+
+
+def test_default_threads_are_the_cpus_this_process_may_run_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # --threads 0 (onnxruntime's choice) under `taskset -c 3` or a one-CPU cpuset on a
+    # 64-CPU host runs one thread: the prediction is the one-thread prediction
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda _pid: {3}, raising=False)
+    monkeypatch.setattr(machine.os, "cpu_count", lambda: 64)
+    rates = (REFERENCE.fp32_flops, REFERENCE.int8_ops, REFERENCE.int8_bytes)
+    default, one, two = (predict_rtf(MachineRates(*rates, threads), "balanced")
+                         for threads in (0, 1, 2))
+    assert default == one != two
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda _pid: {2, 3}, raising=False)
+    assert predict_rtf(MachineRates(*rates, 0), "balanced") == two
+
+
 def test_the_probe_measures_this_machine() -> None:
     started = time.monotonic()
     rates = probe_rates(threads=1, budget_s=0.3)

@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 import yaml
 from server_support import (
+    READ_TIMEOUT_S,
     FaultyEngine,
     fake_model_dir,
     make_settings,
@@ -254,6 +255,61 @@ async def test_a_clip_arriving_in_small_pieces_is_read_whole(tmp_path: Path,
             http.post(page_url(server, "api/voices"), data=body(), headers=headers) as response:
         assert response.status == 201, await response.text()
     assert (tmp_path / "data" / "clips" / "slow.wav").read_bytes() == clip
+
+
+async def test_an_oversized_clip_is_refused_while_it_is_still_being_sent(
+    tmp_path: Path, make_clip: Any
+) -> None:
+    """The clip part is read up to --max-clip-bytes and no further: a client announcing a
+    10 MB clip against a 100 kB limit gets its 413 after sending 300 kB, while the rest is
+    still to come (a server reading the whole part first would wait for all 10 MB and hold
+    them in memory)."""
+    model_dir = fake_model_dir(tmp_path, make_clip)
+    settings = make_settings(model_dir, tmp_path / "data", http_port=0,
+                             limits=Limits(max_clip_bytes=100_000))
+    boundary = "voicepageboundary"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\nbig\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"languages\"\r\n\r\nen\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"clip\"; "
+            f"filename=\"big.wav\"\r\nContent-Type: audio/wav\r\n\r\n").encode()
+    declared = len(head) + 10_000_000 + len(f"\r\n--{boundary}--\r\n")
+    async with running_server(settings, FaultyEngine) as server:
+        assert server.web is not None and server.web.port is not None
+        port = server.web.port
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write((f"POST /api/voices HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                          "X-Voice-Page: 1\r\n"
+                          f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+                          f"Content-Length: {declared}\r\n\r\n").encode() + head)
+            writer.write(bytes(300_000))
+            await writer.drain()
+            # the body stays open: only an answer that does not wait for it arrives
+            status = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
+        finally:
+            writer.close()
+    assert status.split()[:2] == [b"HTTP/1.1", b"413"], status
+    assert catalog_items(tmp_path / "data") == []
+
+
+@pytest.mark.parametrize(("padding", "status"), [(1_100_000, 400), (1_200_000, 413)])
+async def test_a_form_without_a_file_is_bounded_by_the_clip_limit(
+    tmp_path: Path, make_clip: Any, padding: int, status: int
+) -> None:
+    """A url-encoded form (no file) is read whole, so its size is bounded too: by
+    --max-clip-bytes plus 1 MiB for the other fields (100 kB + 1,048,576 B here). 1.1 MB
+    are read (and refused for the missing clip), 1.2 MB are refused as too large."""
+    model_dir = fake_model_dir(tmp_path, make_clip)
+    settings = make_settings(model_dir, tmp_path / "data", http_port=0,
+                             limits=Limits(max_clip_bytes=100_000))
+    form = {"name": "plain", "languages": "en", "unused": "x" * padding}
+    async with running_server(settings, FaultyEngine) as server, \
+            aiohttp.ClientSession() as http, \
+            http.post(page_url(server, "api/voices"), data=form, headers=CHANGE) as response:
+        assert response.status == status, await response.text()
+        if status == 400:
+            assert "no clip was sent" in (await response.json())["error"]
+    assert catalog_items(tmp_path / "data") == []
 
 
 async def test_stopping_the_server_ends_a_preview_at_once(tmp_path: Path,

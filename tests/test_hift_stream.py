@@ -28,6 +28,11 @@ from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, StreamedHift, Voc
 
 MAX_ABS_AUDIO = 1e-4
 FRAMES = 90
+LEVEL = 0.449
+"""Peak of the tiny vocoder's audio on the streamed derivation's validation mel (max |audio|
+0.4486, no sample clipped)."""
+DELTA = 1e-3 / LEVEL
+"""Relative magnitude error that moves that audio by 1e-3 at its peak."""
 _REAL_PUSH = VocoderStream.push
 """Not patched (tests wrap it; a second wrapper must not wrap the first)."""
 
@@ -259,6 +264,26 @@ def test_dropped_state_fails_validation(
     monkeypatch.setattr(hift_stream, "stream_run", forgetful)
     with pytest.raises(hift_stream.ModelLoadError):
         hift_stream.validate(tiny_hift, model, states, plan)
+
+
+def test_validation_refuses_a_graph_off_by_ten_times_its_bound(tiny_hift: Path) -> None:
+    """The derived graph with its magnitude scaled by 1 + DELTA: every streamed call's audio
+    is off by about 1e-3 (the iSTFT is linear in the magnitude; the tiny model's validation
+    audio peaks at LEVEL), ten times the accepted 1e-4 (MAX_ABS, set from measured 1e-6 to
+    2.4e-5 on correct graphs). Validation refuses it; a bound ten times looser would not."""
+    from onnx import helper, numpy_helper
+
+    model, plan, states = hift_stream.add_stream_state(onnx.load(str(tiny_hift)))
+    producer = next(n for n in model.graph.node if "magnitude" in n.output)
+    producer.output[list(producer.output).index("magnitude")] = "magnitude_correct"
+    factor = numpy_helper.from_array(np.array(1.0 + DELTA, np.float32), "magnitude_factor")
+    model.graph.initializer.append(factor)
+    model.graph.node.append(helper.make_node("Mul", ["magnitude_correct", "magnitude_factor"],
+                                             ["magnitude"]))
+    with pytest.raises(hift_stream.ModelLoadError, match="differs from one call's by") as err:
+        hift_stream.validate(tiny_hift, model, states, plan)
+    off = float(str(err.value).split("differs from one call's by ")[1].split()[0])
+    assert 5e-4 < off < 2e-3
 
 
 def test_derived_graph_without_streaming_is_the_one_call_graph(

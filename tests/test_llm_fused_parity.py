@@ -6,7 +6,6 @@ shared cache directory."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +13,6 @@ import pytest
 from parity_support import Parity, derived_cache_dir, load_parity, parity_cases
 
 from wyoming_cosyvoice3.engine.derive.llm.fused import ensure_fused_llm
-from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions, LlmPrompt
@@ -60,16 +58,14 @@ def test_parity_fused_fp32_graph_reproduces_upstream_log_probs(
     assert error < parity.tolerance("llm_log_probs")
 
 
-def test_parity_fused_int8_graph_passes_validation_and_q4_is_refused(
-    parity: Parity, tmp_path: Path
-) -> None:
+def test_parity_fused_int8_graph_passes_validation(parity: Parity) -> None:
     """int8: the structure check (float activations) agrees to rounding, and the deployed
-    graph is within the published graph's own activation-quantisation error. q4: this model
-    (weights x8 in the head) loses more than that, so validation refuses it (in a private
-    directory: the refusal leaves a failure marker)."""
+    graph is within the published graph's own activation-quantisation error (measured 3e-5
+    against 0.29). The parity model's 4-bit form is not judged here: its head weights are
+    scaled x8, so it loses about as much as the 2-nat line of LOSSY_MAX_ABS_LOGP (1.94 on a
+    Zen 4, 2.55 on an AVX-512 Xeon: accepted on one, refused on the other, both by design);
+    test_llm_fused.py tests the gate on graphs far from its line."""
     source = parity.model_dir / "llm_int8.onnx"
     _, report = ensure_fused_llm(source, derived_cache_dir(parity), "fused")
     assert report.structure_max_abs_logp < parity.tolerance("llm_log_probs")
     assert report.max_abs_logp < report.int8_noise_max_abs_logp
-    with pytest.raises(ModelLoadError, match="differs from it"):
-        ensure_fused_llm(source, tmp_path, "fused-q4")

@@ -73,21 +73,72 @@ def test_one_graph_is_loaded_instead_of_the_published_estimator(
     assert isinstance(two.model.estimator, SplitEstimator)
 
 
+def _run(engine: CosyVoice3Engine, model_dir: Path, streaming: bool,
+         monkeypatch: pytest.MonkeyPatch, mels: list[np.ndarray] | None = None,
+         ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(the new mel frames of every flow pass, the audio chunks) of :func:`_audio`; with
+    ``mels``, the flow passes hand on those instead of their own (in order)."""
+    from wyoming_cosyvoice3.engine.flow.stream import MelStream
+
+    seen: list[np.ndarray] = []
+    real = MelStream.next_mel
+
+    def recording(self: MelStream, *args: Any, **kwargs: Any) -> np.ndarray:
+        mel = real(self, *args, **kwargs)
+        if mels is not None:
+            mel = mels[len(seen)]
+        seen.append(mel)
+        return mel
+
+    with monkeypatch.context() as patch:
+        patch.setattr(MelStream, "next_mel", recording)
+        audio = _audio(engine, model_dir, streaming)
+    return seen, audio
+
+
 @pytest.mark.parametrize("streaming", [False, True])
-def test_one_graph_gives_the_two_graph_audio(
+def test_one_graph_gives_the_two_graph_mel_and_the_same_mel_the_same_audio(
     engines: tuple[CosyVoice3Engine, CosyVoice3Engine], tiny_dit_model_dir: Path,
-    streaming: bool
+    streaming: bool, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One-shot (one full-attention pass) and streamed (chunk-causal chunks, then the final
-    full-attention chunk): same chunk bounds, audio equal up to float rounding."""
+    full-attention chunk): the same chunks; the mel equal within the rounding the derivation
+    accepts for the one graph; and everything after the flow the same, so the two-graph mel
+    gives the two-graph audio bit for bit through the one-graph engine.
+
+    The audio of the two is not compared: the vocoder's harmonic source sums f0 over every
+    sample (480 per frame), so a last-bit difference in the mel moves the phase by an amount
+    that grows with time. On AVX-512 CPUs (Zen 4, Xeon with AMX) the one-shot audio differs by
+    up to 1.1e-3 from 1.5 s on (issue 37): rounding, not a property of the graphs.
+    The mel bound: the derivation accepts the one graph when its velocity is within
+    FP32_TOL (1e-4) of the published graph's, relative to the velocity's scale; the Euler
+    steps add dt x velocity (the dt sum to 1) after the CFG mix (1 + r) v - r v_uncond
+    (r = 0.7), so at first order the mel moves by at most (1 + 2 r) FP32_TOL x that scale,
+    taken here as max(1, |mel|) (the mel and the velocity, target minus noise, are of one
+    size): 1.7e-3 here, where the two mels differ by 2.7e-6 (one-shot, 220 frames) and 1.9e-6
+    (the streamed final chunk) on an AVX-512 Xeon; a misread graph moves them by O(1)."""
+    from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import FP32_TOL
+
     one, two = engines
-    got = _audio(one, tiny_dit_model_dir, streaming)
-    ref = _audio(two, tiny_dit_model_dir, streaming)
+    mel_one, got = _run(one, tiny_dit_model_dir, streaming, monkeypatch)
+    mel_two, ref = _run(two, tiny_dit_model_dir, streaming, monkeypatch)
     assert len(got) == len(ref) >= (3 if streaming else 1)
-    for a, b in zip(got, ref, strict=True):
-        assert a.shape == b.shape
-        assert np.abs(b).max() > 1e-3
-        np.testing.assert_allclose(a, b, rtol=0, atol=2e-4)
+    assert len(mel_one) == len(mel_two) == (len(ref) if streaming else 1)
+    cfg = PRESETS["quality"].cfg_rate
+    for a, b in zip(mel_one, mel_two, strict=True):
+        assert a.shape == b.shape and a.shape[1] > 0
+        bound = (1 + 2 * cfg) * FP32_TOL * max(1.0, float(np.abs(b).max()))
+        error = float(np.abs(a - b).max())
+        print(f"mel of {a.shape[1]} frames: one graph off the two by {error:.3g} "
+              f"(bound {bound:.3g})")
+        assert error <= bound
+    if streaming:  # the chunk-causal chunks run the same streaming graph in both engines
+        for a, b in zip(mel_one[:-1], mel_two[:-1], strict=True):
+            assert np.array_equal(a, b)
+    _, same = _run(one, tiny_dit_model_dir, streaming, monkeypatch, mels=mel_two)
+    for a, b in zip(same, ref, strict=True):
+        assert a.shape == b.shape and np.abs(b).max() > 1e-3
+        assert np.array_equal(a, b)
 
 
 def test_full_attention_view_rejects_what_it_cannot_compute(
@@ -235,6 +286,39 @@ def test_case_c5_chunk_causal_presets_keep_their_caches_bounded(
     prompt = next(iter(flow._prompts.values()))
     assert prompt.frames == cacheable_prompt_frames(
         min(len(voice.features.speech_tokens), opts.flow_prompt_tokens))
+
+
+@pytest.mark.parametrize("preset", ["balanced", "fast"])
+def test_whole_middle_pieces_equal_the_one_shot_pieces_chunk_causally(
+        int8_engine: CosyVoice3Engine, tiny_dit_model_dir: Path, preset: str) -> None:
+    """``balanced`` and ``fast`` run a one-shot piece chunk-causally, its one (final) chunk
+    too; a whole middle piece (``whole_middle_pieces``: one chunk, as the server asks when it
+    holds pieces) must run that same flow, so it is sample-equal to the piece of a one-shot
+    request (test_pipeline_engine.py checks the full-attention presets)."""
+    opts = PRESETS[preset]
+    assert opts.flow_chunk_causal and opts.flow_final_chunk_causal
+    opts = opts.replace(seed=4, vocoder_defer=False, max_piece_tokens=12)
+    engine = int8_engine
+    voice = engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav", "A test voice.")
+    text = ("The kitchen lights are on now. The front door is locked for the night. "
+            "The heating is set to twenty degrees. Good night.")
+
+    def by_piece(options: SynthesisOptions) -> dict[int, list[Any]]:
+        pieces: dict[int, list[Any]] = {}
+        for c in engine.synthesize(text, voice, options):
+            pieces.setdefault(c.piece_index, []).append(c)
+        return pieces
+
+    whole = by_piece(opts.replace(whole_middle_pieces=True))
+    one_shot = by_piece(opts.replace(streaming=False, whole_middle_pieces=False))
+    last = len(whole) - 1
+    assert last >= 2 and sorted(whole) == sorted(one_shot)
+    for index in range(1, last):
+        assert len(whole[index]) == 1 and whole[index][0].piece_done
+        samples, reference = whole[index][0].samples, one_shot[index][0].samples
+        assert samples.shape == reference.shape and np.abs(reference).max() > 1e-3
+        assert np.array_equal(samples, reference)
+    assert len(whole[0]) > 1 and len(whole[last]) > 1  # the first and last stream
 
 
 def test_int8_streaming_graph_uses_fused_kernels_and_quantises_every_block_layer(

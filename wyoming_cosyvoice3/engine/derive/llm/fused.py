@@ -78,9 +78,18 @@ EXACT_MAX_ABS_LOGP = 1e-3
 about 1e-5; a wrong structure gives differences of order 1)."""
 LOSSY_MAX_ABS_LOGP = 2.0
 """fused-q4: largest accepted teacher-forced log-prob difference from the published graph
-(or the published int8 graph's own activation-quantisation error, when that is larger): a
-gross-error guard. Measured 0.7-1.4 on the full-size synthetic model; the parity model, whose
-head weights are scaled x8, loses 3-11 and is refused."""
+(or the published int8 graph's own activation-quantisation error, when that is larger).
+
+A decision, not a measurement: the 4-bit graph is lossy by design (``fast`` takes it for
+speed), and this line only refuses one that has lost the model, where no token's probability
+may move by more than e^2 (7.4x) on the validation history. Measured honest errors lie below
+it: 0.7-1.4 on the full-size synthetic model, 1.1 (from ``llm.onnx``) and 1.6 (from
+``llm_int8.onnx``) on the tiny one; the error grows with the logits' range (the tiny model with
+its head weights x4 / x8: 4.3 / 8.6, refused). MatMulNBits' int8 compute rounds differently
+per CPU, so a model whose error is near the line is accepted on one CPU and refused on another
+(the parity model, head weights x8: 1.94 on a Zen 4, 2.55 on an AVX-512 Xeon); either is safe,
+as a refused graph leaves the engine on its fallback with one warning. The tests judge graphs
+far from the line (tests/test_llm_fused.py)."""
 VALIDATION_SPLIT = (20, 40, 30)
 """Teacher-forced validation: prefix positions, request positions, single-token steps."""
 STRUCTURE_SPLIT = (20, 40, 4)

@@ -41,6 +41,7 @@ from .graphs import (
 )
 from .loaders import (
     Estimator,
+    is_fused_form,
     load_estimator,
     load_hift,
     load_hift_stream,
@@ -211,6 +212,10 @@ class CosyVoice3Model:
         self.text_embedding: Graph | TableEmbedding = text_embedding
         self.speech_embedding = _graph(graphs["speech_embedding"])
         self.llm = _graph(graphs["llm"])
+        prefill = graphs.get("llm_prefill")
+        self.llm_prefill: Graph | None = None if prefill is None else _graph(prefill)
+        """The graph that prefills prompts when it is not ``llm``
+        (``EngineOptions.llm_prefill_graph``), else None."""
         self.flow_encoder = _graph(graphs["flow_encoder"])
         estimator = graphs["estimator"]
         if isinstance(estimator, TableEmbedding):
@@ -270,14 +275,21 @@ class CosyVoice3Model:
             streaming[precision] = load_streaming_or_none(model_dir, options, precision)
         # one DiT graph serves chunks and full attention when the streaming DiT loaded
         estimator = load_estimator(model_dir, options, precision, streaming.get(precision))
+        llm = load_llm_graph(model_dir, options, threads, speech_embedding)
         graphs: dict[str, Graph | TableEmbedding | Estimator] = {
             "speech_embedding": speech_embedding,
-            "llm": load_llm_graph(model_dir, options, threads, speech_embedding),
+            "llm": llm,
             "flow_encoder": graph(FLOW_ENCODER),
             "estimator": estimator,
             "hift": hift,
         }
         graphs["text_embedding"] = load_text_table(model_dir, options) or graph(TEXT_EMBEDDING)
+        prefill = options.llm_prefill_graph
+        if prefill is not None and prefill != options.llm_graph and not (
+                prefill == "fused" and is_fused_form(llm, "fused")):
+            # (a decode graph that fell back to the fused form prefills as well as it would)
+            graphs["llm_prefill"] = load_llm_graph(model_dir, options, threads,
+                                                   speech_embedding, prefill)
         model = cls(model_dir, options, tokenizer, eop, graphs, hift_phase_period, streaming)
         model.hift_stream = hift_stream
         if model.dims.speech_vocab_rows <= C.FILL_TOKEN:

@@ -27,7 +27,11 @@ import numpy.typing as npt
 from . import constants as C
 
 LlmPrecision = Literal["fp32", "int8", "q4"]
-LlmGraph = Literal["published", "fused", "fused-q4"]
+LlmGraph = Literal["published", "fused", "fused-b8", "fused-q4"]
+LLM_GRAPHS: tuple[str, ...] = ("published", "fused", "fused-b8", "fused-q4")
+"""Every :data:`LlmGraph`."""
+LOSSLESS_LLM_GRAPHS: tuple[LlmGraph, ...] = ("fused", "fused-b8")
+"""Derived LLM graphs that keep the published int8 weights (the others' prefill candidates)."""
 FlowPrecision = Literal["fp32", "int8"]
 LLM_FILES: dict[str, str] = {"fp32": "llm.onnx", "int8": "llm_int8.onnx", "q4": "llm_q4.onnx"}
 """LLM graph file per precision (model card of the ONNX export)."""
@@ -209,7 +213,16 @@ class EngineOptions:
             90 nodes per layer; ``fused-q4`` the same graph with 4-bit weights (lossy,
             deviation measured at derivation and logged). Not derivable (q4 file, another
             structure, failed validation): the published graph, with one warning. See
-            :mod:`.derive.llm.fused`.
+            :mod:`.derive.llm.fused`. ``fused-b8``: the int8 weights as published in 8-bit
+            blocks (``MatMulNBits``), activations quantised per block instead of per tensor
+            (no further from float activations than the published graph; validated when
+            derived); a faster one-row kernel on some CPUs.
+        llm_prefill_graph: the LLM graph that prefills prompts (several positions per call),
+            when it is not ``llm_graph`` (None: the same graph); both graphs share the KV-cache
+            layout, so decoding continues the other graph's cache. Per-tensor int8 products
+            (``fused``) prefill several times faster than ``MatMulNBits`` on CPUs with AMX or
+            VNNI, while ``fused-b8`` or ``fused-q4`` may decode faster; the second graph holds
+            its own copy of the weights (0.36 GB at full size).
         preset: the synthesis options most requests will run with (the server's preset).
             The graphs they need are opened at start: the DiT estimator of its
             ``flow_precision`` (a request asking for the other precision loads that on first
@@ -264,6 +277,7 @@ class EngineOptions:
 
     llm_precision: LlmPrecision = "int8"
     llm_graph: LlmGraph = "published"
+    llm_prefill_graph: LlmGraph | None = None
     preset: SynthesisOptions = field(default_factory=lambda: SynthesisOptions())
     threads: int = 0
     spin_wait: bool = True
@@ -284,10 +298,10 @@ class EngineOptions:
             raise ValueError(
                 f"llm_precision must be one of {sorted(LLM_FILES)}, got {self.llm_precision!r}"
             )
-        if self.llm_graph not in ("published", "fused", "fused-q4"):
-            raise ValueError(
-                f"llm_graph must be published, fused or fused-q4, got {self.llm_graph!r}"
-            )
+        for name, value in (("llm_graph", self.llm_graph),
+                            ("llm_prefill_graph", self.llm_prefill_graph)):
+            if value is not None and value not in LLM_GRAPHS:
+                raise ValueError(f"{name} must be one of {', '.join(LLM_GRAPHS)}, got {value!r}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
         self.preset.validate()
@@ -301,11 +315,16 @@ class LlmPreset:
     """The LLM stage of a preset.
 
     Attributes:
-        graph: the LLM graph loaded when ``--llm-graph`` is ``preset`` (the server's default):
-            a load-time choice, so a request asking for another preset keeps the loaded one.
+        graph: the LLM graph loaded when ``--llm-graph`` is ``preset`` (the server's default)
+            and the machine was not measured: a load-time choice, so a request asking for
+            another preset keeps the loaded one.
+        decode_graphs: the graphs the machine probe chooses the decoding graph among
+            (:func:`.machine.choose_llm_graphs`; the fastest on this CPU); prefills always
+            take a lossless graph (:data:`LOSSLESS_LLM_GRAPHS`).
     """
 
     graph: LlmGraph
+    decode_graphs: tuple[LlmGraph, ...] = LOSSLESS_LLM_GRAPHS
 
 
 @dataclass(frozen=True)
@@ -424,7 +443,7 @@ PRESET_STAGES: dict[str, Preset] = {
     ),
     # lowest latency, lossy in every stage
     "fast": Preset(
-        llm=LlmPreset(graph="fused-q4"),
+        llm=LlmPreset(graph="fused-q4", decode_graphs=("fused-q4", *LOSSLESS_LLM_GRAPHS)),
         flow=FlowPreset(
             precision="int8", euler_steps=2, cfg_rate=C.DEFAULT_CFG_RATE,
             cfg_steps=None, chunk_causal=True, final_chunk_causal=True,

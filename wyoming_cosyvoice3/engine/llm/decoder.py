@@ -203,6 +203,7 @@ class LlmDecoder:
         self._model = model
         self._dims = model.dims
         self._llm = model.llm
+        self._prefill_llm = model.llm_prefill or model.llm
         if kv_mode == "auto":
             kv_mode = "numpy" if run_outputs_are_zero_copy() else "iobinding"
         self.kv_mode: KvMode = kv_mode
@@ -307,10 +308,11 @@ class LlmDecoder:
         mask = np.ones((1, total), dtype=np.int64)
         positions = np.arange(state.past_len, total, dtype=np.int64)[None, :]
         embeds = np.ascontiguousarray(embeds, dtype=np.float32)
+        graph = self._llm if n_new == 1 else self._prefill_llm
         if self._use_iobinding:
-            logits = self._run_bound(state, embeds, mask, positions)
+            logits = self._run_bound(graph, state, embeds, mask, positions)
         else:
-            logits = self._run_numpy(state, embeds, mask, positions)
+            logits = self._run_numpy(graph, state, embeds, mask, positions)
         state.past_len = total
         return logits
 
@@ -333,12 +335,13 @@ class LlmDecoder:
 
     def _run_bound(
         self,
+        graph: Any,
         state: DecodeState,
         embeds: np.ndarray,
         mask: np.ndarray,
         positions: np.ndarray,
     ) -> np.ndarray:
-        session = self._llm.session
+        session = graph.session
         binding = session.io_binding()
         binding.bind_cpu_input("inputs_embeds", embeds)
         binding.bind_cpu_input("attention_mask", mask)
@@ -352,7 +355,7 @@ class LlmDecoder:
             outputs = binding.get_outputs()
         except ORT_ERRORS as exc:
             raise SynthesisFailed(
-                f"LLM graph {self._llm.path} failed at position {state.past_len}: {exc}; "
+                f"LLM graph {graph.path} failed at position {state.past_len}: {exc}; "
                 "check the model files (re-download) or try another llm_precision"
             ) from exc
         state.kv = list(outputs[1:])
@@ -360,6 +363,7 @@ class LlmDecoder:
 
     def _run_numpy(
         self,
+        graph: Any,
         state: DecodeState,
         embeds: np.ndarray,
         mask: np.ndarray,
@@ -367,7 +371,7 @@ class LlmDecoder:
     ) -> np.ndarray:
         feeds = {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}
         feeds.update(zip(self._past_names, state.kv, strict=True))
-        outputs = self._llm.run(feeds, self._output_names)
+        outputs = graph.run(feeds, self._output_names)
         state.kv = [outputs[name] for name in self._present_names]
         return np.asarray(outputs["logits"]).reshape(-1)
 

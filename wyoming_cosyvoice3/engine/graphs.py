@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -155,6 +156,15 @@ def count_llm_layers(input_names: list[str]) -> int:
     return sum(
         1 for name in input_names if name.startswith("past_key_values.") and name.endswith(".key")
     )
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: taskset, a container's cpuset), at
+    least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def session_options(threads: int, spin_wait: bool = True,

@@ -172,7 +172,8 @@ def test_decoder_runs_the_fused_graph_with_the_same_logits(qwen_dir: Path, tmp_p
     assert fused.llm.path.parent == tmp_path and fused.llm.spec.file == "llm.onnx"
     rng = np.random.default_rng(1)
     embeds = rng.standard_normal((1, 30, HIDDEN)).astype(np.float32)
-    a, b = LlmDecoder(fused), LlmDecoder(published)
+    # the classic hand-over (compact tensors) on both: a cache moves between the graphs
+    a, b = LlmDecoder(fused, kv_mode="numpy"), LlmDecoder(published)
     sa, sb = a.new_state(), b.new_state()
     for part in (embeds[:, :12], embeds[:, 12:20]):
         np.testing.assert_allclose(a.prefill(sa, part), b.prefill(sb, part), atol=2e-4)
@@ -252,3 +253,39 @@ def test_the_prefill_graph_prefills_and_the_decode_graph_decodes(
     # a step: bit-equal to the decode graph continuing the same cache
     sd = sp.fork()
     np.testing.assert_array_equal(a.step(sa, 42), d.step(sd, 42))
+
+
+def test_the_kv_cache_extended_in_place_gives_the_same_logits(
+    qwen_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kv_mode`` buffer (past and present bound to one buffer, GroupQueryAttention writing
+    the new positions in place): the logits of the classic hand-over, bit for bit, through the
+    prefix cache, forks (each fork decodes on its own copy) and growths of the buffers."""
+    from wyoming_cosyvoice3.engine.llm import decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "KV_CAPACITY_STEP", 8)  # grow twice below
+    model = CosyVoice3Model.load(qwen_dir, EngineOptions(llm_graph="fused", cache_dir=tmp_path))
+    assert model.llm_kv_in_place
+    buffered, classic = LlmDecoder(model), LlmDecoder(model, kv_mode="numpy")
+    assert buffered.kv_mode == "buffer"
+    rng = np.random.default_rng(4)
+    embeds = rng.standard_normal((1, 14, HIDDEN)).astype(np.float32)
+    sb, sc = buffered.new_state(), classic.new_state()
+    for part in (embeds[:, :6], embeds[:, 6:]):  # 14 positions: past the first 8
+        np.testing.assert_array_equal(buffered.prefill(sb, part), classic.prefill(sc, part))
+    assert sb.in_place and sb.capacity >= 14
+    fork_b, fork_c = sb.fork(), sc.fork()
+    # the fork and the original take turns at the same positions: each writes its own copy
+    for token in (99, 98, 97):
+        np.testing.assert_array_equal(buffered.step(fork_b, token), classic.step(fork_c, token))
+        np.testing.assert_array_equal(buffered.step(sb, token + 1),
+                                      classic.step(sc, token + 1))
+    for token in (5, 17, 6000, 3, 9, 11, 2, 8, 40, 41):  # the original grows again (27)
+        np.testing.assert_array_equal(buffered.step(sb, token), classic.step(sc, token))
+    assert sb.past_len == 27 and fork_b.past_len == 17
+    # the published graph has no in-place attention: the classic hand-over
+    published = CosyVoice3Model.load(qwen_dir, EngineOptions(llm_graph="published"))
+    assert not published.llm_kv_in_place
+    assert LlmDecoder(published).kv_mode in ("numpy", "iobinding")
+    with pytest.raises(ValueError, match="fused LLM graphs"):
+        LlmDecoder(published, kv_mode="buffer")

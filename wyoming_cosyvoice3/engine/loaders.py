@@ -249,9 +249,16 @@ def load_llm_graph(
 
 def is_fused_form(graph: Graph, variant: str) -> bool:
     """Whether ``graph`` is the derived LLM form ``variant`` (its cached file's tag)."""
+    return fused_form_of(graph) == variant
+
+
+def fused_form_of(graph: Graph) -> str | None:
+    """The derived LLM form ``graph`` is (``fused``, ``fused-b8``, ``fused-q4``), by its
+    cached file's tag; None for a published graph."""
     from .derive.llm.fused import FUSED_TAGS  # onnx: only when asked
 
-    return f".{FUSED_TAGS[variant]}-" in graph.path.name
+    return next((form for form, tag in FUSED_TAGS.items() if f".{tag}-" in graph.path.name),
+                None)
 
 
 def load_text_table(model_dir: Path, options: EngineOptions) -> TableEmbedding | None:

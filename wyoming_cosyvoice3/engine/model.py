@@ -41,6 +41,7 @@ from .graphs import (
 )
 from .loaders import (
     Estimator,
+    fused_form_of,
     is_fused_form,
     load_estimator,
     load_hift,
@@ -216,6 +217,10 @@ class CosyVoice3Model:
         self.llm_prefill: Graph | None = None if prefill is None else _graph(prefill)
         """The graph that prefills prompts when it is not ``llm``
         (``EngineOptions.llm_prefill_graph``), else None."""
+        self.llm_kv_in_place = all(
+            fused_form_of(g) is not None for g in (self.llm, self.llm_prefill) if g is not None)
+        """Every LLM graph is a fused form (onnxruntime ``GroupQueryAttention``), so the
+        decoder may keep the KV cache in buffers extended in place (``kv_mode`` buffer)."""
         self.flow_encoder = _graph(graphs["flow_encoder"])
         estimator = graphs["estimator"]
         if isinstance(estimator, TableEmbedding):

@@ -179,3 +179,14 @@ def test_the_eviction_buffer_covers_the_last_level_cache(tmp_path: Path) -> None
     assert evict_bytes(tmp_path) == 64 << 20
     assert last_level_cache_bytes(tmp_path / "none") is None
     assert evict_bytes(tmp_path / "none") == 64 << 20
+
+
+def test_the_cost_and_memory_tables_cover_exactly_the_presets() -> None:
+    presets = set(PRESET_STAGES)
+    assert set(machine.PRESET_ORDER) == presets
+    assert set(machine.STAGE_WORK) == set(machine.LLM_WORK) == set(machine.PRESET_MEMORY) == (
+        presets)
+    # every preset's decode candidates are forms the probe times
+    for name, stages in PRESET_STAGES.items():
+        assert stages.llm.graph in stages.llm.decode_graphs, name
+        assert set(stages.llm.decode_graphs) <= set(LLM_PROBE_FORMS), name

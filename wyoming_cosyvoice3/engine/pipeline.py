@@ -176,7 +176,8 @@ class CosyVoice3Engine:
         self.llm = LlmDecoder(model)
         self.flow = FlowRunner(model)
         self.chunked = ChunkedFlows(self.flow, model, options)
-        self.hift = HiftRunner(model.hift, model.hift_phase_period, model.hift_stream)
+        # the whole-mel graph loads on first use where the streamed vocoder serves synthesis
+        self.hift = HiftRunner(lambda: model.hift, model.hift_phase_period, model.hift_stream)
         worker = worker_for(model.model_dir, options, model.dims.speaker_dim)
         self.voices = VoiceFeatureExtractor(model, options.voice_cache_dir, worker=worker)
 

@@ -48,6 +48,28 @@ def test_work_sums_operations_and_streamed_weights_per_stage() -> None:
     assert work["vocoder"] == [0.0, 0.0, 0.0]
 
 
+def test_streamed_vocoder_counts_as_the_benchmark_counts_it() -> None:
+    """The cost table counts a streamed vocoder run with the streamed graph's own cost model
+    (bench.costmodel.fit_streamed_vocoder), as the benchmark's minimum does; without one, its
+    calls of an utterance together are one call of hift.onnx over all their frames."""
+    hift = CostModel("hift", (3e9, 2e9, 0.0), (0.0, 0.0, 0.0), 0, 8 * 10**7, 0)
+    streamed = CostModel("hift_stream", (1e8, 5e9, 2e9), (0.0, 0.0, 0.0), 0, 8 * 10**7, 0)
+    record = {"graph_runs": [
+        ["hift.stream3-1-2.onnx", {"speech_feat": [1, 80, 10], "stream_state_in.0": [1, 8, 0],
+                                   "stream_state_in.1": [1, 0, 9]}, 0.0, 0.1],
+        ["hift.stream3-1-2.onnx", {"speech_feat": [1, 80, 20], "stream_state_in.0": [1, 8, 3],
+                                   "stream_state_in.1": [1, 2, 9]}, 0.1, 0.2],
+    ]}
+    own = machine_table.stage_work([record], {**COSTS, "hift": hift, "hift_stream": streamed})
+    assert own["vocoder"][0] == pytest.approx(2 * 1e8 + 5e9 + 2e9 * 30)
+    approx = {**COSTS, "hift": hift, "hift_stream": machine_table.streamed_as_one_call(hift)}
+    work = machine_table.stage_work([record], approx)
+    assert work["vocoder"][0] == pytest.approx(hift.ops({"speech_feat": [1, 80, 30]}).fp32)
+    # the windowed form: each call is a whole hift.onnx call
+    windowed = {"graph_runs": [["hift.phase2-1-2.onnx", {"speech_feat": [1, 80, 10]}, 0.0, 0.1]]}
+    assert machine_table.stage_work([windowed], approx)["vocoder"][0] == pytest.approx(23e9)
+
+
 def _fake_run(out: Path, rtfs: list[float]) -> None:
     rate = {"fp32_flops": 100e9, "int8_ops": 200e9, "fp32_bytes": 10e9, "int8_bytes": 20e9,
             "threads": 2}

@@ -99,3 +99,24 @@ def test_check_prints_predicted_against_the_median_measured(
     machine_table.main(["check", str(tmp_path / "far"), "--probe", "100", "200", "20"])
     far = capsys.readouterr().out
     assert "| 0.50 | no |" in far and f"| {predicted:.2f} |" in far
+
+
+def test_full_costs_take_the_runs_streamed_vocoder_fit(
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The cost table's full-size models come from the efficiency run's flop cache, the
+    streamed vocoder's included; a cache without one falls back to hift.onnx (with a note)."""
+    streamed = CostModel("hift_stream", (1e8, 5e9, 2e9), (0.0, 0.0, 0.0), 0, 8 * 10**7, 0)
+    cache = {"llm_int8.fused1-1-2.onnx:1:2:v2": LLM.to_json(),
+             "flow.decoder.estimator.stream2int8main-1-2.onnx:1:2:v2": DIT.to_json(),
+             "flow_encoder.onnx:1:2:v2": DIT.to_json(),
+             "hift.stream3-1-2.onnx:1:2:v2": streamed.to_json()}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "flop-cache.json").write_text(json.dumps(cache), "utf-8")
+    costs = machine_table.full_costs(tiny_model_dir, run)
+    assert costs["hift_stream"] == streamed
+    del cache["hift.stream3-1-2.onnx:1:2:v2"]
+    (run / "flop-cache.json").write_text(json.dumps(cache), "utf-8")
+    costs = machine_table.full_costs(tiny_model_dir, run)
+    assert costs["hift_stream"] == machine_table.streamed_as_one_call(costs["hift"])
+    assert "no streamed vocoder fit" in capsys.readouterr().err

@@ -49,6 +49,28 @@ def test_work_sums_operations_and_streamed_weights_per_stage() -> None:
     assert work["vocoder"] == [0.0, 0.0, 0.0]
 
 
+def test_streamed_vocoder_counts_as_the_benchmark_counts_it() -> None:
+    """The cost table counts a streamed vocoder run with the streamed graph's own cost model
+    (bench.costmodel.fit_streamed_vocoder), as the benchmark's minimum does; without one, its
+    calls of an utterance together are one call of hift.onnx over all their frames."""
+    hift = CostModel("hift", (3e9, 2e9, 0.0), (0.0, 0.0, 0.0), 0, 8 * 10**7, 0)
+    streamed = CostModel("hift_stream", (1e8, 5e9, 2e9), (0.0, 0.0, 0.0), 0, 8 * 10**7, 0)
+    record = {"graph_runs": [
+        ["hift.stream3-1-2.onnx", {"speech_feat": [1, 80, 10], "stream_state_in.0": [1, 8, 0],
+                                   "stream_state_in.1": [1, 0, 9]}, 0.0, 0.1],
+        ["hift.stream3-1-2.onnx", {"speech_feat": [1, 80, 20], "stream_state_in.0": [1, 8, 3],
+                                   "stream_state_in.1": [1, 2, 9]}, 0.1, 0.2],
+    ]}
+    own = machine_table.stage_work([record], {**COSTS, "hift": hift, "hift_stream": streamed})
+    assert own["vocoder"][0] == pytest.approx(2 * 1e8 + 5e9 + 2e9 * 30)
+    approx = {**COSTS, "hift": hift, "hift_stream": machine_table.streamed_as_one_call(hift)}
+    work = machine_table.stage_work([record], approx)
+    assert work["vocoder"][0] == pytest.approx(hift.ops({"speech_feat": [1, 80, 30]}).fp32)
+    # the windowed form: each call is a whole hift.onnx call
+    windowed = {"graph_runs": [["hift.phase2-1-2.onnx", {"speech_feat": [1, 80, 10]}, 0.0, 0.1]]}
+    assert machine_table.stage_work([windowed], approx)["vocoder"][0] == pytest.approx(23e9)
+
+
 def _fake_run(out: Path, rtfs: list[float], probe: MachineRates) -> None:
     """A benchmark output whose one server logged ``probe`` and its LLM graphs at start."""
     out.mkdir()
@@ -81,3 +103,24 @@ def test_check_predicts_at_the_servers_probe_against_the_median_measured(
     assert cells[5] == f"{1 / 1.1:.2f}" and cells[6] == "yes"
     machine_table.main(["check", str(tmp_path / "far")])
     assert "| 0.50 | no |" in capsys.readouterr().out
+
+
+def test_full_costs_take_the_runs_streamed_vocoder_fit(
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The cost table's full-size models come from the efficiency run's flop cache, the
+    streamed vocoder's included; a cache without one falls back to hift.onnx (with a note)."""
+    streamed = CostModel("hift_stream", (1e8, 5e9, 2e9), (0.0, 0.0, 0.0), 0, 8 * 10**7, 0)
+    cache = {"llm_int8.fused1-1-2.onnx:1:2:v2": LLM.to_json(),
+             "flow.decoder.estimator.stream2int8main-1-2.onnx:1:2:v2": DIT.to_json(),
+             "flow_encoder.onnx:1:2:v2": DIT.to_json(),
+             "hift.stream3-1-2.onnx:1:2:v2": streamed.to_json()}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "flop-cache.json").write_text(json.dumps(cache), "utf-8")
+    costs = machine_table.full_costs(tiny_model_dir, run)
+    assert costs["hift_stream"] == streamed
+    del cache["hift.stream3-1-2.onnx:1:2:v2"]
+    (run / "flop-cache.json").write_text(json.dumps(cache), "utf-8")
+    costs = machine_table.full_costs(tiny_model_dir, run)
+    assert costs["hift_stream"] == machine_table.streamed_as_one_call(costs["hift"])
+    assert "no streamed vocoder fit" in capsys.readouterr().err

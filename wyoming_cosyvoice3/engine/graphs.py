@@ -370,6 +370,24 @@ class Graph:
             observer(str(self.path), feeds, started, time.time())
         return dict(zip(wanted, values, strict=True))
 
+    def run_bound(self, binding: Any, reported: Mapping[str, np.ndarray]) -> None:
+        """Run the graph on a prepared ``onnxruntime`` IOBinding of its session (inputs and
+        outputs bound by the caller, e.g. a KV cache extended in place); the run observer sees
+        ``reported`` as its feeds.
+
+        Raises:
+            SynthesisFailed: onnxruntime failed; the message names the graph.
+        """
+        observer = _run_observer
+        started = time.time() if observer is not None else 0.0
+        try:
+            self.session.run_with_iobinding(binding, self.run_options)
+        except ORT_ERRORS as exc:
+            shapes = {name: tuple(np.shape(value)) for name, value in reported.items()}
+            raise SynthesisFailed(f"{self.spec.file} failed on inputs {shapes}: {exc}") from exc
+        if observer is not None:
+            observer(str(self.path), reported, started, time.time())
+
     def __repr__(self) -> str:
         return f"Graph({self.spec.file!r}, providers={self.providers})"
 

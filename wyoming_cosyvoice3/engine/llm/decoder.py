@@ -63,7 +63,6 @@ import onnxruntime as ort
 
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed, SynthesisTimeout
-from ..graphs import ORT_ERRORS
 from ..options import LlmPrompt, ShouldStop, StageTimes, SynthesisOptions
 from .producer import TokenProducer
 
@@ -410,9 +409,10 @@ class LlmDecoder:
         for name in self._output_names:
             binding.bind_output(name, "cpu")
         try:
-            session.run_with_iobinding(binding)
+            graph.run_bound(binding, {"inputs_embeds": embeds, "attention_mask": mask,
+                                      "position_ids": positions})
             outputs = binding.get_outputs()
-        except ORT_ERRORS as exc:
+        except SynthesisFailed as exc:
             raise SynthesisFailed(
                 f"LLM graph {graph.path} failed at position {state.past_len}: {exc}; "
                 "check the model files (re-download) or try another llm_precision"
@@ -449,8 +449,9 @@ class LlmDecoder:
         binding.bind_cpu_input("attention_mask", mask)
         binding.bind_cpu_input("position_ids", positions)
         try:
-            session.run_with_iobinding(binding)
-        except ORT_ERRORS as exc:
+            graph.run_bound(binding, {"inputs_embeds": embeds, "attention_mask": mask,
+                                      "position_ids": positions})
+        except SynthesisFailed as exc:
             raise SynthesisFailed(
                 f"LLM graph {graph.path} failed at position {state.past_len}: {exc}; "
                 "check the model files (re-download) or try another llm_precision"

@@ -17,7 +17,7 @@ from wyoming_cosyvoice3.engine.constants import END_OF_PROMPT, INSTRUCT_PREFIX, 
 from wyoming_cosyvoice3.engine.errors import EmptyText, ModelLoadError
 from wyoming_cosyvoice3.engine.options import VoiceFeatures, VoicePrompt
 from wyoming_cosyvoice3.engine.text import TextFrontend, normalize_text
-from wyoming_cosyvoice3.engine.text.frontend import cut_after_marks
+from wyoming_cosyvoice3.engine.text.pieces import cut_after_marks
 
 # Added tokens of CosyVoice3 after Qwen2's three (cosyvoice/tokenizer/tokenizer.py
 # CosyVoice3Tokenizer; a representative subset of the phone tokens).

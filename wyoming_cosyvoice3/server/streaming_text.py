@@ -13,7 +13,8 @@ sentence has ended:
 * CJK enders ``。！？；`` end a sentence once any character other than a closer follows.
 * A line break ends a sentence.
 * A run without any boundary longer than ``soft_limit_chars`` is cut at its last space or
-  comma so that 10,000 characters without punctuation still stream instead of piling up.
+  comma so that 10,000 characters without punctuation still stream instead of piling up; a
+  comma between two digits ("21,5") is part of a number and never a cut.
 
 Markdown is removed before this buffer (:class:`~..engine.text.markdown.MarkdownSpeech`).
 Kept over ``sentence-stream`` 1.3.0 (wyoming-piper's splitter) after
@@ -143,6 +144,8 @@ class SentenceBuffer:
             best = -1
             for k in range(len(window) - 1, self.soft_limit_chars // 4, -1):
                 c = window[k]
+                if c in ",." and window[k - 1].isdigit() and window[k + 1:k + 2].isdigit():
+                    continue  # "21,5" is one number, never two sentences
                 if (chars is not None and c in chars) or (chars is None and c.isspace()):
                     best = k
                     break

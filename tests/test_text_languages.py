@@ -646,6 +646,10 @@ def test_no_cue_takes_the_context_then_the_hint() -> None:
         "Hier die Werte. Flur, neunzehn Prozent.")
     assert normalize_text("50 %", "en_US") == "fifty percent"
     assert normalize_text("50%", "zh") == "百分之五十"
+    # a Latin sentence without a cue: a Chinese voice does not make it Chinese, a Chinese
+    # answer around it does
+    assert normalize_text("Kitchen: 21 °C", "zh") == "Kitchen: 21 °C"
+    assert normalize_text("温度如下。15.2kWh。") == "温度如下。十五点二千瓦时。"
 
 
 def test_undecided_text_keeps_its_digits() -> None:

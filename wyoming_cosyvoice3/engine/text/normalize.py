@@ -228,9 +228,11 @@ def reading_language(
     Latin script: the vote of :func:`language_cues` among en, de, fr, es and it; a tie is
     broken by ``context`` (the votes of the text before it, this sentence included), then by
     ``hint``, among the tied languages only, else None; a sentence of another language
-    ("other" wins) is None. A sentence without letters ("50 %", "21:30") or without a word
-    that votes ("15.2kWh", "Kitchen: 21 °C") takes the context's language, then the hint's,
-    whatever the script: inside a Chinese answer it is read in Chinese.
+    ("other" wins) is None. A sentence without letters ("50 %", "21:30") takes the context's
+    language, then the hint's; a Latin sentence without a word that votes ("15.2kWh",
+    "Kitchen: 21 °C") the context's language whatever its script (inside a Chinese answer it
+    is read in Chinese), else the hint's when that is a Latin-script language (a Chinese
+    voice's "Kitchen: 21 °C" keeps its digits).
 
     Args:
         sentence: one cleaned sentence.
@@ -249,7 +251,7 @@ def reading_language(
     votes = language_cues(sentence)
     top = max((votes.get(language, 0) for language in (*LATIN_LANGUAGES, "other")), default=0)
     if top == 0:  # no word says which language ("15.2kWh", "Kitchen: 21 °C")
-        return _best(LANGUAGES, context, hint)
+        return _best(LANGUAGES, context) or _best(LATIN_LANGUAGES, hint)
     if votes.get("other", 0) == top:
         return None
     tied = tuple(language for language in LATIN_LANGUAGES if votes[language] == top)

@@ -838,3 +838,21 @@ async def test_streamed_answer_reads_like_the_one_shot_answer(language: str) -> 
         if language in ("zh", "ja"):  # sentences joined without a blank in one text
             streamed, one_shot = streamed.replace(" ", ""), one_shot.replace(" ", "")
         assert streamed == one_shot, answer
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("The bin goes out on 05/12/2026.", "The bin goes out on May twelfth, twenty twenty-six."),
+        ("Call 555-1234 or (555) 123-4567.",
+         "Call five five five, one two three four or five five five, one two three, four five "
+         "six seven."),
+        ("It uses 1000-2000 W.", "It uses one thousand to two thousand watts."),
+        ("Open 8:00 – 17:30, it is 3 -5 outside.",
+         "Open eight o'clock to seventeen thirty, it is three minus five outside."),
+    ],
+)
+def test_english_ranges_dates_and_phone_numbers(text: str, expected: str) -> None:
+    """A leading 0 makes a date look like a phone number: dates are read first; a range has
+    blanks on both sides of its dash or none."""
+    assert normalize_text(text, "en") == expected

@@ -323,10 +323,10 @@ _PASSES: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], str]], ...] = (
     (_CURRENCY_PREFIX, _currency),
     (_CURRENCY_SUFFIX, _currency),
     (_ISO_DATE, _iso_date),
+    (_SLASH_DATE, _slash_date),  # before the phone numbers: "05/12/2026" starts with a 0
     (PHONE, _phone),
     (_VERSION, _version),
     (_RANGE, _range),
-    (_SLASH_DATE, _slash_date),
     (_MONTH_DAY, _month_day),
     (_DAY_MONTH, _day_month),
     (_MONTH_YEAR, _month_year),

@@ -148,8 +148,9 @@ def test_language_hint_breaks_only_a_tie() -> None:
     assert normalize_text("50%") == "50%"
     assert normalize_text("50%", language="en_US") == "fifty percent"
     assert normalize_text("50%", language="de_DE") == "fünfzig Prozent"
-    # The text's own cue wins over the hint.
-    assert normalize_text("Die Batterie ist bei 50%.", language="en") == "Die Batterie ist bei 50%."
+    # The text's own cue wins over the hint: German, never English.
+    assert normalize_text("Die Batterie ist bei 50%.", language="en") == (
+        "Die Batterie ist bei fünfzig Prozent.")
 
 
 def test_user_control_tokens_are_removed_and_brackets_kept() -> None:

@@ -255,9 +255,10 @@ def _grouped(match: re.Match[str], language: str) -> str:
 
 def guard_for_wetext(text: str, language: str) -> str:
     """Rewrite what wetext 0.1.8 reads wrong into forms it reads right (module docstring):
-    thousands separators dropped, ISO dates as 年月日, phone numbers as digits, versions with
-    点 between the parts, ranges with 到 / から, units it does not know as words, "第2" read
-    by wetext alone, µ written one way (Greek mu U+03BC -> micro sign U+00B5)."""
+    thousands separators dropped, a comma between two other numbers as 、, ISO dates as
+    年月日, phone numbers as digits, versions with 点 between the parts, ranges with 到 /
+    から, units it does not know as words, "第2" read by wetext alone, µ written one way
+    (Greek mu U+03BC -> micro sign U+00B5)."""
     text = text.replace("μ", "µ")
     text = _MONEY_ZEROS.sub(lambda m: m.group(1) or "", text)  # €12.50: 十二点五, not 五〇
     units = _UNITS[language]
@@ -265,6 +266,8 @@ def guard_for_wetext(text: str, language: str) -> str:
     # a grouped number before a unit: without its commas (wetext reads 1013hPa); before
     # anything else read alone, as in a sentence wetext reads "12345步" as a code (幺二三四五)
     text = _THOUSANDS.sub(lambda m: _grouped(m, language), text)
+    # two numbers apart by a comma are a list: wetext reads "0.75，20毫米" as 零点七五二零毫米
+    text = re.sub(r"(?<=\d)[，,](?=\d)", "、", text)
     text = _ISO_DATE.sub(lambda m: f"{int(m.group(1))}年{int(m.group(2))}月{int(m.group(3))}日",
                          text)
     text = PHONE.sub(_phone(language), text)

@@ -30,9 +30,10 @@ from typing import Literal, cast
 from ..errors import TextError
 from .lang_cjk import normalize_chinese, normalize_korean
 from .lang_en import normalize_english
-from .lang_eu import read_european
-from .pieces import SENTENCE_MARKS, cut_after_marks
+from .lang_eu import TABLES, read_european
+from .pieces import cut_after_marks
 from .script import char_script, dominant_script, has_cjk, is_emoji, script_units
+from .units_en import UNITS
 
 Language = Literal["zh", "en", "ja", "ko", "de", "es", "fr", "it", "ru"]
 """The nine languages of the model card (Fun-CosyVoice3-0.5B-2512), ISO 639-1."""
@@ -93,7 +94,7 @@ _FUNCTION_WORDS: dict[str, frozenset[str]] = {
         with from by your you my we our he she they them his her their have has had does did
         not would can could should there here what which who when where how now today please
         all if then than but up out about into i i'm i've don't doesn't isn't aren't won't
-        can't let's there's that's what's turned turning set been just currently off will"""
+        can't let's there's that's what's turned turning set been just currently on off will"""
     ),
     "de": _word_set(
         """der die das und ist nicht ein eine einer einen dem den des mit auf für zu von sich
@@ -131,6 +132,12 @@ _SCRIPT_LANGUAGES: dict[str, Language] = {
     "han": "zh", "kana": "ja", "hangul": "ko", "cyrillic": "ru",
 }
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]*)?")
+_UNIT_WORDS = frozenset(
+    word for symbol in (*UNITS, *(u for table in TABLES.values() for u in table.units))
+    for word in re.findall(r"[^\W\d_]+", symbol)
+)
+"""The letters of unit symbols ("C" of °C, "km" and "h" of km/h): a sentence whose only
+Latin letters are these ("20 °C.", "85%，20mm") is numbers and units, of no script."""
 _ELISIONS: dict[str, tuple[str, ...]] = {
     "l'": ("fr", "it"), "d'": ("fr",), "qu'": ("fr",), "c'": ("fr",), "j'": ("fr",),
     "n'": ("fr",), "s'": ("fr",), "all'": ("it",), "dell'": ("it",), "nell'": ("it",),
@@ -166,6 +173,10 @@ def language_cues(text: str) -> Counter[str]:
         if char_script(match.group(0)[0]) != "latin" or (
                 match.start() > 0 and text[match.start() - 1].isdigit()):
             continue  # another script, or a suffix: 2e, 1er, 2nd, 15h
+        if match.group(0) in ("AM", "PM"):  # "3:45 PM" is English; "PM2,5" or "AM" alone no cue
+            if re.search(r"\d\s?$", text[:match.start()]):
+                votes["en"] += 1
+            continue
         word = unicodedata.normalize("NFC", match.group(0)).lower().replace("’", "'")
         head, apostrophe, tail = word.partition("'")
         if apostrophe and head + "'" in _ELISIONS:
@@ -229,8 +240,9 @@ def reading_language(
     broken by ``context`` (the votes of the text before it, this sentence included), then by
     ``hint``, among the tied languages only, else None; a sentence of another language
     ("other" wins) is None. A sentence without letters ("50 %", "21:30") takes the context's
-    language, then the hint's; a Latin sentence without a word that votes ("15.2kWh",
-    "Kitchen: 21 °C") the context's language whatever its script (inside a Chinese answer it
+    language, then the hint's, and so does one whose only letters are unit symbols ("20 °C.");
+    a Latin sentence without a word that votes ("Kitchen: 21 °C") the context's language
+    whatever its script (inside a Chinese answer it
     is read in Chinese), else the hint's when that is a Latin-script language (a Chinese
     voice's "Kitchen: 21 °C" keeps its digits).
 
@@ -251,6 +263,8 @@ def reading_language(
     votes = language_cues(sentence)
     top = max((votes.get(language, 0) for language in (*LATIN_LANGUAGES, "other")), default=0)
     if top == 0:  # no word says which language ("15.2kWh", "Kitchen: 21 °C")
+        if all(word in _UNIT_WORDS for word in _WORD.findall(sentence)):
+            return _best(LANGUAGES, context, hint)  # numbers and units only: "20 °C."
         return _best(LANGUAGES, context) or _best(LATIN_LANGUAGES, hint)
     if votes.get("other", 0) == top:
         return None
@@ -261,6 +275,11 @@ def reading_language(
 
 
 # -- the whole text ----------------------------------------------------------------------------
+
+SENTENCE_ENDS = frozenset("。？！….?!।؟۔")
+"""Where a sentence ends for the choice of its language: the piece splitter's marks without
+the clause marks (: ; 、): "Küche: 21 °C" and "PM、12、15.2kWh、つの..." are one sentence each,
+so the clause of numbers is read in the language of the words around it."""
 
 _CJK_JOIN = ("han", "kana")
 
@@ -296,11 +315,11 @@ def _is_cjk_mark(char: str) -> bool:
 def normalize_text(text: str, language: str | None = None, read_numbers: bool = True) -> str:
     """Normalise one text for the LLM (spec section 3).
 
-    The text is cleaned (:func:`clean_text`), cut into sentences (:func:`.pieces.cut_after_marks`,
-    never between two digits), and each sentence gets its reading language
-    (:func:`reading_language`, with the votes of the text up to it as context and
-    ``language`` as hint). Consecutive sentences of one language are read together by that
-    language's module:
+    The text is cleaned (:func:`clean_text`), cut into sentences (:data:`SENTENCE_ENDS`, with
+    :func:`.pieces.cut_after_marks`: never between two digits nor after a German ordinal),
+    and each sentence gets its reading language (:func:`reading_language`, with the votes of
+    the text up to it as context and ``language`` as hint). Consecutive sentences of one
+    language are read together by that language's module:
 
     * zh / ja (:func:`.lang_cjk.normalize_chinese`): clean-up, symbols in the language's word
       order, numbers by wetext (Chinese or Japanese grammar) after a guard pass;
@@ -332,7 +351,7 @@ def normalize_text(text: str, language: str | None = None, read_numbers: bool = 
         return ""
     context: Counter[str] = Counter()
     groups: list[tuple[Language | None, str]] = []
-    for sentence in cut_after_marks(text, SENTENCE_MARKS):
+    for sentence in cut_after_marks(text, SENTENCE_ENDS):
         context.update(language_cues(sentence))
         chosen = reading_language(sentence, context, language)
         if groups and groups[-1][0] == chosen:

@@ -50,6 +50,16 @@ def is_speakable(text: str) -> bool:
     return any(unicodedata.category(c)[0] in "LN" for c in text)
 
 
+_GERMAN_ORDINAL = re.compile(
+    r"\b(?:im|am|vom|zum|beim|zur|der|die|das|den|dem|des)\s\d{1,3}$", re.IGNORECASE)
+
+
+def is_ordinal_dot(before: str) -> bool:
+    """True when a "." after ``before`` marks a German ordinal ("im 2. Stock", "am 5.
+    Dezember"), not a sentence end: the number and its noun are read together."""
+    return _GERMAN_ORDINAL.search(before[-12:]) is not None
+
+
 def _is_cut(text: str, i: int, marks: frozenset[str]) -> bool:
     char = text[i]
     if char not in marks:
@@ -59,6 +69,8 @@ def _is_cut(text: str, i: int, marks: frozenset[str]) -> bool:
     before = text[i - 1] if i > 0 else " "
     after = text[i + 1] if i + 1 < len(text) else " "
     if before.isdigit() and (after.isdigit() or after in "ºª"):  # 21.5, 2.º (Spanish 2nd)
+        return False
+    if char == "." and before.isdigit() and is_ordinal_dot(text[:i]):
         return False
     return not (after.isascii() and after.isalnum())
 

@@ -31,6 +31,7 @@ byte-level BPE pieces and can never become control ids.
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 
 import numpy as np
 import tokenizers
@@ -50,6 +51,13 @@ from .pieces import is_speakable, split_text
 from .script import dominant_script
 
 logger = logging.getLogger(__name__)
+
+
+@lru_cache(maxsize=256)
+def _prompt_text(text: str) -> str:
+    """A voice's transcript or instruction, normalised once: every piece of every request
+    builds its prompt from it, and its numbers may go through wetext (milliseconds each)."""
+    return normalize_text(text)
 
 
 
@@ -191,9 +199,9 @@ class TextFrontend:
         speakable transcript in the piece's script (or either has no letters) and speech
         tokens; cross_lingual otherwise.
         """
-        if voice.instruction and is_speakable(normalize_text(voice.instruction)):
+        if voice.instruction and is_speakable(_prompt_text(voice.instruction)):
             return "instruct"
-        transcript = normalize_text(voice.transcript) if voice.transcript else ""
+        transcript = _prompt_text(voice.transcript) if voice.transcript else ""
         if not is_speakable(transcript) or voice.features.speech_tokens.size == 0:
             return "cross_lingual"
         transcript_script = dominant_script(transcript)
@@ -225,11 +233,11 @@ class TextFrontend:
         no_ids: list[int] = []
         speech_tokens = np.zeros(0, dtype=np.int64)
         if mode == "instruct":
-            instruction = normalize_text(voice.instruction or "")
+            instruction = _prompt_text(voice.instruction or "")
             prompt_ids = [*self.encode_user(INSTRUCT_PREFIX + instruction), self.end_of_prompt_id]
             tts_ids = piece_ids
         elif mode == "zero_shot":
-            transcript = normalize_text(voice.transcript or "")
+            transcript = _prompt_text(voice.transcript or "")
             prompt_ids = [*self.system_prompt_ids, *self.encode_user(transcript)]
             tts_ids = piece_ids
             speech_tokens = np.asarray(voice.features.speech_tokens, dtype=np.int64).reshape(-1)

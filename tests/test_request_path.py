@@ -4,8 +4,9 @@ The count is made by ``tools/request_path.py`` (its docstring: the real server i
 on the tiny model, preset ``balanced``, a profiler on every thread, the files in which a
 function ran between a warm-up request's end and the measured request's ``audio-stop``). The
 limit was issue 25's 15 ("a newcomer can follow a one-shot request ... through at most 15
-product files"), 19 since issue 36 split the text front end by concept; the expected set is the table of DEVELOPMENT.md's section "One request through
-the code", parsed from the document, so the document and the code cannot drift apart.
+product files"), 19 since issue 36 split the text front end by concept; the expected set is
+the table of DEVELOPMENT.md's section "One request through the code", parsed from the
+document, so the document and the code cannot drift apart.
 """
 
 from __future__ import annotations

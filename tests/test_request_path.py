@@ -1,11 +1,12 @@
-"""One one-shot request runs through at most 15 product files, and DEVELOPMENT.md lists them.
+"""One one-shot request runs through at most 19 product files, and DEVELOPMENT.md lists them.
 
 The count is made by ``tools/request_path.py`` (its docstring: the real server in this process
 on the tiny model, preset ``balanced``, a profiler on every thread, the files in which a
 function ran between a warm-up request's end and the measured request's ``audio-stop``). The
-limit, 15, is issue 25's ("a newcomer can follow a one-shot request ... through at most 15
-product files"); the expected set is the table of DEVELOPMENT.md's section "One request through
-the code", parsed from the document, so the document and the code cannot drift apart.
+limit was issue 25's 15 ("a newcomer can follow a one-shot request ... through at most 15
+product files"), 19 since issue 36 split the text front end by concept; the expected set is
+the table of DEVELOPMENT.md's section "One request through the code", parsed from the
+document, so the document and the code cannot drift apart.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DEVELOPMENT = ROOT / "DEVELOPMENT.md"
 SECTION = "## One request through the code"
 PACKAGE = "wyoming_cosyvoice3"
-MAX_FILES = 15
-"""Issue 25, "Done when": at most 15 product files from the Wyoming event to the audio chunk."""
+MAX_FILES = 19
+"""Issue 25, "Done when": at most 15 product files from the Wyoming event to the audio chunk;
+issue 36 then split the text front end by concept (script, normalize, pieces, lang_en beside
+frontend: 4 files more, DEVELOPMENT.md "One request through the code"). The lead plans to
+replace this count."""
 
 
 def documented_files(text: str) -> list[str]:

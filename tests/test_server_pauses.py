@@ -38,7 +38,7 @@ from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
 from wyoming_cosyvoice3.engine.machine import PREDICTION_ERROR
 from wyoming_cosyvoice3.engine.options import AudioChunk as EngineChunk
 from wyoming_cosyvoice3.engine.options import EngineOptions, ShouldStop
-from wyoming_cosyvoice3.engine.text.frontend import split_first_clause
+from wyoming_cosyvoice3.engine.text.pieces import split_first_clause
 from wyoming_cosyvoice3.server.preroll import (
     ARRIVAL_MARGIN_S,
     FIRST_AUDIO_LIMIT_S,
@@ -641,7 +641,7 @@ class WordFrontend:
         return len(text.split())
 
     def split_pieces(self, text: str, language: str | None = None,
-                     max_tokens: int | None = None) -> list[str]:
+                     max_tokens: int | None = None, read_numbers: bool = True) -> list[str]:
         self.bounds.append(max_tokens)
         limit = 80 if max_tokens is None else max_tokens
         pieces: list[str] = []

@@ -107,8 +107,12 @@ class SynthesisOptions:
         language_hint: the language the text is most likely in (e.g. the voice's "en"):
             the text normaliser uses it only when the text itself gives no cue, so that a
             streamed sentence such as "Kitchen, 21 °C." reads its numbers as the whole
-            answer would (:func:`.text.frontend.normalize_text`); None: digits without a
+            answer would (:func:`.text.normalize.normalize_text`); None: digits without a
             cue stay digits.
+        read_numbers: read numbers, times, dates, units and money as words in each
+            sentence's language (:func:`.text.normalize.normalize_text`); False keeps every
+            digit as written, for a voice that reads digits better itself (the server's
+            ``--keep-digits``).
         whole_middle_pieces: the pieces between a request's first and last run the flow
             and the vocoder once each, when the LLM has ended them, instead of in streamed
             chunks (``streaming`` still holds for the first and the last piece). Every flow
@@ -152,6 +156,7 @@ class SynthesisOptions:
     max_request_s: float = 300.0
     output_dtype: Literal["float32", "int16"] = "float32"
     language_hint: str | None = None
+    read_numbers: bool = True
     max_piece_tokens: int = C.DEFAULT_MAX_PIECE_TOKENS
     whole_middle_pieces: bool = False
 

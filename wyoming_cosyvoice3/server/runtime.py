@@ -665,6 +665,7 @@ class ServerRuntime(SynthesisRunner):
             seed=seed if seed is not None else base.seed,
             max_request_s=self.settings.limits.max_request_s,
             output_dtype="float32",
+            read_numbers=not self.settings.keep_digits,
         )
 
     def shutdown(self) -> None:

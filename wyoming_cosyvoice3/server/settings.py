@@ -129,6 +129,7 @@ class Settings:
     zeroconf: str | None = None
     local_files_only: bool = False
     warm_up: bool = True
+    keep_digits: bool = False
     debug: bool = False
     log_format: str = DEFAULT_LOG_FORMAT
     options_file: Path | None = None
@@ -296,6 +297,9 @@ OPTIONS: tuple[_Option, ...] = (
             convert=_speed),
     _Option("--seed", "seed", "fixed random seed: the same text and voice give the same audio "
             "(default: a new seed per request)", SPEECH, convert=int),
+    _Option("--keep-digits", "keep_digits", "keep numbers, times, dates and units as digits "
+            "instead of reading them as words in each sentence's language", SPEECH,
+            convert=None, kind="bool-true"),
     _Option("--samples-per-chunk", "samples_per_chunk", "samples per audio-chunk event "
             "(default 1024)", SPEECH, convert=_positive_int),
     _Option("--max-preroll-ms", "max_preroll_ms", "longest silence one hold may add when "

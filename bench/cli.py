@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where timeline PNGs go (named <label>-<workload>-<mode>.png)")
     p.add_argument("--report-only", action="store_true",
                    help="only redraw plots and markdown from OUT/results.json")
+    p.add_argument("--rates-file", type=Path, default=None,
+                   help="with --report-only: analyse at these rate samples (the JSON list "
+                   "python -m bench.throughput prints) instead of the run's own, e.g. memory "
+                   "rates measured with the weights evicted for a run that measured them "
+                   "cached; the run's own stay in results.json as rates.run_samples")
     p.add_argument("--debug", action="store_true")
     return p
 
@@ -222,6 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw_file = args.out / "raw.json"
     if args.report_only:
         raw = json.loads(raw_file.read_text(encoding="utf-8"))
+        if args.rates_file is not None:
+            samples = json.loads(args.rates_file.read_text(encoding="utf-8"))
+            raw["rates"] = {"samples": samples if isinstance(samples, list) else [samples],
+                            "run_samples": raw["rates"].get("samples"),
+                            "from": str(args.rates_file)}
     else:
         presets = [p for p in args.presets.split(",") if p]
         workloads = [w for w in args.workloads.split(",") if w]

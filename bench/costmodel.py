@@ -7,6 +7,23 @@ quadratic in F). :func:`fit_cost_model` counts the graph (:func:`.flops.count_op
 sizes, solves for the coefficients and checks them exactly at further sizes, so a benchmark
 with thousands of graph runs needs only a handful of shape inferences. :func:`load_cost_models`
 caches the fits per model file (name, size, modification time).
+
+The streamed vocoder (``hift.stream*``, engine/derive/vocoder/hift_stream.py) runs each mel
+frame once, with the context its convolutions need carried as state inputs and outputs; how
+far a call pads depends on the values of its ``stream_first``/``stream_final`` inputs, which
+shape inference cannot see unless they are constants. :func:`fit_streamed_vocoder` counts the
+graph itself with those flags fixed: a first call (states empty), middle calls with the states
+a middle call keeps (found by inferring the state outputs until they repeat) at a few frame
+counts, and a final call. Its cost per call is ``k + c F`` (F new frames; ``c`` is hift.onnx's
+cost per frame, ``k`` the one zero frame the f0 path's convolutions get per call,
+engine/derive/vocoder/hift_exact.py) plus, on an utterance's first call (all states empty),
+what its first and final calls do more than middle calls (the paddings), so an utterance's
+calls add up to what the graph does for it. A recorded run does not say which call was final;
+the first is the one whose states are all empty.
+
+:func:`stage_of` sorts graph runs into the stages the engine times (LLM prefill and decoding,
+flow, vocoder), for the per-stage minimum (:mod:`.stats`) and ``--preset auto``'s cost table
+(:mod:`.machine_table`).
 """
 
 from __future__ import annotations
@@ -22,7 +39,14 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from .flops import FlopCountError, OpCount, StrippedGraph, count_ops, load_stripped
+from .flops import (
+    FlopCountError,
+    OpCount,
+    StrippedGraph,
+    count_ops,
+    count_ops_and_outputs,
+    load_stripped,
+)
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -95,6 +119,18 @@ def _stream_dim(_i: int, name: str, axis: int, v: Mapping[str, int]) -> int | No
     return None
 
 
+STREAM_STATE_PREFIX = "stream_state_in."
+"""State inputs of the streamed vocoder (engine/derive/vocoder/hift_stream.py ``STATE_IN``)."""
+
+
+def _hift_stream_vars(s: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """New mel frames F of a streamed vocoder run, and first = 1 on an utterance's first call
+    (every state input empty: each starts with time length 0 and is never empty again)."""
+    states = [shape for name, shape in s.items() if name.startswith(STREAM_STATE_PREFIX)]
+    first = bool(states) and all(0 in shape for shape in states)
+    return {"F": int(s["speech_feat"][2]), "first": int(first)}
+
+
 def _stream_vars(s: Mapping[str, Sequence[int]]) -> dict[str, int]:
     """B, F, M of a recorded run (M: the cached frames; runs recorded before the fused
     attention graph name them ``kv_prompt_0``/``kv_hist_0`` [M, 2, B, inner])."""
@@ -147,6 +183,25 @@ FAMILIES: dict[str, Family] = {
         _poly("F"),
         ({"F": 16}, {"F": 32}, {"F": 48}, {"F": 64}),
     ),
+    # the DiT's time conditioning (split and streaming forms): t [B] -> the AdaLN modulation
+    "dit_time": Family(
+        "dit_time",
+        lambda s: {"B": s["t"][0]},
+        lambda _i, name, axis, v: v["B"] if name == "t" and axis == 0 else None,
+        lambda v: (1.0, float(v["B"])),
+        ({"B": 1}, {"B": 2}, {"B": 3}, {"B": 4}),
+    ),
+    # fitted by fit_streamed_vocoder (module doc)
+    "hift_stream": Family(
+        "hift_stream",
+        _hift_stream_vars,
+        lambda _i, name, axis, v: (
+            v["F"] if name == "speech_feat" and axis == 2
+            else 480 * v["F"] if name == "noise" and axis == 1 else None
+        ),
+        lambda v: (1.0, float(v["first"]), float(v["F"])),
+        ({"F": 16}, {"F": 32}, {"F": 48}),
+    ),
     "campplus": Family(
         "campplus",
         lambda s: {"T": next(iter(s.values()))[1]},
@@ -164,21 +219,48 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+TIME_GRAPHS = ("flow.decoder.estimator.time", "flow.decoder.estimator.stream1time")
+"""The DiT's time-conditioning graphs (engine/derive/flow/estimator_split.py,
+streaming_estimator.py): run once per Euler time value when the model loads or warms up,
+their outputs cached; no request runs them."""
+
+
 def family_of(graph_file: str) -> Family | None:
-    """The family of a contract file name (derived int8 / split estimator files included);
-    None for lookup-only graphs (embeddings) and the split estimator's time-conditioning graph
-    (run once per Euler time value; engine/derive/flow/estimator_split.py)."""
+    """The family of a contract file name (derived int8 / split estimator files, the DiT's
+    time-conditioning graphs and the streamed vocoder included); None for lookup-only graphs
+    (the embeddings: no operation the benchmark counts)."""
     if graph_file.startswith("llm"):
         return FAMILIES["llm"]
-    if graph_file.startswith(("flow.decoder.estimator.time", "flow.decoder.estimator.stream1time")):
-        return None
+    if graph_file.startswith(TIME_GRAPHS):
+        return FAMILIES["dit_time"]
     if graph_file.startswith("flow.decoder.estimator.stream"):
         return FAMILIES["stream_estimator"]
     if graph_file.startswith("flow.decoder.estimator"):
         return FAMILIES["estimator"]
+    if graph_file.startswith("hift.stream"):
+        return FAMILIES["hift_stream"]
     for key in ("flow_encoder", "hift", "campplus", "speech_tokenizer"):
         if graph_file.startswith(key):
             return FAMILIES[key]
+    return None
+
+
+STAGES = ("llm_prefill", "llm_decode", "flow", "vocoder")
+"""The stages the engine times (``StageTimes``: ``llm_prefill_s``, ``llm_decode_s``,
+``flow_s``, ``vocoder_s``) that graph runs fall into (:func:`stage_of`)."""
+
+
+def stage_of(graph_file: str, shapes: Mapping[str, Sequence[int]]) -> str | None:
+    """The stage a graph run belongs to (None: embeddings, the DiT's time conditioning,
+    voice encoders)."""
+    if graph_file.startswith("llm"):
+        return "llm_decode" if int(shapes["inputs_embeds"][1]) == 1 else "llm_prefill"
+    if graph_file.startswith(TIME_GRAPHS):
+        return None
+    if graph_file.startswith(("flow_encoder", "flow.decoder.estimator")):
+        return "flow"
+    if graph_file.startswith("hift"):
+        return "vocoder"
     return None
 
 
@@ -288,12 +370,107 @@ def derived_source(path: Path, beside: Iterable[Path]) -> Path | None:
     return None
 
 
+STREAM_FLAGS = ("stream_first", "stream_final")
+"""The streamed vocoder's call flags (engine/derive/vocoder/hift_stream.py)."""
+STREAM_STATE_OUT = "stream_state_out."
+
+
+def _flags_fixed(model: Any, first: int, final: int) -> Any:
+    """A copy of ``model`` whose flag inputs are constants (shape inference then follows the
+    paddings the call applies)."""
+    import onnx
+    from onnx import numpy_helper
+
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    inputs = [i for i in fixed.graph.input if i.name not in STREAM_FLAGS]
+    del fixed.graph.input[:]
+    fixed.graph.input.extend(inputs)
+    fixed.graph.initializer.extend(
+        numpy_helper.from_array(np.array([value], np.int64), name)
+        for name, value in zip(STREAM_FLAGS, (first, final), strict=True))
+    return fixed
+
+
+def streamed_call(model: Any, first: int, final: int, frames: int,
+                  states: Mapping[str, Sequence[int]]) -> tuple[OpCount, dict[str, list[int]]]:
+    """Operations of one call of the streamed vocoder ``model`` (stripped) over ``frames``
+    new mel frames with state inputs of shapes ``states``, and the shapes of the states it
+    returns (keyed by the state input names of the next call).
+
+    Raises:
+        FlopCountError: not counted, or a returned state's shape stays unknown.
+    """
+    dims = concrete_dims(model, FAMILIES["hift_stream"], {"F": frames})
+    dims.update({name: list(shape) for name, shape in states.items()})
+    count, outputs = count_ops_and_outputs(_flags_fixed(model, first, final), dims)
+    returned: dict[str, list[int]] = {}
+    for name, shape in outputs.items():
+        if name.startswith(STREAM_STATE_OUT):
+            if not shape or any(d is None for d in shape):
+                raise FlopCountError(f"shape of {name} unknown after inference: {shape}")
+            returned[STREAM_STATE_PREFIX + name[len(STREAM_STATE_OUT):]] = [
+                int(d) for d in shape if d is not None]
+    return count, returned
+
+
+def fit_streamed_vocoder(stripped: StrippedGraph, rel_tol: float = 1e-6,
+                         max_settle: int = 4) -> CostModel:
+    """Count the streamed vocoder itself (module doc): coefficients over (1, first, F).
+
+    Raises:
+        FlopCountError: a call cannot be counted, the states a middle call keeps do not
+            settle within ``max_settle`` calls, or the middle calls' cost is not linear in F.
+    """
+    model = stripped.model
+    family = FAMILIES["hift_stream"]
+    empty = {}
+    for inp in model.graph.input:
+        if inp.name.startswith(STREAM_STATE_PREFIX):
+            empty[inp.name] = [int(d.dim_value) if d.dim_value > 0 else 0
+                               for d in inp.type.tensor_type.shape.dim]
+    if not empty:
+        raise FlopCountError("no stream_state_in inputs: not a streamed vocoder graph")
+    probe = family.points[1]["F"]
+    first, states = streamed_call(model, 1, 0, probe, empty)
+    for _ in range(max_settle):
+        middle, kept = streamed_call(model, 0, 0, probe, states)
+        if kept == states:
+            break
+        states = kept
+    else:
+        raise FlopCountError(f"the streamed vocoder's states do not settle: {states}")
+    counts = {probe: middle}
+    for point in family.points:
+        if point["F"] not in counts:
+            counts[point["F"]] = streamed_call(model, 0, 0, point["F"], states)[0]
+    final = streamed_call(model, 0, 1, probe, states)[0]
+    frames = [point["F"] for point in family.points]
+    coefs = []
+    for kind in ("fp32", "int8"):
+        values = [getattr(counts[f], kind) for f in frames]
+        per_frame = (values[1] - values[0]) / (frames[1] - frames[0])
+        fixed = values[0] - per_frame * frames[0]
+        for f, value in zip(frames[2:], values[2:], strict=True):
+            if abs(fixed + per_frame * f - value) > rel_tol * max(abs(value), 1.0):
+                raise FlopCountError(f"streamed vocoder: {kind} cost of middle calls is not "
+                                     f"linear in the frames {frames}: {values}")
+        middle_probe = fixed + per_frame * probe
+        edges = getattr(first, kind) + getattr(final, kind) - 2.0 * middle_probe
+        coefs.append((fixed, edges, per_frame))
+    return CostModel("hift_stream", coefs[0], coefs[1], 0, stripped.weight_bytes_fp32,
+                     stripped.weight_bytes_int8)
+
+
 _COUNT_ERRORS = (FlopCountError, OSError, ValueError, DecodeError)
 
 
 def _fit_file(path: Path, family: Family, beside: Iterable[Path]) -> CostModel:
-    """Fit ``path``; a derived graph that cannot be counted is counted as its source
-    (:func:`derived_source`). Raises one of ``_COUNT_ERRORS``."""
+    """Fit ``path`` (the streamed vocoder: :func:`fit_streamed_vocoder`); a derived graph
+    that cannot be counted is counted as its source (:func:`derived_source`). Raises one of
+    ``_COUNT_ERRORS``."""
+    if family.name == "hift_stream":
+        return fit_streamed_vocoder(load_stripped(path))
     try:
         return fit_cost_model(load_stripped(path), family)
     except _COUNT_ERRORS:
@@ -304,9 +481,14 @@ def _fit_file(path: Path, family: Family, beside: Iterable[Path]) -> CostModel:
         return fit_cost_model(load_stripped(source), family)
 
 
+COUNT_VERSION = 2
+"""Bumped when the counting changes, so that cached fits are made again (2: the streamed
+vocoder counted, weights read through Slice nodes with Constant bounds counted)."""
+
+
 def _file_key(path: Path) -> str:
     stat = path.stat()
-    return f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}"
+    return f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}:v{COUNT_VERSION}"
 
 
 def load_cost_models(

@@ -126,6 +126,9 @@ def _weight_bytes(nodes: Iterable[Any], sizes: Mapping[str, int]) -> tuple[int, 
     used: dict[str, str] = {}
     for node in nodes:
         inputs = [name for name in node.input if name]
+        if node.op_type == "Constant":  # a small one (shape, slice bounds): no weight bytes
+            roots.update((out, frozenset()) for out in node.output)
+            continue
         if node.op_type in FP32_OPS or node.op_type in INT8_OPS or node.op_type == NBITS_OP:
             kind = "fp32" if node.op_type in FP32_OPS else "int8"
             for name in inputs:
@@ -250,6 +253,13 @@ def count_ops(stripped: Any, input_dims: Mapping[str, Sequence[int]]) -> OpCount
     Raises:
         FlopCountError: a counted node's shapes stay unknown after both inferences.
     """
+    return count_ops_and_outputs(stripped, input_dims)[0]
+
+
+def count_ops_and_outputs(
+    stripped: Any, input_dims: Mapping[str, Sequence[int]]
+) -> tuple[OpCount, dict[str, list[int | None]]]:
+    """:func:`count_ops`, and the inferred shapes of the graph's outputs (None: unknown)."""
     import onnx
 
     model = onnx.ModelProto()
@@ -269,7 +279,7 @@ def count_ops(stripped: Any, input_dims: Mapping[str, Sequence[int]]) -> OpCount
             total = OpCount()
             for node in inferred.graph.node:
                 total = total + node_ops(node, shapes)
-            return total
+            return total, {out.name: shapes.get(out.name, []) for out in model.graph.output}
         except Exception as err:  # the inference tools raise bare Exceptions
             problems.append(f"{'symbolic' if symbolic else 'onnx'} inference: {err}")
     raise FlopCountError("; ".join(problems))

@@ -63,6 +63,8 @@ class _LlmParts:
         self.text_embedding = Graph(model_dir / TEXT_EMBEDDING.file, TEXT_EMBEDDING, threads,
                                     spin_wait=spin_wait)
         self.llm = load_llm_graph(model_dir, options, threads, self.speech_embedding)
+        self.llm_prefill = None
+        self.llm_kv_in_place = False  # the graphs taking turns keep the classic hand-over
         dims = self.llm.input_shape("past_key_values.0.key")
         self.dims = ModelDims(
             int(self.llm.input_shape("inputs_embeds")[2] or 0),

@@ -1,10 +1,17 @@
-"""The cost table of ``--preset auto`` (``server/machine.py`` ``STAGE_WORK``), and its check.
+"""The cost table of ``--preset auto`` (``engine/machine.py`` ``STAGE_WORK``, ``LLM_WORK``), and
+its check.
 
-``table``: per preset and stage (LLM prefill, LLM decoding, flow, vocoder), the work per second
-of audio of the streamed paragraph: operations and int8 weight bytes of every graph run,
-counted with the cost models of the **full-size** graphs (:mod:`.costmodel`), and the stage's
-efficiency (measured stage seconds / seconds at the run's measured peak rates) from a
-full-size benchmark run (``--efficiency``; each preset's own factors when it ran there). The
+Both read the probe the benchmarked server ran at start (its log line ``machine probe:``, the
+rates and the LLM forms' product times of :func:`~wyoming_cosyvoice3.engine.machine.
+probe_rates`, and ``LLM graphs for``: the graphs it chose), so prediction and measurement come
+from the same machine in the same hour.
+
+``table``: per preset, the flow's and vocoder's work per second of audio of the streamed
+paragraph (operations and int8 weight bytes of every graph run, counted with the cost models
+of the **full-size** graphs, :mod:`.costmodel`) and the LLM's decoded tokens and prefilled
+positions per audio second, with each stage's efficiency (measured stage seconds / seconds at
+the probe's rates or product times) from a full-size benchmark run (``--efficiency``; each
+preset's own factors when it ran there). The
 graph runs come from a benchmark output directory (``--shapes``): best the same full-size run.
 Input shapes depend only on the text, the voice prompt, the preset's schedule and how the
 server cut the text into pieces, so a run on the ``tiny`` synthetic model stands in for
@@ -13,8 +20,12 @@ machine faster than playback does (the table of ``server/machine.py``); ``--delt
 2000`` (the whole text at once) gives the 80-token pieces of a slow server without the piece
 bound, ``--delta-interval-s 0.3`` sentence pieces like the bound of a machine at about half
 playback speed (``preroll.piece_limit_s``, which does not act on the fast tiny model). The
-streamed vocoder graph cannot be counted itself; its runs are counted as ``hift.onnx`` over the
-same new mel frames (it runs each frame once). The fp32 streaming DiT of ``quality`` is counted
+streamed vocoder graph is counted as the benchmark counts it (its own cost model,
+:func:`.costmodel.fit_streamed_vocoder`, from the efficiency run's ``flop-cache.json``; when
+that has none, as ``hift.onnx`` over the same new mel frames with its fixed part once per
+utterance, which leaves out the streamed graph's small fixed work per call); the windowed
+``hift`` forms as ``hift.onnx`` over their frames. The fp32
+streaming DiT of ``quality`` is counted
 as the int8 one with every operation in fp32 (the int8 derivation swaps MatMul for the int8
 pattern with the same multiply-accumulates).
 
@@ -32,32 +43,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from wyoming_cosyvoice3.server.machine import STAGE_WORK, MachineRates, StageWork, predict_rtf
+from wyoming_cosyvoice3.engine.machine import (
+    PREDICTION_ERROR,
+    STAGE_WORK,
+    LlmPlan,
+    MachineRates,
+    StageWork,
+    predict_rtf,
+)
 
-from .costmodel import CostModel, load_cost_models
+from .costmodel import STAGES, CostModel, load_cost_models, stage_of
 from .run_helpers import read_records
 from .stats import RunTrace, records_in_window
 
-STAGES = ("llm_prefill", "llm_decode", "flow", "vocoder")
 _STAGE_TIME = {"llm_prefill": "llm_prefill_s", "llm_decode": "llm_decode_s", "flow": "flow_s",
                "vocoder": "vocoder_s"}
-
-
-def stage_of(graph_file: str, shapes: Mapping[str, Sequence[int]]) -> str | None:
-    """The stage a graph run belongs to (None: embeddings, time conditioning)."""
-    if graph_file.startswith("llm"):
-        return "llm_decode" if int(shapes["inputs_embeds"][1]) == 1 else "llm_prefill"
-    if graph_file.startswith(("flow_encoder", "flow.decoder.estimator.stream")):
-        return "flow"
-    if graph_file.startswith("hift"):
-        return "vocoder"
-    return None
 
 
 def _full_model(graph_file: str, costs: Mapping[str, CostModel]) -> CostModel | None:
@@ -66,6 +73,8 @@ def _full_model(graph_file: str, costs: Mapping[str, CostModel]) -> CostModel | 
         return costs.get("llm")
     if graph_file.startswith("flow_encoder"):
         return costs.get("flow_encoder")
+    if graph_file.startswith("hift.stream"):
+        return costs.get("hift_stream")
     if graph_file.startswith("hift"):
         return costs.get("hift")
     if graph_file.startswith("flow.decoder.estimator.stream"):
@@ -75,7 +84,8 @@ def _full_model(graph_file: str, costs: Mapping[str, CostModel]) -> CostModel | 
 
 def full_costs(model_dir: Path, efficiency_dir: Path) -> dict[str, CostModel]:
     """Full-size cost models: the benchmark run's cached fits (fused LLM, int8 streaming DiT,
-    flow encoder) and hift.onnx of ``model_dir``; the fp32 DiT from the int8 one."""
+    flow encoder, streamed vocoder) and hift.onnx of ``model_dir``; the fp32 DiT from the int8
+    one; without a streamed vocoder fit, :func:`streamed_as_one_call`."""
     cache = json.loads((efficiency_dir / "flop-cache.json").read_text(encoding="utf-8"))
     out: dict[str, CostModel] = {}
     for key, data in cache.items():
@@ -87,17 +97,33 @@ def full_costs(model_dir: Path, efficiency_dir: Path) -> dict[str, CostModel]:
             out["dit_int8"] = model
         elif name.startswith("flow_encoder"):
             out["flow_encoder"] = model
+        elif name.startswith("hift.stream"):
+            out["hift_stream"] = model
     hift = load_cost_models({"hift.onnx": model_dir / "hift.onnx"},
                             efficiency_dir / "flop-cache-hift.json")["hift.onnx"]
     if not isinstance(hift, CostModel):
         raise SystemExit(f"hift.onnx of {model_dir} could not be counted: {hift}")
     out["hift"] = hift
+    if "hift_stream" not in out:
+        print(f"# no streamed vocoder fit in {efficiency_dir}/flop-cache.json (re-analyse it: "
+              "python -m bench --report-only): counted as hift.onnx over its frames",
+              file=sys.stderr)
+        out["hift_stream"] = streamed_as_one_call(hift)
     dit = out["dit_int8"]
     out["dit_fp32"] = CostModel(
         dit.family, tuple(a + b for a, b in zip(dit.fp32_coef, dit.int8_coef, strict=True)),
         tuple(0.0 for _ in dit.int8_coef), 0, dit.weight_bytes_fp32 + 4 * dit.weight_bytes_int8,
         0)
     return out
+
+
+def streamed_as_one_call(hift: CostModel) -> CostModel:
+    """A streamed vocoder cost model (basis 1, first, F) from hift.onnx's (1, F, F^2): each
+    call its frames' share of one call, the fixed part on an utterance's first call (the
+    streamed graph's own fixed work per call left out; :mod:`.costmodel`)."""
+    return CostModel("hift_stream", (0.0, hift.fp32_coef[0], hift.fp32_coef[1]),
+                     (0.0, hift.int8_coef[0], hift.int8_coef[1]), 0, hift.weight_bytes_fp32,
+                     hift.weight_bytes_int8)
 
 
 def paragraph_runs(out_dir: Path) -> dict[str, tuple[RunTrace, list[Mapping[str, Any]]]]:
@@ -133,30 +159,66 @@ def stage_work(records: Sequence[Mapping[str, Any]], costs: Mapping[str, CostMod
     return work
 
 
-def _rates(out_dir: Path) -> MachineRates:
+_PROBE_LINE = re.compile(r"machine probe: (\{.*\})\s*$")
+_PLAN_LINE = re.compile(r"LLM graphs for `[\w-]+`: ([\w-]+)(?:, prefill ([\w-]+))? \(")
+
+
+def server_probes(out_dir: Path) -> dict[str, tuple[MachineRates, LlmPlan]]:
+    """Server label (``results.json``'s preset column) -> the probe it ran at start and its
+    LLM graphs, read from its log (servers without both lines are left out)."""
     raw = json.loads((out_dir / "raw.json").read_text(encoding="utf-8"))
-    samples = raw["rates"].get("samples") or [raw["rates"]["start"], raw["rates"]["end"]]
-    return MachineRates(max(s["fp32_flops"] for s in samples),
-                        max(s["int8_ops"] for s in samples),
-                        max(s["int8_bytes"] for s in samples), int(samples[0]["threads"]))
+    found = {}
+    for server in raw["servers"]:
+        log = out_dir / Path(server["stats_file"]).with_suffix(".log").name
+        rates = plan = None
+        if log.is_file():
+            for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+                if (match := _PROBE_LINE.search(line)) is not None:
+                    rates = MachineRates.from_json(json.loads(match[1]))
+                elif (match := _PLAN_LINE.search(line)) is not None:
+                    plan = LlmPlan(match[1], match[2])  # type: ignore[arg-type]
+        if rates is not None and plan is not None:
+            found[server["preset"]] = (rates, plan)
+    return found
+
+
+def llm_counts(records: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """(decoded tokens, prefilled positions) of the LLM graph runs in ``records``."""
+    tokens = positions = 0
+    for record in records:
+        for graph_file, shapes, _start, _end in record.get("graph_runs", []):
+            if graph_file.startswith("llm"):
+                n = int(shapes["inputs_embeds"][1])
+                tokens, positions = (tokens + 1, positions) if n == 1 else (tokens, positions + n)
+    return tokens, positions
 
 
 def efficiencies(efficiency_dir: Path, costs: Mapping[str, CostModel],
-                 rates: MachineRates | None = None) -> dict[str, dict[str, float]]:
+                 ) -> dict[str, dict[str, float]]:
     """Preset -> stage -> measured stage seconds (the engine's StageTimes) / seconds at the
-    peak rates (``rates``, else the run's own), for every preset with a streamed paragraph
-    run in ``efficiency_dir`` (a full-size run)."""
-    rates = rates or _rates(efficiency_dir)
+    probe the server ran (its rates for the flow and vocoder, its LLM graphs' product times
+    for the LLM), for every preset with a streamed paragraph run and a logged probe in
+    ``efficiency_dir`` (a full-size run)."""
+    probes = server_probes(efficiency_dir)
     out: dict[str, dict[str, float]] = {}
     for preset, (_trace, records) in paragraph_runs(efficiency_dir).items():
+        if preset not in probes:
+            continue
+        rates, plan = probes[preset]
         work = stage_work(records, costs)
+        tokens, positions = llm_counts(records)
         for stage in STAGES:
             measured = sum(float(r.get("times", {}).get(_STAGE_TIME[stage], 0.0))
                            for r in records)
-            at_peak = StageWork(work[stage][0] / 1e9, work[stage][1] / 1e9,
-                                work[stage][2] / 1e9, 1.0).seconds_per_audio_s(rates)
-            if at_peak > 0:
-                out.setdefault(preset, {})[stage] = measured / at_peak
+            if stage == "llm_decode" and rates.llm is not None:
+                at_probe = tokens * rates.llm.decode_s[plan.decode]
+            elif stage == "llm_prefill" and rates.llm is not None:
+                at_probe = positions * rates.llm.prefill_s[plan.prefill_graph]
+            else:
+                at_probe = StageWork(work[stage][0], work[stage][1], work[stage][2],
+                                     1.0).seconds_per_audio_s(rates) / 1e9
+            if at_probe > 0:
+                out.setdefault(preset, {})[stage] = measured / at_probe
     return out
 
 
@@ -177,66 +239,55 @@ def _efficiency(factors: Mapping[str, Mapping[str, float]], preset: str, stage: 
 
 def table(args: argparse.Namespace) -> int:
     costs = full_costs(args.model_dir, args.efficiency)
-    rates = (MachineRates(args.rates[0] * 1e9, args.rates[1] * 1e9, args.rates[2] * 1e9)
-             if args.rates else None)
-    factors = efficiencies(args.efficiency, costs, rates)
+    factors = efficiencies(args.efficiency, costs)
     for preset, stages in factors.items():
         print(f"# efficiency of {preset} in {args.efficiency}: "
               + ", ".join(f"{k} {v:.3f}" for k, v in stages.items()))
     for preset, (trace, records) in sorted(paragraph_runs(args.shapes).items()):
         audio_s = trace.audio_s
         work = stage_work(records, costs)
+        tokens, positions = llm_counts(records)
         print(f"    {preset!r}: {{  # {audio_s:.2f} s of audio, "
-              f"{sum(len(r.get('graph_runs', [])) for r in records)} graph runs")
-        for stage in STAGES:
+              f"{sum(len(r.get('graph_runs', [])) for r in records)} graph runs; LLM "
+              f"{tokens / audio_s:.2f} tokens and {positions / audio_s:.2f} prefilled "
+              "positions per audio second")
+        for stage in ("flow", "vocoder"):
             fp32, int8, stream = (v / audio_s / 1e9 for v in work[stage])
             eff, source = _efficiency(factors, preset, stage, args.fp32_dit_efficiency)
             print(f"        {stage!r}: StageWork({fp32:.4g}, {int8:.4g}, {stream:.4g}, "
                   f"{eff:.3f}),  # efficiency of {source}")
         print("    },")
+        for stage in ("llm_decode", "llm_prefill"):
+            eff, source = _efficiency(factors, preset, stage, args.fp32_dit_efficiency)
+            print(f"    # {preset} {stage} efficiency {eff:.3f} (of {source})")
     return 0
 
 
-def _sample_rates(out_dir: Path) -> list[MachineRates]:
-    raw = json.loads((out_dir / "raw.json").read_text(encoding="utf-8"))
-    samples = raw["rates"].get("samples") or [raw["rates"]["start"], raw["rates"]["end"]]
-    return [MachineRates(s["fp32_flops"], s["int8_ops"], s["int8_bytes"], int(s["threads"]))
-            for s in samples]
-
-
 def check(args: argparse.Namespace) -> int:
-    """Predicted (at the run's best rates, and the range over its rate samples) against
-    measured streamed-paragraph RTF per server; ``--probe`` adds the prediction at rates the
-    server's probe printed (``python -m wyoming_cosyvoice3.server.machine``)."""
-    rates = _rates(args.out)
-    samples = _sample_rates(args.out)
+    """Predicted (at the probe each server logged at start) against measured
+    streamed-paragraph RTF per server."""
     results = json.loads((args.out / "results.json").read_text(encoding="utf-8"))
-    probe = (MachineRates(args.probe[0] * 1e9, args.probe[1] * 1e9, args.probe[2] * 1e9)
-             if args.probe else None)
-    print(f"rates of the run (best of {len(samples)} samples): {rates.describe()}")
-    if probe is not None:
-        print(f"probe: {probe.describe()}")
-    print("| server | predicted RTF (best rates; over the samples) | predicted at the probe's "
-          "rates | measured RTF (median, n) | predicted / measured | within 25 % |")
-    print("|---|---|---|---|---|---|")
+    probes = server_probes(args.out)
+    print("| server | probe | LLM graphs | predicted RTF | measured RTF (median, n) | "
+          f"predicted / measured | within {PREDICTION_ERROR:.0%} |")
+    print("|---|---|---|---|---|---|---|")
     for cell in results["cells"]:
         if (cell["workload"], cell["mode"]) != ("paragraph", "streaming"):
             continue
         preset = cell["preset"].split(" ", 1)[0]
-        if preset not in STAGE_WORK:
+        if preset not in STAGE_WORK or cell["preset"] not in probes:
             continue
         rtfs = [r["rtf"] for r in cell["runs"] if r.get("rtf")]
         if not rtfs:
             continue
+        rates, plan = probes[cell["preset"]]
         measured = statistics.median(rtfs)
-        predicted = predict_rtf(rates, preset)
-        spread = [predict_rtf(sample, preset) for sample in samples]
-        at_probe = predict_rtf(probe, preset) if probe is not None else None
-        shown = at_probe if at_probe is not None else predicted
-        print(f"| {cell['preset']} | {predicted:.2f}; {min(spread):.2f}-{max(spread):.2f} | "
-              f"{'-' if at_probe is None else f'{at_probe:.2f}'} | {measured:.2f} "
-              f"({len(rtfs)}) | {shown / measured:.2f} | "
-              f"{'yes' if abs(shown / measured - 1) <= 0.25 else 'no'} |")
+        predicted = predict_rtf(rates, preset, plan)
+        graphs = plan.decode + (f" (prefill {plan.prefill})" if plan.prefill else "")
+        print(f"| {cell['preset']} | {rates.describe()}, {rates.threads or 'default'} threads | "
+              f"{graphs} | {predicted:.2f} | {measured:.2f} ({len(rtfs)}) | "
+              f"{predicted / measured:.2f} | "
+              f"{'yes' if abs(predicted / measured - 1) <= PREDICTION_ERROR else 'no'} |")
     return 0
 
 
@@ -253,15 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--fp32-dit-efficiency", type=float, default=1.41,
                    help="quality's flow efficiency (default: BENCHMARKS.md 'Where the time "
                         "goes: quality', 450 s measured / 320 s at peak)")
-    t.add_argument("--rates", type=float, nargs=3, metavar=("FP32_G", "INT8_G", "STREAM_GB"),
-                   help="the rates the factors are relative to, as python -m "
-                        "wyoming_cosyvoice3.server.machine printed them on the machine of the "
-                        "efficiency run (default: the run's own; its memory rate is measured "
-                        "with the weight partly cached)")
     c = sub.add_parser("check", help="predicted against measured RTF of a benchmark run")
     c.add_argument("out", type=Path, help="benchmark output directory")
-    c.add_argument("--probe", type=float, nargs=3, metavar=("FP32_G", "INT8_G", "STREAM_GB"),
-                   help="the probe's rates as printed (GFLOP/s, GOP/s, GB/s)")
     args = parser.parse_args(argv)
     return table(args) if args.command == "table" else check(args)
 

@@ -94,6 +94,31 @@ def results_table(cells: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+STAGE_LABELS = {"llm_prefill": "LLM prefill", "llm_decode": "LLM decode", "flow": "flow",
+                "vocoder": "vocoder"}
+
+
+def stages_table(cells: Sequence[Mapping[str, Any]]) -> str:
+    """Per cell and stage: measured seconds (the engine's stage times) / the stage's minimum at
+    the measured peak rates (ratio); the whole answer: request seconds / its minimum (stages
+    may overlap, :func:`.stats.minimum_seconds`) and the sum of the stages' minima (one after
+    another). Medians of each figure over the runs."""
+    head = ("| preset | workload | mode | "
+            + " | ".join(f"{label} s: measured / min (ratio)" for label in STAGE_LABELS.values())
+            + " | whole answer s: measured / min (ratio) | sum of stage minima s |")
+    lines = [head, "|" + "---|" * (3 + len(STAGE_LABELS) + 2)]
+    for cell in cells:
+        m = cell["median"]
+        stages = " | ".join(
+            f"{_f(m.get(f'{stage}_s'))} / {_f(m.get(f'{stage}_min_s'))} "
+            f"({_f(m.get(f'{stage}_ratio'), 1)})" for stage in STAGE_LABELS)
+        lines.append(
+            f"| {cell['preset']} | {cell['workload']} | {cell['mode']} | {stages} | "
+            f"{_f(m.get('total_s'))} / {_f(m.get('min_s'))} ({_f(m.get('physical_ratio'), 1)}) "
+            f"| {_f(m.get('stages_min_s'))} |")
+    return "\n".join(lines)
+
+
 def servers_table(servers: Sequence[Mapping[str, Any]]) -> str:
     """One row per preset: load time, feature extraction, memory."""
     lines = ["| preset | load + warm-up s | feature extraction s (5 s clip; min s) | "

@@ -137,11 +137,17 @@ def build_markdown(result: Mapping[str, Any], plots: Mapping[str, Path], base: P
            "preset" if m.get("load_average_samples") else "")
         + " (other processes shared the CPU when it is above 0).",
         "",
-        f"MatMul throughput measured in this run ({r['threads']} threads, best of "
+        ("MatMul throughput measured in this run" if not result["rates"].get("from")
+         else f"MatMul throughput from {result['rates']['from']} (measured apart from the run)")
+        + f" ({r['threads']} threads, best of "
         f"{len(result['rates'].get('samples', [0, 0]))} measurements): "
         f"fp32 {r['fp32_flops'] / 1e9:.0f} GFLOP/s, int8 {r['int8_ops'] / 1e9:.0f} GOP/s "
         f"(quantize_dynamic pattern); one-row weight streaming {r['fp32_bytes'] / 1e9:.1f} GB/s "
-        f"fp32, {r['int8_bytes'] / 1e9:.1f} GB/s int8.",
+        f"fp32, {r['int8_bytes'] / 1e9:.1f} GB/s int8"
+        + (f" (weights evicted from the caches before each run: "
+           f"{r['evict_bytes'] / 2**20:.0f} MiB read)" if r.get("evict_bytes")
+           else " (weights cached between runs: partly a cache rate)")
+        + ".",
         "",
         f"Decoding length fixed at {result['tokens_per_char']:.3f} speech tokens per character "
         "(random weights never stop sensibly). Texts: "
@@ -150,6 +156,10 @@ def build_markdown(result: Mapping[str, Any], plots: Mapping[str, Path], base: P
         "### Medians",
         "",
         report.results_table(cells),
+        "",
+        "### Measured against the minimum, per stage",
+        "",
+        report.stages_table(cells),
         "",
         report.servers_table(result["servers"]),
         "",

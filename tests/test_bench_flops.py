@@ -162,7 +162,7 @@ def test_tiny_llm_costs_match_its_weights(tiny_model_dir: Path) -> None:
     assert family_of("llm_int8.onnx") is FAMILIES["llm"]
     assert family_of("flow.decoder.estimator.int8-1-2.onnx") is FAMILIES["estimator"]
     assert family_of("flow.decoder.estimator.int8main-1-2.onnx") is FAMILIES["estimator"]
-    assert family_of("flow.decoder.estimator.time-1-2.onnx") is None
+    assert family_of("flow.decoder.estimator.time-1-2.onnx") is FAMILIES["dit_time"]
     assert family_of("text_embedding_fp16.onnx") is None
 
 
@@ -178,7 +178,9 @@ def test_streaming_dit_costs_match_the_published_estimator(
         tiny_dit_model_dir / "flow.decoder.estimator.fp32.onnx", tmp_path, "fp32",
         in_process=True)
     assert family_of(main.name) is FAMILIES["stream_estimator"]
-    assert family_of(_time.name) is None
+    assert family_of(_time.name) is FAMILIES["dit_time"]
+    time_cost = fit_cost_model(flops.load_stripped(_time), FAMILIES["dit_time"])
+    assert time_cost.ops({"t": [2]}).fp32 == pytest.approx(2 * time_cost.ops({"t": [1]}).fp32)
     stream = fit_cost_model(flops.load_stripped(main), FAMILIES["stream_estimator"])
     published = fit_cost_model(
         flops.load_stripped(tiny_dit_model_dir / "flow.decoder.estimator.fp32.onnx"),

@@ -97,15 +97,17 @@ def test_bench_engine_options_reach_the_loaded_engine(tmp_path: Path) -> None:
     """``--bench-engine-options`` replaces fields of the options the engine is loaded with
     (here the streamed vocoder, so the windowed one it replaced can be measured through the
     server); without it the server's own options stand."""
-    hooks, server_argv = serve.parse(["--model-dir", str(tmp_path), "--preset", "balanced",
-                                      "--bench-engine-options", "stream_vocoder=false"])
+    argv = ["--model-dir", str(tmp_path), "--preset", "balanced", "--llm-graph", "fused"]
+    hooks, server_argv = serve.parse([*argv, "--bench-engine-options", "stream_vocoder=false"])
     assert dict(hooks.engine_overrides) == {"stream_vocoder": False}
-    assert server_argv == ["--model-dir", str(tmp_path), "--preset", "balanced"]
+    assert server_argv == argv
     settings = resolve_settings(server_argv, environ={})
     (changed,) = loaded_engine_options(settings, tmp_path, hooks)
     (plain,) = loaded_engine_options(settings, tmp_path)
     assert (changed.stream_vocoder, plain.stream_vocoder) == (False, True)
+    # the rest as the server chose it
     assert changed.preset == plain.preset and changed.llm_graph == plain.llm_graph == "fused"
+    assert changed.llm_prefill_graph is plain.llm_prefill_graph is None
     assert serve.engine_overrides("split_estimator=false, threads=1") == {
         "split_estimator": False, "threads": 1}
 

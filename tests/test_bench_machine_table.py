@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from machine_figures import AVX512
 
 from bench import machine_table
 from bench.costmodel import CostModel
-from wyoming_cosyvoice3.server.machine import predict_rtf
+from wyoming_cosyvoice3.engine.machine import LlmPlan, MachineRates, predict_rtf
 
 # LLM: 1 GOP int8 per new position, 0.5 GB of int8 weights; DiT: 2 GFLOP fp32 per frame
 LLM = CostModel("llm", (0.0, 0.0, 0.0), (0.0, 1e9, 0.0), 0, 0, 5 * 10**8)
@@ -48,11 +49,37 @@ def test_work_sums_operations_and_streamed_weights_per_stage() -> None:
     assert work["vocoder"] == [0.0, 0.0, 0.0]
 
 
-def _fake_run(out: Path, rtfs: list[float]) -> None:
-    rate = {"fp32_flops": 100e9, "int8_ops": 200e9, "fp32_bytes": 10e9, "int8_bytes": 20e9,
-            "threads": 2}
+def test_streamed_vocoder_counts_as_the_benchmark_counts_it() -> None:
+    """The cost table counts a streamed vocoder run with the streamed graph's own cost model
+    (bench.costmodel.fit_streamed_vocoder), as the benchmark's minimum does; without one, its
+    calls of an utterance together are one call of hift.onnx over all their frames."""
+    hift = CostModel("hift", (3e9, 2e9, 0.0), (0.0, 0.0, 0.0), 0, 8 * 10**7, 0)
+    streamed = CostModel("hift_stream", (1e8, 5e9, 2e9), (0.0, 0.0, 0.0), 0, 8 * 10**7, 0)
+    record = {"graph_runs": [
+        ["hift.stream3-1-2.onnx", {"speech_feat": [1, 80, 10], "stream_state_in.0": [1, 8, 0],
+                                   "stream_state_in.1": [1, 0, 9]}, 0.0, 0.1],
+        ["hift.stream3-1-2.onnx", {"speech_feat": [1, 80, 20], "stream_state_in.0": [1, 8, 3],
+                                   "stream_state_in.1": [1, 2, 9]}, 0.1, 0.2],
+    ]}
+    own = machine_table.stage_work([record], {**COSTS, "hift": hift, "hift_stream": streamed})
+    assert own["vocoder"][0] == pytest.approx(2 * 1e8 + 5e9 + 2e9 * 30)
+    approx = {**COSTS, "hift": hift, "hift_stream": machine_table.streamed_as_one_call(hift)}
+    work = machine_table.stage_work([record], approx)
+    assert work["vocoder"][0] == pytest.approx(hift.ops({"speech_feat": [1, 80, 30]}).fp32)
+    # the windowed form: each call is a whole hift.onnx call
+    windowed = {"graph_runs": [["hift.phase2-1-2.onnx", {"speech_feat": [1, 80, 10]}, 0.0, 0.1]]}
+    assert machine_table.stage_work([windowed], approx)["vocoder"][0] == pytest.approx(23e9)
+
+
+def _fake_run(out: Path, rtfs: list[float], probe: MachineRates) -> None:
+    """A benchmark output whose one server logged ``probe`` and its LLM graphs at start."""
     out.mkdir()
-    (out / "raw.json").write_text(json.dumps({"rates": {"samples": [rate, rate]}}), "utf-8")
+    server = {"preset": "balanced", "stats_file": "server-balanced.jsonl", "traces": []}
+    (out / "raw.json").write_text(json.dumps({"servers": [server]}), "utf-8")
+    (out / "server-balanced.log").write_text(
+        f"2026-12-06 03:03:48,355 INFO x: machine probe: {json.dumps(probe.to_json())}\n"
+        "2026-12-06 03:03:48,355 INFO x: LLM graphs for `balanced`: fused-b8, prefill fused "
+        "(fused-b8 decodes fastest; fused prefills 4.4x faster)\n", "utf-8")
     cells = [{"preset": "balanced", "workload": "paragraph", "mode": "streaming",
               "runs": [{"rtf": r} for r in rtfs]},
              {"preset": "balanced", "workload": "sentence", "mode": "streaming",
@@ -60,20 +87,40 @@ def _fake_run(out: Path, rtfs: list[float]) -> None:
     (out / "results.json").write_text(json.dumps({"cells": cells}), "utf-8")
 
 
-def test_check_prints_predicted_against_the_median_measured(
+def test_check_predicts_at_the_servers_probe_against_the_median_measured(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from wyoming_cosyvoice3.server.machine import MachineRates
-
-    predicted = predict_rtf(MachineRates(100e9, 200e9, 20e9), "balanced")
-    _fake_run(tmp_path / "near", [predicted * 1.2, predicted * 0.9, predicted * 1.1])
-    _fake_run(tmp_path / "far", [predicted * 2.0])
+    plan = LlmPlan("fused-b8", "fused")
+    predicted = predict_rtf(AVX512, "balanced", plan)
+    _fake_run(tmp_path / "near", [predicted * 1.2, predicted * 0.9, predicted * 1.1], AVX512)
+    _fake_run(tmp_path / "far", [predicted * 2.0], AVX512)
+    assert machine_table.server_probes(tmp_path / "near") == {"balanced": (AVX512, plan)}
     assert machine_table.main(["check", str(tmp_path / "near")]) == 0
     near = capsys.readouterr().out
     row = next(line for line in near.splitlines() if line.startswith("| balanced"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1].startswith(f"{predicted:.2f};")
-    assert cells[3] == f"{predicted * 1.1:.2f} (3)"  # the median of the three, not the sentence
-    assert cells[4] == f"{1 / 1.1:.2f}" and cells[5] == "yes"
-    machine_table.main(["check", str(tmp_path / "far"), "--probe", "100", "200", "20"])
-    far = capsys.readouterr().out
-    assert "| 0.50 | no |" in far and f"| {predicted:.2f} |" in far
+    assert cells[2] == "fused-b8 (prefill fused)" and cells[3] == f"{predicted:.2f}"
+    assert cells[4] == f"{predicted * 1.1:.2f} (3)"  # the median of the three, not the sentence
+    assert cells[5] == f"{1 / 1.1:.2f}" and cells[6] == "yes"
+    machine_table.main(["check", str(tmp_path / "far")])
+    assert "| 0.50 | no |" in capsys.readouterr().out
+
+
+def test_full_costs_take_the_runs_streamed_vocoder_fit(
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The cost table's full-size models come from the efficiency run's flop cache, the
+    streamed vocoder's included; a cache without one falls back to hift.onnx (with a note)."""
+    streamed = CostModel("hift_stream", (1e8, 5e9, 2e9), (0.0, 0.0, 0.0), 0, 8 * 10**7, 0)
+    cache = {"llm_int8.fused1-1-2.onnx:1:2:v2": LLM.to_json(),
+             "flow.decoder.estimator.stream2int8main-1-2.onnx:1:2:v2": DIT.to_json(),
+             "flow_encoder.onnx:1:2:v2": DIT.to_json(),
+             "hift.stream3-1-2.onnx:1:2:v2": streamed.to_json()}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "flop-cache.json").write_text(json.dumps(cache), "utf-8")
+    costs = machine_table.full_costs(tiny_model_dir, run)
+    assert costs["hift_stream"] == streamed
+    del cache["hift.stream3-1-2.onnx:1:2:v2"]
+    (run / "flop-cache.json").write_text(json.dumps(cache), "utf-8")
+    costs = machine_table.full_costs(tiny_model_dir, run)
+    assert costs["hift_stream"] == machine_table.streamed_as_one_call(costs["hift"])
+    assert "no streamed vocoder fit" in capsys.readouterr().err

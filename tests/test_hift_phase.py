@@ -231,9 +231,11 @@ def test_engine_windowed_vocoder_matches_the_exact_stream(
 def carrying_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> object:
     from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 
+    # the windowed vocoder is the fallback of the streamed one: without it, the phase-carrying
+    # form is derived and the presets' windows carry the phase
     engine = CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
-        cache_dir=tiny_dit_cache_dir, observer=FixedDecoding(2.0)))
-    assert engine.model.hift_phase_period is not None
+        cache_dir=tiny_dit_cache_dir, observer=FixedDecoding(2.0), stream_vocoder=False))
+    assert engine.model.hift_phase_period is not None and engine.model.hift_stream is None
     return engine
 
 

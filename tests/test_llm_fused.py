@@ -25,6 +25,7 @@ from wyoming_cosyvoice3.engine.derive.llm.fused import (
     teacher_forced_logp,
     validation_embeddings,
 )
+from wyoming_cosyvoice3.engine.derive.llm.fused_graph import build_fused_llm
 from wyoming_cosyvoice3.engine.derive.llm.weights import LlmStructureError, read_llm_weights
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
@@ -236,7 +237,8 @@ def test_decoder_runs_the_fused_graph_with_the_same_logits(qwen_dir: Path, tmp_p
     assert fused.llm.path.parent == tmp_path and fused.llm.spec.file == "llm.onnx"
     rng = np.random.default_rng(1)
     embeds = rng.standard_normal((1, 30, HIDDEN)).astype(np.float32)
-    a, b = LlmDecoder(fused), LlmDecoder(published)
+    # the classic hand-over (compact tensors) on both: a cache moves between the graphs
+    a, b = LlmDecoder(fused, kv_mode="numpy"), LlmDecoder(published)
     sa, sb = a.new_state(), b.new_state()
     for part in (embeds[:, :12], embeds[:, 12:20]):
         np.testing.assert_allclose(a.prefill(sa, part), b.prefill(sb, part), atol=2e-4)
@@ -246,3 +248,109 @@ def test_decoder_runs_the_fused_graph_with_the_same_logits(qwen_dir: Path, tmp_p
     sc = sb.fork()
     sc.kv = list(sa.kv)
     np.testing.assert_allclose(b.step(sc, 42), b.step(sb, 42), atol=2e-4)
+
+
+def test_fused_b8_packs_the_published_int8_weights_exactly(qwen_dir: Path) -> None:
+    """8-bit blocks hold the published per-column int8 weights as they are (stored + 128, the
+    column's scale and zero point in every block)."""
+    weights = read_llm_weights(qwen_dir / "llm_int8.onnx")
+    model = build_fused_llm(weights, kernel="nbits8", block_size=llm_fused.b8_block_size([HIDDEN]))
+    nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nodes) == 2 * 4 + 1
+    assert {a.i for n in nodes for a in n.attribute if a.name == "bits"} == {8}
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    packed = init[nodes[0].input[1]].reshape(-1, HIDDEN)  # the q|k|v projection, [N, K]
+    scales = init[nodes[0].input[2]]
+    q = weights.layers[0].q
+    assert q.qweight is not None and q.scale is not None
+    np.testing.assert_array_equal(packed[: q.n].astype(np.int16) - 128, q.qweight.T)
+    np.testing.assert_array_equal(scales[: q.n], q.scale)  # one block per column at K = 64
+
+
+def test_fused_b8_is_refused_when_further_from_float_than_the_published_graph(
+    qwen_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tiny model's rows are one 64-wide block each: symmetric int8 per block loses a bit
+    against the published graph's asymmetric uint8 per tensor, so 8-bit blocks end further
+    from float activations than the published graph and the derivation refuses them; the
+    engine then decodes with the fused graph, after one warning."""
+    with pytest.raises(ModelLoadError, match=r"fused-b8 graph of llm_int8\.onnx is [\d.]+ from "
+                                             r"float activations in log-probs, the published "
+                                             r"graph [\d.]+"):
+        ensure_fused_llm(qwen_dir / "llm_int8.onnx", tmp_path, "fused-b8")
+    with caplog.at_level(logging.WARNING):
+        model = CosyVoice3Model.load(qwen_dir, EngineOptions(
+            llm_graph="fused-b8", llm_prefill_graph="fused", cache_dir=tmp_path))
+    assert ".fused1-" in model.llm.path.name and model.llm_prefill is None  # one graph
+    warnings = [r.getMessage() for r in caplog.records if "LLM graph" in r.getMessage()]
+    assert len(warnings) == 1 and "using the fused graph" in warnings[0]
+
+
+def test_fused_b8_needs_int8_weights_and_a_block_that_divides_the_widths(
+        qwen_dir: Path) -> None:
+    assert llm_fused.b8_block_size([896, 4864]) == 128
+    assert llm_fused.b8_block_size([64, 256]) == 64
+    assert llm_fused.b8_block_size([48, 96]) == 16
+    with pytest.raises(ModelLoadError, match="divisible by 16"):
+        llm_fused.b8_block_size([896, 100])
+    with pytest.raises(ModelLoadError, match="float weights"):
+        llm_fused.derive_fused_llm(qwen_dir / "llm.onnx", Path("/nonexistent/x.onnx"), "fused-b8")
+
+
+def test_the_prefill_graph_prefills_and_the_decode_graph_decodes(
+        qwen_dir: Path, tmp_path: Path) -> None:
+    """``llm_prefill_graph``: prompts (several positions) run the prefill graph, single tokens
+    the decode graph, continuing its cache: the logits are each graph's own."""
+    both = CosyVoice3Model.load(qwen_dir, EngineOptions(
+        llm_graph="fused-q4", llm_prefill_graph="fused", cache_dir=tmp_path))
+    assert both.llm_prefill is not None
+    assert ".fusedq4" in both.llm.path.name and ".fused1-" in both.llm_prefill.path.name
+    prefill_only = CosyVoice3Model.load(qwen_dir, EngineOptions(llm_graph="fused",
+                                                                cache_dir=tmp_path))
+    decode_only = CosyVoice3Model.load(qwen_dir, EngineOptions(llm_graph="fused-q4",
+                                                               cache_dir=tmp_path))
+    assert prefill_only.llm_prefill is None and decode_only.llm_prefill is None
+    embeds = np.random.default_rng(3).standard_normal((1, 20, HIDDEN)).astype(np.float32)
+    a, p, d = LlmDecoder(both), LlmDecoder(prefill_only), LlmDecoder(decode_only)
+    sa, sp = a.new_state(), p.new_state()
+    # the prompt: bit-equal to the prefill graph's
+    np.testing.assert_array_equal(a.prefill(sa, embeds), p.prefill(sp, embeds))
+    # a step: bit-equal to the decode graph continuing the same cache
+    sd = sp.fork()
+    np.testing.assert_array_equal(a.step(sa, 42), d.step(sd, 42))
+
+
+def test_the_kv_cache_extended_in_place_gives_the_same_logits(
+    qwen_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kv_mode`` buffer (past and present bound to one buffer, GroupQueryAttention writing
+    the new positions in place): the logits of the classic hand-over, bit for bit, through the
+    prefix cache, forks (each fork decodes on its own copy) and growths of the buffers."""
+    from wyoming_cosyvoice3.engine.llm import decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "KV_CAPACITY_STEP", 8)  # grow twice below
+    model = CosyVoice3Model.load(qwen_dir, EngineOptions(llm_graph="fused", cache_dir=tmp_path))
+    assert model.llm_kv_in_place
+    buffered, classic = LlmDecoder(model), LlmDecoder(model, kv_mode="numpy")
+    assert buffered.kv_mode == "buffer"
+    rng = np.random.default_rng(4)
+    embeds = rng.standard_normal((1, 14, HIDDEN)).astype(np.float32)
+    sb, sc = buffered.new_state(), classic.new_state()
+    for part in (embeds[:, :6], embeds[:, 6:]):  # 14 positions: past the first 8
+        np.testing.assert_array_equal(buffered.prefill(sb, part), classic.prefill(sc, part))
+    assert sb.in_place and sb.capacity >= 14
+    fork_b, fork_c = sb.fork(), sc.fork()
+    # the fork and the original take turns at the same positions: each writes its own copy
+    for token in (99, 98, 97):
+        np.testing.assert_array_equal(buffered.step(fork_b, token), classic.step(fork_c, token))
+        np.testing.assert_array_equal(buffered.step(sb, token + 1),
+                                      classic.step(sc, token + 1))
+    for token in (5, 17, 6000, 3, 9, 11, 2, 8, 40, 41):  # the original grows again (27)
+        np.testing.assert_array_equal(buffered.step(sb, token), classic.step(sc, token))
+    assert sb.past_len == 27 and fork_b.past_len == 17
+    # the published graph has no in-place attention: the classic hand-over
+    published = CosyVoice3Model.load(qwen_dir, EngineOptions(llm_graph="published"))
+    assert not published.llm_kv_in_place
+    assert LlmDecoder(published).kv_mode in ("numpy", "iobinding")
+    with pytest.raises(ValueError, match="fused LLM graphs"):
+        LlmDecoder(published, kv_mode="buffer")

@@ -47,9 +47,11 @@ def test_the_table_states_each_stage_of_the_preset(name: str) -> None:
     rows = {label: cells[name] for label, cells in presets_table().items()}
     preset = PRESET_STAGES[name]
     flow = preset.flow
-    assert rows["LLM (`--llm-graph preset`, over `--llm-precision int8`)"].split("`")[1] == (
-        preset.llm.graph)
-    assert PRESET_LLM_GRAPHS[name] == preset.llm.graph
+    llm = rows["LLM decoding (`--llm-graph preset`, over `--llm-precision int8`): the fastest "
+               "on this CPU of"]
+    named = re.findall(r"`(fused[\w-]*|published)`", llm)
+    assert named == list(preset.llm.decode_graphs)  # the default graph first
+    assert PRESET_LLM_GRAPHS[name] == preset.llm.graph == named[0]
     assert rows["flow DiT precision"].split()[0] == flow.precision
     assert int(rows["Euler steps"]) == flow.euler_steps
     rate, _, steps = rows["CFG"].partition(" in ")

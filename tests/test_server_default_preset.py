@@ -18,6 +18,7 @@ from server_support import check_audio_format, client, collect, make_settings, r
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
+from wyoming_cosyvoice3.engine.loaders import fused_form_of
 from wyoming_cosyvoice3.engine.options import PRESETS
 from wyoming_cosyvoice3.server.settings import Settings
 
@@ -37,7 +38,11 @@ async def test_default_preset_runs_the_int8_streaming_dit_end_to_end(
     with caplog.at_level(logging.INFO):
         async with running_server(settings) as server:
             engine: Any = server.runtime.engine
-            assert "fused1" in engine.model.llm.path.name  # the fused LLM graph
+            # the LLM graph the machine probe chose for the preset (or the fused graph, when
+            # that form is refused for this model)
+            plan = server.runtime.llm_plan
+            assert plan is not None and plan.decode in ("fused", "fused-b8")
+            assert fused_form_of(engine.model.llm) in (plan.decode, "fused")
             assert engine.model.hift_stream is not None  # the streamed vocoder
             streaming = engine.model.streaming_estimator("int8")
             assert streaming is not None and "stream2int8main" in streaming.path.name
@@ -65,8 +70,11 @@ async def test_default_preset_runs_the_int8_streaming_dit_end_to_end(
                 await cl.write_event(SynthesizeChunk(text=" too.").event())
                 await cl.write_event(SynthesizeStop().event())
                 streamed = await collect(cl, "synthesize-stopped")
-            # the preset's 24-frame vocoder window continues the harmonic phase
-            assert engine.model.hift_phase_period is not None
+            # the streamed vocoder served everything: its fallback (the phase-carrying form
+            # for the preset's 24-frame windows) was neither derived nor loaded, nor was the
+            # whole-mel hift.onnx
+            assert engine.model.hift_phase_period is None and engine.model._hift is None
+            assert not list((data_dir / "engine-cache").glob("hift.phase*"))
             assert balanced.vocoder_window_frames > 0
     for response in (one_shot, streamed):
         check_audio_format(response)

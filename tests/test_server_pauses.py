@@ -35,15 +35,17 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from bench.player import simulate_playback
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
+from wyoming_cosyvoice3.engine.machine import PREDICTION_ERROR
 from wyoming_cosyvoice3.engine.options import AudioChunk as EngineChunk
 from wyoming_cosyvoice3.engine.options import EngineOptions, ShouldStop
-from wyoming_cosyvoice3.engine.text.frontend import split_first_clause
+from wyoming_cosyvoice3.engine.text.pieces import split_first_clause
 from wyoming_cosyvoice3.server.preroll import (
     ARRIVAL_MARGIN_S,
     FIRST_AUDIO_LIMIT_S,
     FIRST_PIECE_MAX_S,
     FIRST_PIECE_MIN_S,
     LENGTH_MARGIN,
+    SEED_WORK_S,
     PieceGate,
     ProductionHistory,
     expected_speech_s,
@@ -639,7 +641,7 @@ class WordFrontend:
         return len(text.split())
 
     def split_pieces(self, text: str, language: str | None = None,
-                     max_tokens: int | None = None) -> list[str]:
+                     max_tokens: int | None = None, read_numbers: bool = True) -> list[str]:
         self.bounds.append(max_tokens)
         limit = 80 if max_tokens is None else max_tokens
         pieces: list[str] = []
@@ -723,3 +725,66 @@ async def test_slow_server_asks_the_engine_for_sentence_pieces(
     else:
         assert engine.max_piece_tokens == [80]
         assert engine.whole_middle_pieces == [False]
+
+
+def _seeded_history(predicted_rtf: float) -> ProductionHistory:
+    """A fresh server's history after ``--preset auto`` predicted ``predicted_rtf``."""
+    history = ProductionHistory()
+    history.seed_prediction(predicted_rtf)
+    return history
+
+
+async def test_a_prior_just_faster_than_playback_still_bounds_the_first_answer() -> None:
+    # auto predicted RTF 0.92 (just faster than playback), the machine measures RTF 1.25
+    # (r = 0.8). Seeded with the prediction's error the prior is r = 0.945 < 1: the first
+    # answer's pieces are bounded and its first piece is held, and the first piece measured
+    # (0.8) replaces the prior for the rest of the answer: no pause inside any piece
+    history = _seeded_history(0.92)
+    assert PREDICTION_ERROR == 0.15 and history.rate() == pytest.approx(1 / (0.92 * 1.15))
+    assert piece_limit_s(10.0, history.rate()) is not None  # bounded pieces
+    pieces = [3.0, 4.0, 4.0, 3.0]
+    sent, starts, _ = await _produce(pieces, rate=0.8, chunk_s=0.25, overhead_s=0.3,
+                                     history=history, first_audio_limit_s=1e9)
+    report = simulate_playback(sent, piece_starts_s=starts)
+    assert report.inside_stalls == 0 and report.stalls == report.between_stalls
+    # the response's measurement replaced the prior (r = 0.8 of these pieces)
+    assert not history.seeded and history.rate() == pytest.approx(0.8, rel=1e-9)
+
+
+async def test_a_prior_taken_as_measured_would_pause_inside_the_first_answer() -> None:
+    # the control: the prediction (r = 1 / 0.92 = 1.09) taken as a measurement without its
+    # error, as before: pieces are not bounded, the first piece is not held, and production at
+    # r = 0.8 runs the player dry inside the first piece
+    history = ProductionHistory()
+    history.add_response(SEED_WORK_S / 0.92, SEED_WORK_S)
+    assert piece_limit_s(10.0, history.rate()) is None  # no bound: "faster than playback"
+    sent, starts, _ = await _produce([3.0, 4.0, 4.0, 3.0], rate=0.8, chunk_s=0.25,
+                                     overhead_s=0.3, history=history, first_audio_limit_s=1e9)
+    report = simulate_playback(sent, piece_starts_s=starts)
+    assert report.inside_stalls is not None and report.inside_stalls > 0
+
+
+async def test_a_measured_piece_outweighs_a_predicted_prior() -> None:
+    # within one response: once a piece is measured, a prior that is only a prediction no
+    # longer counts (a measured history does: PRIOR_WEIGHT_S)
+    clock = FakeClock()
+
+    async def send(event: Event) -> None:
+        del event
+
+    seeded = _seeded_history(0.5)  # predicts r = 1.74
+    gate = PieceGate(send, 60.0, seeded, clock=clock, first_audio_limit_s=1e9)
+    gate.begin_text([3.0, 3.0])
+    for _ in range(6):
+        clock.now_s += 0.5  # r = 0.5
+        await gate.audio([_chunk_event(0.25)], 0.25, 0)
+    assert gate.rate() == pytest.approx(0.5, rel=0.05)
+    measured = ProductionHistory()
+    measured.add_response(1.74 * SEED_WORK_S, SEED_WORK_S)
+    other = PieceGate(send, 60.0, measured, clock=clock, first_audio_limit_s=1e9)
+    other.begin_text([3.0, 3.0])
+    for _ in range(6):
+        clock.now_s += 0.5
+        await other.audio([_chunk_event(0.25)], 0.25, 0)
+    rate = other.rate()
+    assert rate is not None and rate > 0.7  # blended with the measured history

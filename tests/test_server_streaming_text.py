@@ -147,13 +147,15 @@ async def test_conversion_bug_ends_the_stream_with_a_coded_error(
 
 
 def test_stream_language_hint_follows_the_stream() -> None:
-    """Case C3 in a stream: a German stream never hints English, so a later sentence without
-    a cue of its own keeps its digits; an English stream hints "en" (case C6's sentences)."""
-    from wyoming_cosyvoice3.engine.text.frontend import normalize_text
+    """Case C3 in a stream: a German stream hints German, so a later sentence without a cue
+    of its own reads its number in German, never in English; an English stream hints "en"
+    (case C6's sentences)."""
+    from wyoming_cosyvoice3.engine.text.normalize import normalize_text
 
     german = _stream_request()
-    assert german.language_hint("Die Temperatur beträgt 10 Grad.") is None
-    assert german.language_hint("Flur, 19.") is None
+    assert german.language_hint("Die Temperatur beträgt 10 Grad.") == "de"
+    assert german.language_hint("Flur, 19.") == "de"
+    assert normalize_text("Flur, 19.", "de") == "Flur, neunzehn."
     assert normalize_text("Flur, 19.", None) == "Flur, 19."
     english = _stream_request()
     assert english.language_hint("The living room lights are now on.") == "en"

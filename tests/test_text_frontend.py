@@ -17,7 +17,7 @@ from wyoming_cosyvoice3.engine.constants import END_OF_PROMPT, INSTRUCT_PREFIX, 
 from wyoming_cosyvoice3.engine.errors import EmptyText, ModelLoadError
 from wyoming_cosyvoice3.engine.options import VoiceFeatures, VoicePrompt
 from wyoming_cosyvoice3.engine.text import TextFrontend, normalize_text
-from wyoming_cosyvoice3.engine.text.frontend import cut_after_marks
+from wyoming_cosyvoice3.engine.text.pieces import cut_after_marks
 
 # Added tokens of CosyVoice3 after Qwen2's three (cosyvoice/tokenizer/tokenizer.py
 # CosyVoice3Tokenizer; a representative subset of the phone tokens).
@@ -226,8 +226,9 @@ def test_c4_mixed_scripts_build_prompts(
         prompt = frontend.build_prompt(pieces[0], voice)
         assert prompt.mode == mode
         spoken = tokenizer.decode(prompt.tts_text_ids.tolist())
-        for word in ("16X16", "AN IMAGE IS WORTH", "family", "people", "大家好", "还是"):
-            if word in text:
+        # the letters stay, the numbers are read in Chinese (issue 35)
+        for word in ("十六X十六", "AN IMAGE IS WORTH", "family", "people", "大家好", "还是"):
+            if word.replace("十六", "16") in text:
                 assert word in spoken
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from wyoming_cosyvoice3.engine.errors import TextError
 from wyoming_cosyvoice3.engine.text import dominant_script, is_english, normalize_text
-from wyoming_cosyvoice3.engine.text.frontend import expand_english
+from wyoming_cosyvoice3.engine.text.lang_en import expand_english
 
 C2 = [
     ("It is 21.5 °C in the living room.",
@@ -35,53 +35,60 @@ def test_c2_normalisation_is_idempotent(text: str, expected: str) -> None:
     assert normalize_text(normalize_text(text)) == expected
 
 
-def test_c3_german_keeps_digits_and_umlauts() -> None:
+def test_c3_german_numbers_read_in_german_and_umlauts_kept() -> None:
     out = normalize_text(C3)
-    assert out == C3
-    assert "10" in out
+    assert out == "Die Temperatur beträgt zehn Grad. Natürlich ändert sich das."
     for letter in "äüÄÖÜß":
         assert out.count(letter) == C3.count(letter)
     assert not is_english(C3)
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "expected"),
     [
-        "Il fait 21,5 °C aujourd'hui, c'est très agréable.",
-        "Mañana la temperatura es de 18 grados en el salón.",
-        "Oggi ci sono 25 gradi e il sole è forte.",
-        "Het is vandaag 12 graden in de woonkamer.",
-        "Straße Nr. 5 ist für Fußgänger gesperrt.",
-        "Сейчас 21 градус, влажность 45%.",
-        "오늘은 21도입니다. 좋은 하루 되세요.",
+        ("Il fait 21,5 °C aujourd'hui, c'est très agréable.",
+         "Il fait vingt et un virgule cinq degrés aujourd'hui, c'est très agréable."),
+        ("Mañana la temperatura es de 18 grados en el salón.",
+         "Mañana la temperatura es de dieciocho grados en el salón."),
+        ("Oggi ci sono 25 gradi e il sole è forte.",
+         "Oggi ci sono venticinque gradi e il sole è forte."),
+        ("Straße Nr. 5 ist für Fußgänger gesperrt.", "Straße Nr. fünf ist für Fußgänger gesperrt."),
+        # a count before a Russian noun keeps its digits (the case is not known)
+        ("Сейчас 21 градус, влажность 45%.", "Сейчас 21 градус, влажность сорок пять процентов."),
+        # Dutch is no language of the model, Korean keeps its digits: both unchanged
+        ("Het is vandaag 12 graden in de woonkamer.", "Het is vandaag 12 graden in de woonkamer."),
+        ("오늘은 21도입니다. 좋은 하루 되세요.", "오늘은 21도입니다. 좋은 하루 되세요."),
     ],
 )
-def test_non_english_text_keeps_digits_and_letters(text: str) -> None:
+def test_non_english_text_reads_its_own_numbers_and_keeps_letters(text: str,
+                                                                   expected: str) -> None:
     out = normalize_text(text)
-    assert out == text
-    assert not any(word in out for word in ("one", "two", "five", "twenty", "percent"))
+    assert out == expected
+    assert not any(word in out.split() for word in ("one", "two", "five", "twenty", "percent"))
 
 
-def test_c4_chinese_with_latin_keeps_digits_and_letters() -> None:
-    assert normalize_text(C4_ZH) == C4_ZH
+def test_c4_chinese_with_latin_reads_numbers_and_keeps_letters() -> None:
+    assert normalize_text(C4_ZH) == (
+        "大家好，这里介绍一篇名为AN IMAGE IS WORTH 十六X十六 WORDS的论文。")
     assert dominant_script(C4_ZH) == "han"
 
 
 def test_c4_mixed_sentence_gets_chinese_cleanup() -> None:
+    """The English sentence is read as English, the mixed one with the Chinese clean-up."""
     out = normalize_text(C4_MIXED)
-    assert out == "Look at the photo。是family，friends，还是people at a game？"
+    assert out == "Look at the photo.是family，friends，还是people at a game？"
     assert dominant_script(out) == "latin"
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("温度是21.5度. 很好", "温度是21.5度。很好"),
-        ("时间 3:45 到了", "时间3:45到了"),
-        ("面积100m²（大约）", "面积100m平方大约"),
+        ("温度是21.5度. 很好", "温度是二十一点五度。很好"),
+        ("时间 3:45 到了", "时间三点四十五分到了"),
+        ("面积100m²（大约）", "面积一百平方米大约"),
         ("今天 - 明天——后天，", "今天，明天，后天。"),
         ("【通知】访问 www.example.com 了解", "通知访问www.example.com了解"),
-        ("今日は21度です。", "今日は21度です。"),
+        ("今日は21度です。", "今日は二十一度です。"),
     ],
 )
 def test_chinese_cleanup(text: str, expected: str) -> None:
@@ -140,9 +147,10 @@ def test_english_reading_leaves_no_digits() -> None:
 def test_language_hint_breaks_only_a_tie() -> None:
     assert normalize_text("50%") == "50%"
     assert normalize_text("50%", language="en_US") == "fifty percent"
-    assert normalize_text("50%", language="de_DE") == "50%"
-    # The text's own cue wins over the hint.
-    assert normalize_text("Die Batterie ist bei 50%.", language="en") == "Die Batterie ist bei 50%."
+    assert normalize_text("50%", language="de_DE") == "fünfzig Prozent"
+    # The text's own cue wins over the hint: German, never English.
+    assert normalize_text("Die Batterie ist bei 50%.", language="en") == (
+        "Die Batterie ist bei fünfzig Prozent.")
 
 
 def test_user_control_tokens_are_removed_and_brackets_kept() -> None:
@@ -212,20 +220,20 @@ def test_normalize_never_raises_and_leaves_no_control_characters(text: str) -> N
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("温度是21.5°C，湿度50%。", "温度是21.5摄氏度，湿度百分之50。"),
-        ("今天12℃，明天-3 °C。", "今天12摄氏度，明天-3摄氏度。"),
-        ("价格€5.50或者$3，还有¥100。", "价格5.50欧元或者3美元，还有100元。"),
+        ("温度是21.5°C，湿度50%。", "温度是二十一点五摄氏度，湿度百分之五十。"),
+        ("今天12℃，明天-3 °C。", "今天十二摄氏度，明天负三摄氏度。"),
+        ("价格€5.50或者$3，还有¥100。", "价格五点五欧元或者三美元，还有一百元。"),
         ("猫 & 狗", "猫和狗"),
-        ("５０％的人", "百分之５０的人"),
-        ("今日は50%の確率で雨です。", "今日は50パーセントの確率で雨です。"),
-        ("気温は21℃、¥100です。", "気温は21度、100円です。"),
+        ("５０％的人", "百分之五十的人"),
+        ("今日は50%の確率で雨です。", "今日は五十パーセントの確率で雨です。"),
+        ("気温は21℃、¥100です。", "気温は二十一度、百円です。"),
         ("Turn the lights on/off now.", "Turn the lights on or off now."),
         ("It rains 5 mm/h and AC/DC is a band.",
          "It rains five millimeters per hour and AC/DC is a band."),
         ("The answer is 5 * 3 = 15.", "The answer is five times three equals fifteen."),
         ("The screen is 1920×1080.",
          "The screen is one thousand nine hundred and twenty by one thousand and eighty."),
-        ("Die Temperatur beträgt 10 Grad & mehr.", "Die Temperatur beträgt 10 Grad & mehr."),
+        ("Die Temperatur beträgt 10 Grad & mehr.", "Die Temperatur beträgt zehn Grad & mehr."),
     ],
 )
 def test_symbols_read_per_language(text: str, expected: str) -> None:

@@ -41,6 +41,8 @@ LLM_HIDDEN_SIZE = 896
 LLM_NUM_LAYERS = 24
 LLM_NUM_KV_HEADS = 2
 LLM_HEAD_DIM = 64
+LLM_INTERMEDIATE_SIZE = 4864
+"""Qwen2-0.5B MLP width (published default; the machine probe's LLM product widths)."""
 
 # --- text prompts (llm.py / cosyvoice.py, model card) -------------------------------------
 END_OF_PROMPT = "<|endofprompt|>"

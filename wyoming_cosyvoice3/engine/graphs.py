@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -155,6 +156,15 @@ def count_llm_layers(input_names: list[str]) -> int:
     return sum(
         1 for name in input_names if name.startswith("past_key_values.") and name.endswith(".key")
     )
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: taskset, a container's cpuset), at
+    least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def session_options(threads: int, spin_wait: bool = True,
@@ -359,6 +369,24 @@ class Graph:
         if observer is not None:
             observer(str(self.path), feeds, started, time.time())
         return dict(zip(wanted, values, strict=True))
+
+    def run_bound(self, binding: Any, reported: Mapping[str, np.ndarray]) -> None:
+        """Run the graph on a prepared ``onnxruntime`` IOBinding of its session (inputs and
+        outputs bound by the caller, e.g. a KV cache extended in place); the run observer sees
+        ``reported`` as its feeds.
+
+        Raises:
+            SynthesisFailed: onnxruntime failed; the message names the graph.
+        """
+        observer = _run_observer
+        started = time.time() if observer is not None else 0.0
+        try:
+            self.session.run_with_iobinding(binding, self.run_options)
+        except ORT_ERRORS as exc:
+            shapes = {name: tuple(np.shape(value)) for name, value in reported.items()}
+            raise SynthesisFailed(f"{self.spec.file} failed on inputs {shapes}: {exc}") from exc
+        if observer is not None:
+            observer(str(self.path), reported, started, time.time())
 
     def __repr__(self) -> str:
         return f"Graph({self.spec.file!r}, providers={self.providers})"

@@ -60,6 +60,7 @@ Streamed chunks use ``hift_stream`` when there is one, else windowed calls of ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -85,7 +86,7 @@ from .graphs import (
     load_llm,
     open_session,
 )
-from .options import LLM_FILES, PRESETS, EngineOptions
+from .options import LLM_FILES, PRESETS, EngineOptions, LlmGraph
 from .vocoder.hift import StreamedHift
 
 Estimator = Graph | SplitEstimator | FullAttentionDiT
@@ -206,33 +207,58 @@ def load_streaming_or_none(model_dir: Path, options: EngineOptions,
 
 # -- LLM ---------------------------------------------------------------------------------------
 def load_llm_graph(
-    model_dir: Path, options: EngineOptions, threads: int, speech_embedding: Graph
+    model_dir: Path, options: EngineOptions, threads: int, speech_embedding: Graph,
+    variant: LlmGraph | None = None,
 ) -> Graph:
-    """The LLM graph of ``options.llm_precision``, or its fused form (``options.llm_graph``;
-    falls back to the published file with one warning, see :mod:`.derive.llm.fused`)."""
+    """The LLM graph of ``options.llm_precision``, or its fused form ``variant`` (default
+    ``options.llm_graph``). A form that cannot be derived falls back with one warning:
+    ``fused-b8`` and ``fused-q4`` to ``fused``, ``fused`` to the published file (see
+    :mod:`.derive.llm.fused`)."""
     source = model_dir / LLM_FILES[options.llm_precision]
     providers, spin = options.providers, options.spin_wait
-    variant = options.llm_graph
+    variant = variant or options.llm_graph
 
-    def fused(cache: Path | None) -> Graph:
-        assert cache is not None
-        from .derive.llm.fused import VALIDATION_SPLIT, open_fused_llm  # onnx: only when asked
+    def fused(form: str) -> Callable[[Path | None], Graph]:
+        def open_form(cache: Path | None) -> Graph:
+            assert cache is not None
+            from .derive.llm.fused import VALIDATION_SPLIT, open_fused_llm  # onnx: when asked
 
-        # validation input: speech-embedding rows of seeded random speech tokens
-        ids = np.random.default_rng(0).integers(0, C.SPEECH_TOKEN_VOCAB, sum(VALIDATION_SPLIT))
-        embeds = speech_embedding.run({"input_ids": ids[None, :]}, ["inputs_embeds"])
-        return open_fused_llm(source, variant, cache, threads, providers, spin,
-                              np.asarray(embeds["inputs_embeds"], np.float32))
+            # validation input: speech-embedding rows of seeded random speech tokens
+            ids = np.random.default_rng(0).integers(0, C.SPEECH_TOKEN_VOCAB,
+                                                    sum(VALIDATION_SPLIT))
+            embeds = speech_embedding.run({"input_ids": ids[None, :]}, ["inputs_embeds"])
+            return open_fused_llm(source, form, cache, threads, providers, spin,
+                                  np.asarray(embeds["inputs_embeds"], np.float32))
 
-    forms: list[Form[Graph]] = [
-        Form(f"{variant} LLM graph", open=fused, wanted=variant != "published",
-             warning=f"{variant} LLM graph not used (%s); using {source.name}"),
-        Form("published LLM graph", derived=False,
-             open=lambda _cache: load_llm(source, threads, providers, spin)),
-    ]
+        return open_form
+
+    published = Form("published LLM graph", derived=False,
+                     open=lambda _cache: load_llm(source, threads, providers, spin))
+    forms: list[Form[Graph]] = []
+    if variant in ("fused-b8", "fused-q4"):
+        forms.append(Form(f"{variant} LLM graph", open=fused(variant),
+                          warning=f"{variant} LLM graph not used (%s); using the fused graph"))
+    if variant != "published":
+        forms.append(Form("fused LLM graph", open=fused("fused"),
+                          warning=f"fused LLM graph not used (%s); using {source.name}"))
+    forms.append(published)
     found = load_first(forms, model_dir, options.cache_dir)
     assert found is not None
     return found
+
+
+def is_fused_form(graph: Graph, variant: str) -> bool:
+    """Whether ``graph`` is the derived LLM form ``variant`` (its cached file's tag)."""
+    return fused_form_of(graph) == variant
+
+
+def fused_form_of(graph: Graph) -> str | None:
+    """The derived LLM form ``graph`` is (``fused``, ``fused-b8``, ``fused-q4``), by its
+    cached file's tag; None for a published graph."""
+    from .derive.llm.fused import FUSED_TAGS  # onnx: only when asked
+
+    return next((form for form, tag in FUSED_TAGS.items() if f".{tag}-" in graph.path.name),
+                None)
 
 
 def load_text_table(model_dir: Path, options: EngineOptions) -> TableEmbedding | None:

@@ -41,6 +41,8 @@ from .graphs import (
 )
 from .loaders import (
     Estimator,
+    fused_form_of,
+    is_fused_form,
     load_estimator,
     load_hift,
     load_hift_stream,
@@ -211,19 +213,30 @@ class CosyVoice3Model:
         self.text_embedding: Graph | TableEmbedding = text_embedding
         self.speech_embedding = _graph(graphs["speech_embedding"])
         self.llm = _graph(graphs["llm"])
+        prefill = graphs.get("llm_prefill")
+        self.llm_prefill: Graph | None = None if prefill is None else _graph(prefill)
+        """The graph that prefills prompts when it is not ``llm``
+        (``EngineOptions.llm_prefill_graph``), else None."""
+        self.llm_kv_in_place = all(
+            fused_form_of(g) is not None for g in (self.llm, self.llm_prefill) if g is not None)
+        """Every LLM graph is a fused form (onnxruntime ``GroupQueryAttention``), so the
+        decoder may keep the KV cache in buffers extended in place (``kv_mode`` buffer)."""
         self.flow_encoder = _graph(graphs["flow_encoder"])
         estimator = graphs["estimator"]
         if isinstance(estimator, TableEmbedding):
             raise TypeError("the estimator cannot be a table lookup")
         self.estimator: Estimator = estimator
-        self.hift = _graph(graphs["hift"])
+        hift = graphs.get("hift")
+        self._hift: Graph | None = None if hift is None else _graph(hift)
+        self._hift_lock = threading.Lock()
         self.hift_phase_period = hift_phase_period
         """Source-phase period of a phase-carrying ``hift`` (:mod:`.derive.vocoder.hift_phase`), or
         None for the published graph."""
         self.hift_stream: StreamedHift | None = None
         """The streamed vocoder (:mod:`.derive.vocoder.hift_stream`), or None: streaming then runs
         ``hift`` over all mel or a window per call."""
-        self.dims = read_dims(self.llm, self.flow_encoder, self.hift)
+        self.dims = read_dims(self.llm, self.flow_encoder,
+                              self._hift or _graph(graphs["hift_dims"]))
         self._voice_lock = threading.Lock()
         self._voice_encoders: tuple[Graph, Graph] | None = None
         self._graphs: dict[tuple[str, str], Estimator | StreamingEstimator | None] = {
@@ -262,22 +275,35 @@ class CosyVoice3Model:
             return Graph(model_dir / spec.file, spec, threads, providers, spin_wait=spin)
 
         speech_embedding = graph(SPEECH_EMBEDDING)
-        hift, hift_phase_period = load_hift(model_dir, options)
         hift_stream = load_hift_stream(model_dir, options)
+        # the streamed form serves every synthesis: the phase-carrying form (the fallback
+        # that windows need) is derived only without it, and hift.onnx loads on first use
+        hift, hift_phase_period = (load_hift(model_dir, options) if hift_stream is None
+                                   else (None, None))
         precision = options.preset.flow_precision
         streaming: dict[str, StreamingEstimator | None] = {}
         if options.preset.flow_chunk_causal:
             streaming[precision] = load_streaming_or_none(model_dir, options, precision)
         # one DiT graph serves chunks and full attention when the streaming DiT loaded
         estimator = load_estimator(model_dir, options, precision, streaming.get(precision))
+        llm = load_llm_graph(model_dir, options, threads, speech_embedding)
         graphs: dict[str, Graph | TableEmbedding | Estimator] = {
             "speech_embedding": speech_embedding,
-            "llm": load_llm_graph(model_dir, options, threads, speech_embedding),
+            "llm": llm,
             "flow_encoder": graph(FLOW_ENCODER),
             "estimator": estimator,
-            "hift": hift,
         }
+        if hift is not None:
+            graphs["hift"] = hift
+        elif hift_stream is not None:  # the same speech_feat input declares the mel bins
+            graphs["hift_dims"] = hift_stream.graph
         graphs["text_embedding"] = load_text_table(model_dir, options) or graph(TEXT_EMBEDDING)
+        prefill = options.llm_prefill_graph
+        if prefill is not None and prefill != options.llm_graph and not (
+                prefill == "fused" and is_fused_form(llm, "fused")):
+            # (a decode graph that fell back to the fused form prefills as well as it would)
+            graphs["llm_prefill"] = load_llm_graph(model_dir, options, threads,
+                                                   speech_embedding, prefill)
         model = cls(model_dir, options, tokenizer, eop, graphs, hift_phase_period, streaming)
         model.hift_stream = hift_stream
         if model.dims.speech_vocab_rows <= C.FILL_TOKEN:
@@ -331,6 +357,23 @@ class CosyVoice3Model:
 
         estimator: Estimator = self._cached("estimator", precision, load)
         return estimator
+
+    @property
+    def hift(self) -> Graph:
+        """The vocoder graph for whole-mel calls (:class:`~.vocoder.hift.HiftRunner`): the
+        phase-carrying form or ``hift.onnx`` as loaded at start, or, where the streamed form
+        serves synthesis, ``hift.onnx`` loaded on first use (thread-safe).
+
+        Raises:
+            ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
+        """
+        with self._hift_lock:
+            if self._hift is None:
+                log.info("loading %s for a whole-mel vocoder call", HIFT.file)
+                options = self.options
+                self._hift = Graph(self.model_dir / HIFT.file, HIFT, options.threads,
+                                   options.providers, spin_wait=options.spin_wait)
+            return self._hift
 
     def streaming_estimator(self, precision: str) -> StreamingEstimator | None:
         """The chunk-causal streaming DiT of ``precision``

@@ -27,7 +27,11 @@ import numpy.typing as npt
 from . import constants as C
 
 LlmPrecision = Literal["fp32", "int8", "q4"]
-LlmGraph = Literal["published", "fused", "fused-q4"]
+LlmGraph = Literal["published", "fused", "fused-b8", "fused-q4"]
+LLM_GRAPHS: tuple[str, ...] = ("published", "fused", "fused-b8", "fused-q4")
+"""Every :data:`LlmGraph`."""
+LOSSLESS_LLM_GRAPHS: tuple[LlmGraph, ...] = ("fused", "fused-b8")
+"""Derived LLM graphs that keep the published int8 weights (the others' prefill candidates)."""
 FlowPrecision = Literal["fp32", "int8"]
 LLM_FILES: dict[str, str] = {"fp32": "llm.onnx", "int8": "llm_int8.onnx", "q4": "llm_q4.onnx"}
 """LLM graph file per precision (model card of the ONNX export)."""
@@ -103,8 +107,12 @@ class SynthesisOptions:
         language_hint: the language the text is most likely in (e.g. the voice's "en"):
             the text normaliser uses it only when the text itself gives no cue, so that a
             streamed sentence such as "Kitchen, 21 °C." reads its numbers as the whole
-            answer would (:func:`.text.frontend.normalize_text`); None: digits without a
+            answer would (:func:`.text.normalize.normalize_text`); None: digits without a
             cue stay digits.
+        read_numbers: read numbers, times, dates, units and money as words in each
+            sentence's language (:func:`.text.normalize.normalize_text`); False keeps every
+            digit as written, for a voice that reads digits better itself (the server's
+            ``--keep-digits``).
         whole_middle_pieces: the pieces between a request's first and last run the flow
             and the vocoder once each, when the LLM has ended them, instead of in streamed
             chunks (``streaming`` still holds for the first and the last piece). Every flow
@@ -148,6 +156,7 @@ class SynthesisOptions:
     max_request_s: float = 300.0
     output_dtype: Literal["float32", "int16"] = "float32"
     language_hint: str | None = None
+    read_numbers: bool = True
     max_piece_tokens: int = C.DEFAULT_MAX_PIECE_TOKENS
     whole_middle_pieces: bool = False
 
@@ -209,7 +218,16 @@ class EngineOptions:
             90 nodes per layer; ``fused-q4`` the same graph with 4-bit weights (lossy,
             deviation measured at derivation and logged). Not derivable (q4 file, another
             structure, failed validation): the published graph, with one warning. See
-            :mod:`.derive.llm.fused`.
+            :mod:`.derive.llm.fused`. ``fused-b8``: the int8 weights as published in 8-bit
+            blocks (``MatMulNBits``), activations quantised per block instead of per tensor
+            (no further from float activations than the published graph; validated when
+            derived); a faster one-row kernel on some CPUs.
+        llm_prefill_graph: the LLM graph that prefills prompts (several positions per call),
+            when it is not ``llm_graph`` (None: the same graph); both graphs share the KV-cache
+            layout, so decoding continues the other graph's cache. Per-tensor int8 products
+            (``fused``) prefill several times faster than ``MatMulNBits`` on CPUs with AMX or
+            VNNI, while ``fused-b8`` or ``fused-q4`` may decode faster; the second graph holds
+            its own copy of the weights (0.36 GB at full size).
         preset: the synthesis options most requests will run with (the server's preset).
             The graphs they need are opened at start: the DiT estimator of its
             ``flow_precision`` (a request asking for the other precision loads that on first
@@ -264,6 +282,7 @@ class EngineOptions:
 
     llm_precision: LlmPrecision = "int8"
     llm_graph: LlmGraph = "published"
+    llm_prefill_graph: LlmGraph | None = None
     preset: SynthesisOptions = field(default_factory=lambda: SynthesisOptions())
     threads: int = 0
     spin_wait: bool = True
@@ -284,10 +303,10 @@ class EngineOptions:
             raise ValueError(
                 f"llm_precision must be one of {sorted(LLM_FILES)}, got {self.llm_precision!r}"
             )
-        if self.llm_graph not in ("published", "fused", "fused-q4"):
-            raise ValueError(
-                f"llm_graph must be published, fused or fused-q4, got {self.llm_graph!r}"
-            )
+        for name, value in (("llm_graph", self.llm_graph),
+                            ("llm_prefill_graph", self.llm_prefill_graph)):
+            if value is not None and value not in LLM_GRAPHS:
+                raise ValueError(f"{name} must be one of {', '.join(LLM_GRAPHS)}, got {value!r}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
         self.preset.validate()
@@ -301,11 +320,16 @@ class LlmPreset:
     """The LLM stage of a preset.
 
     Attributes:
-        graph: the LLM graph loaded when ``--llm-graph`` is ``preset`` (the server's default):
-            a load-time choice, so a request asking for another preset keeps the loaded one.
+        graph: the LLM graph loaded when ``--llm-graph`` is ``preset`` (the server's default)
+            and the machine was not measured: a load-time choice, so a request asking for
+            another preset keeps the loaded one.
+        decode_graphs: the graphs the machine probe chooses the decoding graph among
+            (:func:`.machine.choose_llm_graphs`; the fastest on this CPU); prefills always
+            take a lossless graph (:data:`LOSSLESS_LLM_GRAPHS`).
     """
 
     graph: LlmGraph
+    decode_graphs: tuple[LlmGraph, ...] = LOSSLESS_LLM_GRAPHS
 
 
 @dataclass(frozen=True)
@@ -424,7 +448,7 @@ PRESET_STAGES: dict[str, Preset] = {
     ),
     # lowest latency, lossy in every stage
     "fast": Preset(
-        llm=LlmPreset(graph="fused-q4"),
+        llm=LlmPreset(graph="fused-q4", decode_graphs=("fused-q4", *LOSSLESS_LLM_GRAPHS)),
         flow=FlowPreset(
             precision="int8", euler_steps=2, cfg_rate=C.DEFAULT_CFG_RATE,
             cfg_steps=None, chunk_causal=True, final_chunk_causal=True,

@@ -173,10 +173,13 @@ class CosyVoice3Engine:
         self.model = model
         self.options = options
         self.frontend = TextFrontend(model.tokenizer, model.end_of_prompt_id)
+        if options.preset.read_numbers:
+            self.frontend.start_warm_up()  # wetext's 0.5 s of loading, off the request path
         self.llm = LlmDecoder(model)
         self.flow = FlowRunner(model)
         self.chunked = ChunkedFlows(self.flow, model, options)
-        self.hift = HiftRunner(model.hift, model.hift_phase_period, model.hift_stream)
+        # the whole-mel graph loads on first use where the streamed vocoder serves synthesis
+        self.hift = HiftRunner(lambda: model.hift, model.hift_phase_period, model.hift_stream)
         worker = worker_for(model.model_dir, options, model.dims.speaker_dim)
         self.voices = VoiceFeatureExtractor(model, options.voice_cache_dir, worker=worker)
 
@@ -331,7 +334,8 @@ class CosyVoice3Engine:
     def _run(self, text: str, voice: VoicePrompt, req: RequestState) -> Iterator[AudioChunk]:
         started = req.now()
         pieces = self.frontend.split_pieces(text, req.options.language_hint,
-                                              req.options.max_piece_tokens)
+                                              req.options.max_piece_tokens,
+                                              req.options.read_numbers)
         prompts = [self.frontend.build_prompt(piece, voice) for piece in pieces]
         req.times.frontend_s += req.now() - started
         req.event("frontend", started)

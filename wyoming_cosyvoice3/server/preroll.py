@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 
 from wyoming.event import Event
 
+from ..engine.machine import PREDICTION_ERROR
 from .protocol import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone
 
 _LOGGER = logging.getLogger(__name__)
@@ -99,6 +100,10 @@ so even a perfect ratio misses by a few per cent on short pieces."""
 MAX_LENGTH_MARGIN = 1.3
 """Largest margin (a voice whose pieces scatter widely): beyond it the holds grow more than
 the pauses inside pieces they would prevent."""
+SEED_WORK_S = 2.0
+"""Seconds of engine work a predicted rate counts as in a fresh server's history
+(:meth:`ProductionHistory.seed_prediction`): it sizes the first answer's pieces and holds
+instead of :data:`ASSUMED_SLOW_RATE`, and the first measured response replaces it."""
 PRIOR_WEIGHT_S = 10.0
 """Seconds of engine work the runtime's history counts as, next to this response's own
 measurement (which dominates after about one sentence)."""
@@ -232,6 +237,8 @@ class ProductionHistory:
         spread: decayed mean of ``|piece ratio / predicted ratio - 1|`` over the pieces
             measured after the first (None before the second).
         pieces: pieces counted in ``ratio``.
+        seeded: ``audio_s`` and ``work_s`` hold only a predicted rate (:meth:`seed`), no
+            measurement yet.
     """
 
     def __init__(self) -> None:
@@ -240,6 +247,18 @@ class ProductionHistory:
         self.ratio: float | None = None
         self.spread: float | None = None
         self.pieces = 0
+        self.seeded = False
+
+    def seed_prediction(self, predicted_rtf: float) -> None:
+        """Start from ``--preset auto``'s predicted real-time factor, as a production rate
+        ``1 / (RTF x (1 + PREDICTION_ERROR))``: the prediction may be that much too low, so a
+        preset predicted just faster than playback still gets bounded pieces and held first
+        pieces. It counts as :data:`SEED_WORK_S` of work until the first response is measured,
+        which replaces it (a prediction is not a measurement); within the first answer a
+        measured piece outweighs it (:meth:`PieceGate.rate`). Nothing for RTF <= 0."""
+        if predicted_rtf > 0:
+            rate = 1.0 / (predicted_rtf * (1.0 + PREDICTION_ERROR))
+            self.audio_s, self.work_s, self.seeded = rate * SEED_WORK_S, SEED_WORK_S, True
 
     def rate(self) -> float | None:
         """Audio seconds per second within pieces of recent responses, or None before any."""
@@ -248,6 +267,9 @@ class ProductionHistory:
     def add_response(self, audio_s: float, work_s: float) -> None:
         """Count one finished response's chunk-to-chunk production (nothing when none)."""
         if audio_s > 0 and work_s > 0:
+            if self.seeded:  # the first measurement replaces the prediction
+                self.audio_s = self.work_s = 0.0
+                self.seeded = False
             self.audio_s = self.audio_s * HISTORY_DECAY + audio_s
             self.work_s = self.work_s * HISTORY_DECAY + work_s
 
@@ -399,7 +421,8 @@ class PieceGate:
         None before any audio."""
         audio, work = self.steady_audio_s, self.steady_work_s
         prior = self.history.rate()
-        if prior is not None:
+        if prior is not None and not (self.history.seeded and work > 0 and audio > 0):
+            # a predicted prior counts only until this response measured production
             weight = min(self.history.work_s, PRIOR_WEIGHT_S)
             audio += prior * weight
             work += weight

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import json
 import logging
 import threading
 import time
@@ -43,11 +44,10 @@ from ..engine.errors import (
     SynthesisCancelled,
     VoiceNotFound,
 )
+from ..engine.machine import FALLBACK_PRESET, LlmPlan, PresetChoice
 from ..engine.options import (
-    PRESET_LLM_GRAPHS,
     AudioChunk,
     EngineOptions,
-    LlmGraph,
     ShouldStop,
     SynthesisOptions,
     SynthesisResult,
@@ -63,7 +63,7 @@ from .engine_port import (
     default_model_locator,
 )
 from .hooks import ServerHooks, ServerObserver
-from .machine import AUTO, FALLBACK_PRESET, SEED_WORK_S, PresetChoice, choose_for_this_machine
+from .machine import AUTO, choose_for_this_machine
 from .preroll import ProductionHistory
 from .protocol import VoiceRequest, short_repr
 from .settings import Settings
@@ -466,6 +466,8 @@ class ServerRuntime(SynthesisRunner):
         then :data:`.machine.FALLBACK_PRESET`)."""
         self.preset_choice: PresetChoice | None = None
         """What ``--preset auto`` chose and predicted (None: a preset was given)."""
+        self.llm_plan: LlmPlan | None = None
+        """The LLM graphs the engine loads (None until chosen at start)."""
         self.production = ProductionHistory()
         """Recent production rate and piece lengths (the piece gate's prior, :mod:`.preroll`)."""
         self.observer: ServerObserver | None = self.hooks.observer
@@ -490,13 +492,14 @@ class ServerRuntime(SynthesisRunner):
             if located is None:
                 return  # stopping
             model_dir = self.model_dir = located
-            if self.settings.preset == AUTO:  # before loading: the preset picks the graphs
-                self.phase = "measuring this machine"
-                self._choose_preset()
+            # before loading: the preset and the machine pick the graphs
+            self.phase = "measuring this machine"
+            self.llm_plan = self._choose_for_machine()
             self.phase = "loading the model"
             options = EngineOptions(
                 llm_precision=self.settings.llm_precision,  # type: ignore[arg-type]
-                llm_graph=self.llm_graph(),
+                llm_graph=self.llm_plan.decode,
+                llm_prefill_graph=self.llm_plan.prefill,
                 threads=self.settings.threads,
                 providers=self.settings.providers,
                 voice_cache_dir=self.settings.cache_dir,
@@ -539,15 +542,30 @@ class ServerRuntime(SynthesisRunner):
             _LOGGER.warning("Default voice %r is not available; using %s", self.settings.voice,
                             default.entry.name if default else "none")
 
-    def _choose_preset(self) -> None:
-        """Resolve ``--preset auto`` (:func:`.machine.choose_for_this_machine`, about 1 s of
-        onnxruntime work in this loader thread) and log the prediction in one line."""
-        choice = choose_for_this_machine(self.settings.threads)
-        self.preset_choice, self.preset = choice, choice.preset
-        rtf = choice.predicted_rtf.get(choice.preset)
-        if rtf:  # the piece gate's prior until responses are measured (no request runs yet)
-            self.production.add_response(SEED_WORK_S / rtf, SEED_WORK_S)
-        _LOGGER.info("%s", choice.summary())
+    def _choose_for_machine(self) -> LlmPlan:
+        """Resolve ``--preset auto`` and ``--llm-graph preset`` (:func:`.machine.
+        choose_for_this_machine`: 2-5 s of onnxruntime work in this loader thread) and log
+        each in one line; return the LLM graphs to load. An explicit ``--preset`` and
+        ``--llm-graph`` measure nothing."""
+        explicit = self.settings.llm_graph != "preset"
+        if explicit and self.settings.preset != AUTO:
+            return LlmPlan(self.settings.llm_graph, None, "--llm-graph")  # type: ignore[arg-type]
+        choice = choose_for_this_machine(self.settings.preset, self.settings.threads)
+        if choice.rates is not None:  # one line a benchmark can read back (machine_table)
+            _LOGGER.info("machine probe: %s", json.dumps(choice.rates.to_json()))
+        self.preset = choice.preset
+        auto = self.preset_choice = choice.preset_choice
+        if auto is not None:
+            _LOGGER.info("%s", auto.summary())
+            rtf = auto.predicted_rtf.get(auto.preset)
+            if rtf:  # the piece gate's prior until a piece is measured (no request runs yet)
+                self.production.seed_prediction(rtf)
+        if explicit:
+            return LlmPlan(self.settings.llm_graph, None, "--llm-graph")  # type: ignore[arg-type]
+        plan = choice.plan
+        _LOGGER.info("LLM graphs for `%s`: %s%s (%s)", self.preset, plan.decode,
+                     f", prefill {plan.prefill}" if plan.prefill else "", plan.reason)
+        return plan
 
     def _locate_model(self) -> Path | None:
         """The model dir, downloading it; retried with backoff while files cannot be fetched
@@ -636,13 +654,6 @@ class ServerRuntime(SynthesisRunner):
             f"the model is still loading ({self.phase}); try again in a moment"
         )
 
-    def llm_graph(self) -> LlmGraph:
-        """The LLM graph to load: ``--llm-graph``, or for ``preset`` the one of the preset
-        chosen (:data:`~..engine.options.PRESET_LLM_GRAPHS`)."""
-        if self.settings.llm_graph == "preset":
-            return PRESET_LLM_GRAPHS.get(self.preset, "fused")
-        return self.settings.llm_graph  # type: ignore[return-value]
-
     def synthesis_options(self, seed: int | None = None) -> SynthesisOptions:
         """Per-request options: the preset with ``--speed``, the seed and the time limit."""
         from ..engine.options import PRESETS
@@ -654,6 +665,7 @@ class ServerRuntime(SynthesisRunner):
             seed=seed if seed is not None else base.seed,
             max_request_s=self.settings.limits.max_request_s,
             output_dtype="float32",
+            read_numbers=not self.settings.keep_digits,
         )
 
     def shutdown(self) -> None:

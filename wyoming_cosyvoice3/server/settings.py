@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..engine.options import LLM_FILES, PRESETS
+from ..engine.options import LLM_FILES, LLM_GRAPHS, PRESETS
 from .machine import AUTO
 
 _LOGGER = logging.getLogger(__name__)
@@ -129,6 +129,7 @@ class Settings:
     zeroconf: str | None = None
     local_files_only: bool = False
     warm_up: bool = True
+    keep_digits: bool = False
     debug: bool = False
     log_format: str = DEFAULT_LOG_FORMAT
     options_file: Path | None = None
@@ -270,12 +271,15 @@ OPTIONS: tuple[_Option, ...] = (
             "list of missing files instead", MODEL, convert=None, kind="bool-true"),
     _Option("--llm-precision", "llm_precision", "LLM graph to load (default int8)", MODEL,
             choices=tuple(LLM_FILES)),
-    _Option("--llm-graph", "llm_graph", "preset (default): the preset's, fused for quality "
-            "and balanced, fused-q4 for fast; fused: a fused-operator graph derived once from "
-            "the LLM file (same int8 numbers, 274 instead of 2222 nodes per token, ~15 %% "
-            "faster decoding); published: run the LLM file as shipped; fused-q4: fused with "
-            "4-bit weights (lossy, 0.73x the decoding time)",
-            MODEL, choices=("preset", "published", "fused", "fused-q4")),
+    _Option("--llm-graph", "llm_graph", "preset (default): measured at start, the fastest "
+            "on this CPU of the preset's graphs (quality, balanced: fused or fused-b8; fast: "
+            "also fused-q4), prefilling with fused where that is much faster; fused: a "
+            "fused-operator graph derived once from the LLM file (the published int8 numbers, "
+            "274 instead of 2222 nodes per token); fused-b8: its int8 weights in 8-bit blocks "
+            "(activations quantised per block, no further from float than the published "
+            "graph); published: run the LLM file as shipped; fused-q4: fused with 4-bit "
+            "weights (lossy)",
+            MODEL, choices=("preset", *LLM_GRAPHS)),
     _Option("--threads", "threads", "onnxruntime threads per graph; 0 = one per core (default)",
             MODEL, convert=_non_negative_int),
     _Option("--providers", "providers", "onnxruntime execution providers, comma-separated "
@@ -293,6 +297,9 @@ OPTIONS: tuple[_Option, ...] = (
             convert=_speed),
     _Option("--seed", "seed", "fixed random seed: the same text and voice give the same audio "
             "(default: a new seed per request)", SPEECH, convert=int),
+    _Option("--keep-digits", "keep_digits", "keep numbers, times, dates and units as digits "
+            "instead of reading them as words in each sentence's language", SPEECH,
+            convert=None, kind="bool-true"),
     _Option("--samples-per-chunk", "samples_per_chunk", "samples per audio-chunk event "
             "(default 1024)", SPEECH, convert=_positive_int),
     _Option("--max-preroll-ms", "max_preroll_ms", "longest silence one hold may add when "

@@ -30,8 +30,9 @@ from ..engine.constants import (
 )
 from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, SynthesisTimeout
 from ..engine.options import AudioChunk
-from ..engine.text.frontend import split_first_clause
 from ..engine.text.markdown import markdown_to_speech
+from ..engine.text.normalize import language_cues, winner
+from ..engine.text.pieces import split_first_clause
 from .preroll import (
     FIRST_PIECE_MAX_S,
     FIRST_PIECE_MIN_S,
@@ -62,6 +63,15 @@ async def speech_text(raw: str) -> str:
     10,000 characters of hostile markup take up to about a second, and ``describe`` must
     stay answered."""
     return (await asyncio.to_thread(markdown_to_speech, raw)).strip()
+
+
+def text_language(text: str, requested: str | None, slot: VoiceSlot) -> str | None:
+    """The language hint of a one-shot text: the language the whole text reads in (so that
+    both engine requests of a first piece cut off it read alike), else the requested voice
+    language, else the voice's first language; the normaliser uses it only for sentences
+    without a cue of their own (:func:`~..engine.text.normalize.reading_language`)."""
+    return (winner(language_cues(text)) or requested
+            or (slot.entry.languages[0] if slot.entry.languages else None))
 
 
 def audio_start() -> AudioStart:
@@ -165,7 +175,8 @@ async def speak(
     if slot.prompt is None:
         raise CosyVoiceError(f"voice {slot.entry.name!r} is not prepared")
     if gate is not None:
-        max_tokens, expected = await plan_pieces(runtime, gate, text, options.language_hint)
+        max_tokens, expected = await plan_pieces(runtime, gate, text, options.language_hint,
+                                                 options.read_numbers)
         if max_tokens is not None:
             options = options.replace(max_piece_tokens=max_tokens)
         # pieces bounded: synthesis is (or may be) slower than playback, so a middle piece is
@@ -205,7 +216,8 @@ much and would leave single words for the LLM to speak alone."""
 
 
 def _plan_pieces(frontend: object, text: str, language_hint: str | None,
-                 limit_s: float | None) -> tuple[int | None, list[float]]:
+                 limit_s: float | None, read_numbers: bool = True,
+                 ) -> tuple[int | None, list[float]]:
     """The piece bound in text tokens for ``limit_s`` seconds of speech (None: no bound) and
     the expected seconds of each piece the engine will cut with it (worker thread)."""
     split = getattr(frontend, "split_pieces", None)
@@ -218,12 +230,13 @@ def _plan_pieces(frontend: object, text: str, language_hint: str | None,
         tokens_per_s = count(text) / speech_s
         max_tokens = min(max(int(limit_s * tokens_per_s), MIN_PIECE_TOKENS),
                          DEFAULT_MAX_PIECE_TOKENS)
-    pieces = split(text, language_hint, max_tokens)
+    pieces = split(text, language_hint, max_tokens, read_numbers)
     return max_tokens, [expected_speech_s(str(piece)) for piece in pieces] or [0.0]
 
 
 async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
-                      language_hint: str | None) -> tuple[int | None, list[float]]:
+                      language_hint: str | None, read_numbers: bool = True,
+                      ) -> tuple[int | None, list[float]]:
     """How the engine should cut ``text`` into pieces for ``gate``, and what to expect.
 
     When synthesis is (or, before any measurement, may be) slower than playback, pieces are
@@ -243,7 +256,8 @@ async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
         limit_s /= history.length_ratio()
     frontend = getattr(runtime.engine, "frontend", None)
     try:
-        return await asyncio.to_thread(_plan_pieces, frontend, text, language_hint, limit_s)
+        return await asyncio.to_thread(_plan_pieces, frontend, text, language_hint, limit_s,
+                                       read_numbers)
     except CosyVoiceError:  # the engine reports it itself
         return None, [expected_speech_s(text)]
 
@@ -251,7 +265,7 @@ async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
 def first_pieces(runtime: ServerRuntime, gate: PieceGate | None, text: str) -> list[str]:
     """``text`` as the texts of the engine requests of a response's start: a long first
     sentence gives a short first request, cut at a clause boundary
-    (:func:`~..engine.text.frontend.split_first_clause`, :data:`.preroll.FIRST_PIECE_MAX_S`),
+    (:func:`~..engine.text.pieces.split_first_clause`, :data:`.preroll.FIRST_PIECE_MAX_S`),
     so the first piece can play through early. Only when audio may be held (``gate`` with a
     bound), nothing was produced yet, and production is not known to be faster than
     playback (a fast machine keeps the sentence whole: one LLM pass, unbroken prosody).
@@ -323,9 +337,10 @@ async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRe
     try:
         try:
             text = await speech_text(request.text)
+            hint = text_language(text, request.voice.language, slot)
             for part in first_pieces(runtime, gate, text):
                 await speak(runtime, sink, part, slot, stats, request.received, gate=gate,
-                            language_hint=request.voice.language)
+                            language_hint=hint)
         finally:
             await finish_gate(runtime, gate, sink)  # the audio made so far, also on error
         note_first_chunk(stats, gate, request.received)

@@ -8,12 +8,13 @@ sentence has ended:
 * Latin-script enders ``. ! ? …`` (and the danda ``।``, Arabic ``؟``, Urdu ``۔``; plus
   closing quotes/brackets) end a sentence only once
   whitespace follows, so ``21.5`` and ``3:45`` are never split, and a ``.`` at the end of the
-  buffer waits for the next piece. ``Dr.``, ``e.g.`` and single initials (``J.``) do not end
-  a sentence.
+  buffer waits for the next piece. ``Dr.``, ``e.g.``, single initials (``J.``) and German
+  ordinals after an article (``im 2. Stock``) do not end a sentence.
 * CJK enders ``。！？；`` end a sentence once any character other than a closer follows.
 * A line break ends a sentence.
 * A run without any boundary longer than ``soft_limit_chars`` is cut at its last space or
-  comma so that 10,000 characters without punctuation still stream instead of piling up.
+  comma so that 10,000 characters without punctuation still stream instead of piling up; a
+  comma between two digits ("21,5") is part of a number and never a cut.
 
 Markdown is removed before this buffer (:class:`~..engine.text.markdown.MarkdownSpeech`).
 Kept over ``sentence-stream`` 1.3.0 (wyoming-piper's splitter) after
@@ -29,6 +30,8 @@ after its end here, 2 there; the markdown markers that ``sentence-stream`` strip
 from __future__ import annotations
 
 import re
+
+from ..engine.text.pieces import is_ordinal_dot
 
 LATIN_ENDERS = ".!?…।॥؟۔"
 """Sentence ends that need a blank after them (Latin, Devanagari danda, Arabic and Urdu)."""
@@ -85,7 +88,8 @@ def find_boundary(text: str, start: int = 0) -> int | None:
             if j >= n:
                 return None  # decided by the next piece
             if text[j].isspace():
-                if ch == "." and j == i + 1 and _is_abbreviation(text[:i]):
+                if ch == "." and j == i + 1 and (_is_abbreviation(text[:i])
+                                                 or is_ordinal_dot(text[:i])):
                     i = j
                     continue
                 return j
@@ -143,6 +147,8 @@ class SentenceBuffer:
             best = -1
             for k in range(len(window) - 1, self.soft_limit_chars // 4, -1):
                 c = window[k]
+                if c in ",." and window[k - 1].isdigit() and window[k + 1:k + 2].isdigit():
+                    continue  # "21,5" is one number, never two sentences
                 if (chars is not None and c in chars) or (chars is None and c.isspace()):
                     best = k
                     break

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +27,8 @@ from wyoming.audio import AudioStop
 from wyoming.tts import SynthesizeStopped
 
 from ..engine.errors import CosyVoiceError, TextError, TextTooLong
-from ..engine.text.frontend import english_cues
 from ..engine.text.markdown import MarkdownSpeech
+from ..engine.text.normalize import language_cues, winner
 from .preroll import PieceGate, expected_speech_s
 from .protocol import ClientGone, EventSink, RequestStats, SpeakRequest, check_chunk_text
 from .runtime import ServerRuntime, VoiceSlot
@@ -105,21 +106,22 @@ class StreamRequest:
     carry: StreamText | StreamError | None = None
     """An item taken from ``items`` while merging that did not fit; it comes next."""
     has_carry: bool = False
-    english_cues: tuple[int, int] = (0, 0)
-    """English / other-language function words of the sentences spoken so far
-    (:func:`~..engine.text.frontend.english_cues`)."""
+    cues: Counter[str] = field(default_factory=Counter)
+    """Language votes of the sentences spoken so far
+    (:func:`~..engine.text.normalize.language_cues`)."""
+    voice_language: str | None = None
+    """The chosen voice's first language, the hint when neither the stream nor the request
+    names one (set when the voice is chosen)."""
 
     def language_hint(self, text: str) -> str | None:
-        """The language hint for the next engine request, whose text is ``text``: "en" when
-        the stream so far (``text`` included) reads as English, else the requested voice
-        language (Home Assistant sends none). The engine's normaliser uses it only for a
-        sentence that has no cue of its own, so "Kitchen, 21 °C." after "Here are the
-        temperatures:" reads its number as the one-shot answer would."""
-        english, other = english_cues(text)
-        self.english_cues = (self.english_cues[0] + english, self.english_cues[1] + other)
-        if self.english_cues[0] > self.english_cues[1]:
-            return "en"
-        return self.request.voice.language
+        """The language hint for the next engine request, whose text is ``text``: the
+        language the stream so far (``text`` included) reads in, else the requested voice
+        language (Home Assistant sends none), else the voice's first language. The engine's
+        normaliser uses it only for a sentence that has no cue of its own, so "Kitchen,
+        21 °C." after "Here are the temperatures:" reads its number as the one-shot answer
+        would (the one-shot text gives its earlier sentences' votes as the same context)."""
+        self.cues.update(language_cues(text))
+        return winner(self.cues) or self.request.voice.language or self.voice_language
 
     async def next_item(self) -> StreamText | StreamError | None:
         """The next item: the carried one, else the next of ``items`` (waits for it)."""
@@ -246,6 +248,7 @@ async def run_stream(runtime: ServerRuntime, sink: EventSink, stream: StreamRequ
     failed = slot is None
     if slot is not None:
         stats.voice = slot.entry.name
+        stream.voice_language = slot.entry.languages[0] if slot.entry.languages else None
     await sink.send(audio_start().event())
     outcome = "failed" if failed else "done"
     gate = piece_gate(runtime, sink)

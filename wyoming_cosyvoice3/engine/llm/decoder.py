@@ -25,7 +25,16 @@ every step writes the whole cache once inside onnxruntime; the host must not add
   ``run`` copies every output into a new numpy array: 24 KiB per cached position with the
   published dims (24 layers x key+value x 2 heads x 64 x 4 bytes), 24 MiB per step at 1000
   positions (measured +3.8 ms/step on the tiny model, which has the published KV shapes).
-* ``"auto"`` (default): ``"numpy"`` on onnxruntime >= 1.19, ``"iobinding"`` before.
+* ``"buffer"``: the cache lives in preallocated buffers (:data:`KV_CAPACITY_STEP` positions at
+  a time) that each step reads and extends in place: ``past_key_values.*`` and ``present.*``
+  are bound to the same OrtValue, and onnxruntime's ``GroupQueryAttention`` then writes only
+  the new position (its past/present shared-buffer mode) instead of copying the whole cache
+  into a new ``present``; the logits are bit-identical. Needs every LLM graph of the model to
+  be a fused form (``CosyVoice3Model.llm_kv_in_place``); measured 29.8 -> 23.7 ms per step
+  at 500 cached positions on the full-size ``fused-b8`` graph (BENCHMARKS.md "LLM decode
+  graph").
+* ``"auto"`` (default): ``"buffer"`` when the graphs allow it, else ``"numpy"`` on
+  onnxruntime >= 1.19 and ``"iobinding"`` before.
 
 Sampling (last section; pure numpy): RAS, stop masking, the silent-run filter and the length
 limits. Every function takes the request's own ``numpy.random.Generator`` so that a seed
@@ -54,7 +63,6 @@ import onnxruntime as ort
 
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed, SynthesisTimeout
-from ..graphs import ORT_ERRORS
 from ..options import LlmPrompt, ShouldStop, StageTimes, SynthesisOptions
 from .producer import TokenProducer
 
@@ -63,7 +71,7 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
-KvMode = Literal["auto", "iobinding", "numpy"]
+KvMode = Literal["auto", "iobinding", "numpy", "buffer"]
 """How the KV cache is handed from one step to the next (see the module docstring)."""
 
 
@@ -71,6 +79,9 @@ KvMode = Literal["auto", "iobinding", "numpy"]
 
 KvValue = Any
 """One KV tensor: an ``onnxruntime.OrtValue`` (IOBinding path) or a numpy array (fallback)."""
+KV_CAPACITY_STEP = 512
+"""Positions a ``"buffer"`` cache grows by (24 KiB each with the published dims: 12 MiB): a
+prompt and a piece's tokens fit in one or two steps, and a growth copies the cache once."""
 
 
 @dataclass
@@ -79,23 +90,58 @@ class DecodeState:
 
     Attributes:
         kv: one tensor per ``past_key_values.{i}.{key,value}`` input, in layer order
-            (key before value), each float32 [1, kv_heads, past_len, head_dim].
+            (key before value), each float32 [1, kv_heads, past_len, head_dim]; in
+            ``"buffer"`` mode OrtValues [1, kv_heads, capacity, head_dim] whose first
+            ``past_len`` positions are the cache.
         past_len: positions already in the cache (the next position id).
         tokens: speech tokens generated so far (the RAS window sees all of them).
+        in_place: ``kv`` are buffers written in place (``"buffer"`` mode).
+        binding: ``"buffer"`` mode: (session, its IOBinding with ``kv`` bound, the logits
+            buffer bound as its output) of the last run, reused while the session and the
+            buffers stay the same.
 
-    Tensors in ``kv`` are never written to after creation (every model step allocates new
-    ``present.*`` tensors), so a state may be copied with :meth:`fork` and both copies decoded
-    independently; :class:`PrefixCache` keeps the state of a voice's fixed prefix
+    Outside ``"buffer"`` mode the tensors in ``kv`` are never written to after creation
+    (every model step allocates new ``present.*`` tensors), so :meth:`fork` shares them; in
+    that mode it copies them. :class:`PrefixCache` keeps the state of a voice's fixed prefix
     ``[SOS, prompt text]`` and forks it for each request.
     """
 
     kv: list[KvValue]
     past_len: int = 0
     tokens: list[int] = field(default_factory=list)
+    in_place: bool = False
+    binding: tuple[Any, Any, Any] | None = None
 
-    def fork(self) -> DecodeState:
-        """A copy sharing the (immutable) KV tensors, with its own token list."""
-        return DecodeState(kv=list(self.kv), past_len=self.past_len, tokens=list(self.tokens))
+    @property
+    def capacity(self) -> int:
+        """Positions the ``"buffer"`` cache can hold (``past_len`` outside that mode)."""
+        if not self.in_place or not self.kv:
+            return self.past_len
+        return int(self.kv[0].shape()[2])
+
+    def fork(self, extra_capacity: int = KV_CAPACITY_STEP) -> DecodeState:
+        """A copy with its own token list: sharing the (immutable) KV tensors, or in
+        ``"buffer"`` mode holding a copy of the cache with room for ``extra_capacity`` more
+        positions."""
+        if not self.in_place:
+            return DecodeState(kv=list(self.kv), past_len=self.past_len,
+                               tokens=list(self.tokens))
+        return DecodeState(kv=[_kv_buffer(value, self.past_len, self.past_len + extra_capacity)
+                               for value in self.kv],
+                           past_len=self.past_len, tokens=list(self.tokens), in_place=True)
+
+
+def _kv_buffer(value: KvValue | None, valid: int, capacity: int, like: tuple[int, ...] = ()
+               ) -> KvValue:
+    """A new float32 [1, kv_heads, capacity, head_dim] OrtValue with the first ``valid``
+    positions of ``value`` (an OrtValue or array; None: zeros shaped ``like``)."""
+    if value is None:
+        buffer = np.zeros((*like[:2], capacity, like[3]), np.float32)
+    else:
+        source = value.numpy() if isinstance(value, ort.OrtValue) else np.asarray(value)
+        buffer = np.zeros((*source.shape[:2], capacity, source.shape[3]), np.float32)
+        buffer[:, :, :valid] = source[:, :, :valid]
+    return ort.OrtValue.ortvalue_from_numpy(buffer)
 
 
 class PrefixCache:
@@ -150,7 +196,7 @@ class PrefixCache:
         if self.max_entries == 0:
             return
         with self._lock:
-            self._entries[key] = state.fork()
+            self._entries[key] = state.fork(extra_capacity=0)  # compact; get() adds room
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
@@ -198,13 +244,19 @@ class LlmDecoder:
     def __init__(
         self, model: CosyVoice3Model, *, kv_mode: KvMode = "auto", prefix_cache_entries: int = 16
     ) -> None:
-        if kv_mode not in ("auto", "iobinding", "numpy"):
-            raise ValueError(f"kv_mode must be 'auto', 'iobinding' or 'numpy', got {kv_mode!r}")
+        if kv_mode not in ("auto", "iobinding", "numpy", "buffer"):
+            raise ValueError(
+                f"kv_mode must be 'auto', 'iobinding', 'numpy' or 'buffer', got {kv_mode!r}")
+        in_place = model.llm_kv_in_place
+        if kv_mode == "buffer" and not in_place:
+            raise ValueError("kv_mode 'buffer' needs fused LLM graphs (llm_kv_in_place)")
         self._model = model
         self._dims = model.dims
         self._llm = model.llm
+        self._prefill_llm = model.llm_prefill or model.llm
         if kv_mode == "auto":
-            kv_mode = "numpy" if run_outputs_are_zero_copy() else "iobinding"
+            kv_mode = ("buffer" if in_place
+                       else "numpy" if run_outputs_are_zero_copy() else "iobinding")
         self.kv_mode: KvMode = kv_mode
         self._use_iobinding = kv_mode == "iobinding"
         layers = range(self._dims.num_layers)
@@ -277,8 +329,13 @@ class LlmDecoder:
     # --- model steps ----------------------------------------------------------------------
 
     def new_state(self) -> DecodeState:
-        """An empty state: past tensors float32 [1, kv_heads, 0, head_dim]."""
-        empty = np.zeros((1, self._dims.num_kv_heads, 0, self._dims.head_dim), dtype=np.float32)
+        """An empty state: past tensors float32 [1, kv_heads, 0, head_dim] (in ``"buffer"``
+        mode buffers of :data:`KV_CAPACITY_STEP` positions)."""
+        shape = (1, self._dims.num_kv_heads, 0, self._dims.head_dim)
+        if self.kv_mode == "buffer":
+            return DecodeState(kv=[_kv_buffer(None, 0, KV_CAPACITY_STEP, shape)
+                                   for _ in self._past_names], in_place=True)
+        empty = np.zeros(shape, dtype=np.float32)
         if self._use_iobinding:
             kv: list[KvValue] = [ort.OrtValue.ortvalue_from_numpy(empty) for _ in self._past_names]
         else:
@@ -307,10 +364,13 @@ class LlmDecoder:
         mask = np.ones((1, total), dtype=np.int64)
         positions = np.arange(state.past_len, total, dtype=np.int64)[None, :]
         embeds = np.ascontiguousarray(embeds, dtype=np.float32)
-        if self._use_iobinding:
-            logits = self._run_bound(state, embeds, mask, positions)
+        graph = self._llm if n_new == 1 else self._prefill_llm
+        if state.in_place:
+            logits = self._run_in_place(graph, state, embeds, mask, positions)
+        elif self._use_iobinding:
+            logits = self._run_bound(graph, state, embeds, mask, positions)
         else:
-            logits = self._run_numpy(state, embeds, mask, positions)
+            logits = self._run_numpy(graph, state, embeds, mask, positions)
         state.past_len = total
         return logits
 
@@ -333,12 +393,13 @@ class LlmDecoder:
 
     def _run_bound(
         self,
+        graph: Any,
         state: DecodeState,
         embeds: np.ndarray,
         mask: np.ndarray,
         positions: np.ndarray,
     ) -> np.ndarray:
-        session = self._llm.session
+        session = graph.session
         binding = session.io_binding()
         binding.bind_cpu_input("inputs_embeds", embeds)
         binding.bind_cpu_input("attention_mask", mask)
@@ -348,18 +409,58 @@ class LlmDecoder:
         for name in self._output_names:
             binding.bind_output(name, "cpu")
         try:
-            session.run_with_iobinding(binding)
+            graph.run_bound(binding, {"inputs_embeds": embeds, "attention_mask": mask,
+                                      "position_ids": positions})
             outputs = binding.get_outputs()
-        except ORT_ERRORS as exc:
+        except SynthesisFailed as exc:
             raise SynthesisFailed(
-                f"LLM graph {self._llm.path} failed at position {state.past_len}: {exc}; "
+                f"LLM graph {graph.path} failed at position {state.past_len}: {exc}; "
                 "check the model files (re-download) or try another llm_precision"
             ) from exc
         state.kv = list(outputs[1:])
         return np.asarray(outputs[0].numpy()).reshape(-1)
 
+    def _run_in_place(
+        self,
+        graph: Any,
+        state: DecodeState,
+        embeds: np.ndarray,
+        mask: np.ndarray,
+        positions: np.ndarray,
+    ) -> np.ndarray:
+        needed = state.past_len + int(embeds.shape[1])
+        if needed > state.capacity:  # grow: one copy of the cache
+            capacity = needed + KV_CAPACITY_STEP
+            state.kv = [_kv_buffer(value, state.past_len, capacity) for value in state.kv]
+            state.binding = None
+        session = graph.session
+        if state.binding is None or state.binding[0] is not session:
+            binding = session.io_binding()
+            for past, present, value in zip(self._past_names, self._present_names, state.kv,
+                                            strict=True):
+                binding.bind_ortvalue_input(past, value)
+                binding.bind_ortvalue_output(present, value)  # the same buffer: in place
+            logits_value = ort.OrtValue.ortvalue_from_numpy(
+                np.zeros((1, self._dims.speech_vocab_rows), np.float32))
+            binding.bind_ortvalue_output("logits", logits_value)
+            state.binding = (session, binding, logits_value)
+        _, binding, logits_value = state.binding
+        binding.bind_cpu_input("inputs_embeds", embeds)
+        binding.bind_cpu_input("attention_mask", mask)
+        binding.bind_cpu_input("position_ids", positions)
+        try:
+            graph.run_bound(binding, {"inputs_embeds": embeds, "attention_mask": mask,
+                                      "position_ids": positions})
+        except SynthesisFailed as exc:
+            raise SynthesisFailed(
+                f"LLM graph {graph.path} failed at position {state.past_len}: {exc}; "
+                "check the model files (re-download) or try another llm_precision"
+            ) from exc
+        return np.array(logits_value.numpy(), np.float32).reshape(-1)  # a copy: reused
+
     def _run_numpy(
         self,
+        graph: Any,
         state: DecodeState,
         embeds: np.ndarray,
         mask: np.ndarray,
@@ -367,7 +468,7 @@ class LlmDecoder:
     ) -> np.ndarray:
         feeds = {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}
         feeds.update(zip(self._past_names, state.kv, strict=True))
-        outputs = self._llm.run(feeds, self._output_names)
+        outputs = graph.run(feeds, self._output_names)
         state.kv = [outputs[name] for name in self._present_names]
         return np.asarray(outputs["logits"]).reshape(-1)
 

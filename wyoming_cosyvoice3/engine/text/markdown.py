@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Literal
 
 from markdown_it import MarkdownIt
 
-from .frontend import char_script, is_emoji
+from .script import char_script, is_emoji
 
 if TYPE_CHECKING:
     from markdown_it.token import Token

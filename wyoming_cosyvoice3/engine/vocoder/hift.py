@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -165,8 +166,20 @@ class HiftRunner:
     """
 
     def __init__(
-        self, hift: Graph, phase_period: float | None = None, stream: StreamedHift | None = None
+        self, hift: Graph | Callable[[], Graph], phase_period: float | None = None,
+        stream: StreamedHift | None = None,
     ) -> None:
+        self._graph: Graph | None = None
+        self._load: Callable[[], Graph] | None = None
+        if callable(hift):  # a Graph is not callable: a loader, called on the first use
+            self._load = hift
+        else:
+            self._graph = self._checked(hift, phase_period)
+        self.phase_period = phase_period
+        self.stream = stream
+
+    @staticmethod
+    def _checked(hift: Graph, phase_period: float | None) -> Graph:
         names_in, names_out = set(hift.spec.inputs), set(hift.spec.outputs)
         wanted_in, wanted_out = set(_HIFT_INPUTS), set(_HIFT_OUTPUTS)
         if phase_period is not None:
@@ -178,9 +191,15 @@ class HiftRunner:
                 f"{sorted(wanted_out)}, found {sorted(names_in)} / {sorted(names_out)}; use "
                 "hift.onnx from Masterx/Fun-CosyVoice3-0.5B-2512-ONNX"
             )
-        self.graph = hift
-        self.phase_period = phase_period
-        self.stream = stream
+        return hift
+
+    @property
+    def graph(self) -> Graph:
+        """The whole-mel graph (loaded on first use when given as a loader)."""
+        if self._graph is None:
+            assert self._load is not None
+            self._graph = self._checked(self._load(), self.phase_period)
+        return self._graph
 
     @property
     def carries_phase(self) -> bool:

@@ -352,3 +352,58 @@ def build_fused_llm(
     )
     model.ir_version = 8
     return model
+
+
+def build_projection_stack(
+    kernel: str, widths: tuple[int, int, int], layers: int, *, block_size: int = 32,
+    accuracy_level: int = 4, seed: int = 0,
+) -> onnx.ModelProto:
+    """A graph of the decoder layers' four projections only, for timing the ``kernel`` on
+    this machine (the preset choice's probe, :mod:`...machine`): per layer
+    ``hidden -> qkv``, ``hidden -> hidden``, ``hidden -> 2 ffn`` (gate|up) and
+    ``ffn -> hidden``, chained through slices, with random per-column int8 weights packed
+    exactly as :func:`build_fused_llm` packs a published int8 graph's.
+
+    Args:
+        kernel: one of :data:`KERNELS` except ``dequant``.
+        widths: (hidden, qkv output, ffn) widths, e.g. (896, 1152, 4864) for the published
+            Qwen2-0.5B LLM.
+        layers: layers in the chain.
+        block_size, accuracy_level: as :func:`build_fused_llm`.
+        seed: weight seed (the values do not change the speed).
+
+    Input ``x`` float32 [M, hidden]; output ``y`` float32 [M, hidden].
+
+    Raises:
+        ValueError: unknown kernel, or a width not a multiple of ``block_size``.
+    """
+    if kernel not in KERNELS or kernel == "dequant":
+        raise ValueError(f"kernel must be one of {KERNELS[:2] + KERNELS[3:]}, got {kernel!r}")
+    hidden, qkv_width, ffn = widths
+    rng = np.random.default_rng(seed)
+
+    def linear(k: int, n: int) -> Linear:
+        # one random block repeated: quick to make, and the values do not change the speed
+        block = rng.integers(-127, 128, size=(min(k, 64), n), dtype=np.int8)
+        return Linear("", qweight=np.resize(block, (k, n)),
+                      scale=np.full(n, 0.02 / 127, np.float32), zero_point=np.zeros(n, np.int8))
+
+    g = _Builder(None, kernel, block_size, accuracy_level)  # type: ignore[arg-type]
+    x = "x"
+    for i in range(layers):
+        qkv = g.linear(x, linear(hidden, qkv_width), f"probe.{i}.qkv")
+        head = g.op("Slice", [qkv, g.const(np.array([0]), "s0"), g.const(np.array([hidden]), "s1"),
+                              g.const(np.array([1]), "ax")])[0]
+        o = g.linear(head, linear(hidden, hidden), f"probe.{i}.o")
+        gate_up = g.linear(o, linear(hidden, 2 * ffn), f"probe.{i}.gate_up")
+        gate = g.op("Slice", [gate_up, g.const(np.array([0]), "s0"), g.const(np.array([ffn]), "s1"),
+                              g.const(np.array([1]), "ax")])[0]
+        x = g.linear(gate, linear(ffn, hidden), f"probe.{i}.down")
+    graph = helper.make_graph(
+        g.nodes, "projection_probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", hidden])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["m", hidden])], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid(MS_DOMAIN, 1)])
+    model.ir_version = 8  # as build_fused_llm's graphs
+    return model

@@ -1,0 +1,192 @@
+"""The machine probe's decisions (engine/machine.py): which LLM graphs a preset runs, the
+predicted RTF and ``--preset auto``'s choice and promise, from fixed probe figures of the two
+CPU kinds the project meets, so the outcome does not depend on the CPU the tests run on.
+
+Probe figures: tests/machine_figures.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from machine_figures import AVX2, AVX512
+
+from wyoming_cosyvoice3.engine import machine
+from wyoming_cosyvoice3.engine.derive.llm import fused
+from wyoming_cosyvoice3.engine.machine import (
+    KEEPS_UP_RTF,
+    LLM_PROBE_FORMS,
+    PREDICTION_ERROR,
+    LlmCosts,
+    LlmPlan,
+    MachineRates,
+    choose_llm_graphs,
+    choose_preset,
+    evict_bytes,
+    last_level_cache_bytes,
+    llm_weight_bytes,
+    predict_rtf,
+)
+from wyoming_cosyvoice3.engine.options import PRESET_STAGES
+
+
+def scaled(rates: MachineRates, factor: float) -> MachineRates:
+    """Every rate ``factor`` x faster (every product time ``factor`` x shorter)."""
+    assert rates.llm is not None
+    llm = LlmCosts({k: v / factor for k, v in rates.llm.decode_s.items()},
+                   {k: v / factor for k, v in rates.llm.prefill_s.items()})
+    return MachineRates(rates.fp32_flops * factor, rates.int8_ops * factor,
+                        rates.int8_bytes * factor, rates.threads, llm=llm)
+
+
+def test_each_kind_decodes_with_its_fastest_graph_and_prefills_fast() -> None:
+    # the AVX-512 machine: 8-bit blocks decode fastest of the lossless forms, but prefill
+    # 4.4x slower than per-tensor int8, so balanced prefills with fused
+    assert choose_llm_graphs("balanced", AVX512.llm) == LlmPlan(
+        "fused-b8", "fused", "fused-b8 decodes fastest; fused prefills 4.4x faster")
+    assert choose_llm_graphs("quality", AVX512.llm).decode == "fused-b8"
+    # fast may take 4-bit weights; it never prefills with them (slowest everywhere)
+    fast = choose_llm_graphs("fast", AVX512.llm)
+    assert (fast.decode, fast.prefill) == ("fused-q4", "fused")
+    # the AVX2 machine: per-tensor int8 decodes and prefills fastest of the lossless forms:
+    # one graph
+    assert choose_llm_graphs("balanced", AVX2.llm) == LlmPlan(
+        "fused", None, "fused decodes and prefills fastest")
+    assert (choose_llm_graphs("fast", AVX2.llm).decode,
+            choose_llm_graphs("fast", AVX2.llm).prefill) == ("fused-q4", "fused")
+
+
+def test_fast_never_decodes_or_prefills_slower_than_balanced() -> None:
+    # issue 34 item 5, on both kinds and on a CPU where 4-bit weights decode slowest
+    slow_q4 = LlmCosts({"fused": 20e-3, "fused-b8": 25e-3, "fused-q4": 30e-3},
+                       {"fused": 1e-3, "fused-b8": 3e-3, "fused-q4": 5e-3})
+    for costs in (AVX512.llm, AVX2.llm, slow_q4):
+        assert costs is not None
+        fast, balanced = choose_llm_graphs("fast", costs), choose_llm_graphs("balanced", costs)
+        assert costs.decode_s[fast.decode] <= costs.decode_s[balanced.decode]
+        assert costs.prefill_s[fast.prefill_graph] <= costs.prefill_s[balanced.prefill_graph]
+    assert choose_llm_graphs("fast", slow_q4).decode == "fused"
+
+
+def test_a_second_prefill_graph_only_for_a_large_gain() -> None:
+    # 1.4x faster prefill is not worth a second copy of the weights (0.36 GB)
+    costs = LlmCosts({"fused": 30e-3, "fused-b8": 20e-3}, {"fused": 1.0e-3, "fused-b8": 1.4e-3})
+    assert choose_llm_graphs("balanced", costs) == LlmPlan(
+        "fused-b8", None, "fused-b8 decodes fastest; fused prefills only 1.4x faster")
+    # without measured costs: the preset's default graph
+    assert choose_llm_graphs("fast", None).decode == PRESET_STAGES["fast"].llm.graph
+
+
+def test_the_probe_builds_what_the_derivation_builds() -> None:
+    # the probe times each form with the derivation's kernel and block size
+    assert LLM_PROBE_FORMS == {"fused": ("int8", 32), "fused-b8": ("nbits8", fused.B8_BLOCK_SIZE),
+                               "fused-q4": ("nbits4", fused.Q4_BLOCK_SIZE)}
+    assert set(LLM_PROBE_FORMS) == set(fused.FUSED_TAGS)
+    # 24 layers x (896x1152 + 896x896 + 896x9728 + 4864x896) + the 896x6761 head
+    assert llm_weight_bytes() == 24 * 14_909_440 + 6_057_856 == 363_884_416
+
+
+def test_the_llm_terms_use_the_plans_graphs() -> None:
+    # by hand: 25 tokens x 19.4 ms x decode efficiency + 5.5 positions x 0.59 ms x prefill's
+    work = machine.LLM_WORK["balanced"]
+    plan = LlmPlan("fused-b8", "fused")
+    expected = (25 * 19.4e-3 * work.decode_efficiency + 5.5 * 0.59e-3 * work.prefill_efficiency)
+    assert work.tokens == 25 and work.positions == 5.5
+    assert work.seconds_per_audio_s(AVX512, plan) == pytest.approx(expected, rel=1e-12)
+    # the same machine decoding with fused instead: slower by exactly the products' ratio
+    other = work.seconds_per_audio_s(AVX512, LlmPlan("fused", None))
+    assert other - work.seconds_per_audio_s(AVX512, plan) == pytest.approx(
+        25 * (21.9e-3 - 19.4e-3) * work.decode_efficiency, rel=1e-9)
+    # not timed: estimated from the streaming and int8 rates (364 MB per token at 22.6 GB/s)
+    bare = replace(AVX512, llm=None)
+    assert work.seconds_per_audio_s(bare, LlmPlan("fused", None)) == pytest.approx(
+        25 * 363_884_416 / 22.6e9 * work.decode_efficiency
+        + 5.5 * 2 * 363_884_416 / 2276e9 * work.prefill_efficiency, rel=1e-9)
+
+
+def test_the_prediction_scales_with_the_machine() -> None:
+    for rates in (AVX512, AVX2):
+        for name in ("quality", "balanced", "fast"):
+            assert predict_rtf(scaled(rates, 2.0), name) == pytest.approx(
+                predict_rtf(rates, name) / 2, rel=1e-9)
+
+
+def test_keeping_up_needs_the_predictions_margin() -> None:
+    assert pytest.approx(1 / (1 + PREDICTION_ERROR)) == KEEPS_UP_RTF
+    # scale AVX512 so that fast is predicted just faster than playback (RTF 0.93): within the
+    # prediction's error of real time, so it does not count as keeping up
+    factor = predict_rtf(AVX512, "fast") / 0.93
+    near = scaled(AVX512, factor)
+    assert predict_rtf(near, "fast") == pytest.approx(0.93)
+    choice = choose_preset(near, 64e9)
+    assert choice.preset == "balanced" and not choice.keeps_up
+    line = choice.summary()
+    assert "without pauses" not in line and line.endswith("expect pauses between sentences "
+                                                          "on long answers")
+    # a machine where fast is predicted just under real time *and* takes it (balanced does not
+    # fit in memory): the line says it may pause, not that it will not
+    tight = choose_preset(near, machine.preset_peak_bytes("fast") + 1e6)
+    assert tight.preset == "fast" and not tight.keeps_up
+    assert "may pause" in tight.summary() and "15%" in tight.summary()
+    # 1.2x further: fast at 0.78 keeps up with the margin
+    faster = choose_preset(scaled(near, 1.2), 64e9)
+    assert faster.preset == "fast" and faster.keeps_up
+    assert faster.summary().endswith("answers play without pauses")
+
+
+@pytest.mark.parametrize("rates", [AVX512, AVX2], ids=["avx512", "avx2"])
+def test_slow_medium_and_fast_machines_of_each_kind(rates: MachineRates) -> None:
+    # nothing keeps up (fast predicted at RTF 1.2): balanced, the fallback
+    slow = scaled(rates, predict_rtf(rates, "fast") / 1.2)
+    assert choose_preset(slow, 64e9).preset == "balanced"
+    # a machine fast enough for balanced with the margin but not quality takes balanced; one
+    # fast enough for quality takes quality
+    for name in ("balanced", "quality"):
+        factor = predict_rtf(rates, name) / (0.97 * KEEPS_UP_RTF)
+        choice = choose_preset(scaled(rates, factor), 64e9)
+        assert choice.preset == name and choice.keeps_up
+        assert choice.plan == choose_llm_graphs(name, rates.llm)
+
+
+def test_memory_drops_the_second_prefill_graph_then_the_preset() -> None:
+    fast_machine = scaled(AVX512, predict_rtf(AVX512, "balanced") / (0.9 * KEEPS_UP_RTF))
+    plenty = choose_preset(fast_machine, 64e9)
+    assert plenty.preset == "balanced" and plenty.plan is not None
+    assert plenty.plan.prefill == "fused"
+    # room for balanced's measured peak but not for a second copy of the LLM's weights
+    one_graph = choose_preset(fast_machine, machine.preset_peak_bytes("balanced") + 0.1e9)
+    assert one_graph.preset == "balanced" and one_graph.plan is not None
+    assert one_graph.plan.prefill is None and "does not fit" in one_graph.plan.reason
+
+
+def test_machine_rates_round_trip_through_json() -> None:
+    assert MachineRates.from_json(AVX512.to_json()) == AVX512
+    bare = MachineRates(1e9, 2e9, 3e9, 1, 0.5)
+    assert MachineRates.from_json(bare.to_json()) == bare
+
+
+def test_the_eviction_buffer_covers_the_last_level_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "sys/devices/system/cpu/cpu0/cache"
+    for index, (level, size) in enumerate([(1, "48K"), (2, "2048K"), (3, "300M")]):
+        (cache / f"index{index}").mkdir(parents=True)
+        (cache / f"index{index}/level").write_text(f"{level}\n")
+        (cache / f"index{index}/size").write_text(f"{size}\n")
+    assert last_level_cache_bytes(tmp_path) == 300 << 20
+    assert evict_bytes(tmp_path) == int(1.5 * (300 << 20))
+    (cache / "index2/size").write_text("32M\n")  # the EPYCs' 32 MB L3: at least 64 MiB
+    assert evict_bytes(tmp_path) == 64 << 20
+    assert last_level_cache_bytes(tmp_path / "none") is None
+    assert evict_bytes(tmp_path / "none") == 64 << 20
+
+
+def test_the_cost_and_memory_tables_cover_exactly_the_presets() -> None:
+    presets = set(PRESET_STAGES)
+    assert set(machine.PRESET_ORDER) == presets
+    assert set(machine.STAGE_WORK) == set(machine.LLM_WORK) == set(machine.PRESET_MEMORY) == (
+        presets)
+    # every preset's decode candidates are forms the probe times
+    for name, stages in PRESET_STAGES.items():
+        assert stages.llm.graph in stages.llm.decode_graphs, name
+        assert set(stages.llm.decode_graphs) <= set(LLM_PROBE_FORMS), name

@@ -1,0 +1,683 @@
+"""What this machine does fast: a short onnxruntime probe, the LLM graphs each preset runs on
+it, and each preset's predicted real-time factor.
+
+The probe (:func:`probe_rates`, 2-5 s) measures
+
+* three rates: float32 MatMul operations per second, int8 operations per second in the
+  ``quantize_dynamic`` pattern of the int8 DiT, and int8 weight bytes per second that a
+  one-row MatMul streams from memory (the caches evicted first, :func:`evict_bytes`);
+* the LLM's products in each derived form (:func:`probe_llm`): two decoder layers' four
+  projections at the published widths, built exactly as the fused LLM graphs build them
+  (:func:`~.derive.llm.fused_graph.build_projection_stack`), timed for one row with the caches
+  evicted (a decode step reads every weight from memory) and for 128 rows (a prefill), scaled
+  to the whole model by weight bytes. Which form is fastest differs between CPUs: on the
+  AVX-512 + AMX test machine per-tensor int8 (``fused``) prefills 3.4x faster than 8-bit
+  blocks (``fused-b8``) but decodes 1.3x slower (BENCHMARKS.md "LLM decode graph").
+
+:func:`choose_llm_graphs` picks, per preset, the LLM graph that decodes (among the preset's
+:attr:`~.options.LlmPreset.decode_graphs`) and the one that prefills (the lossless forms) from
+those figures. :func:`predict_rtf` predicts a preset's real-time factor on a streamed
+paragraph: per stage its work per second of audio (:data:`STAGE_WORK`: LLM tokens and
+prefilled positions; flow and vocoder operations counted on the full-size graphs) at the
+probed costs, times the stage's efficiency measured in full-size runs. :func:`choose_preset`
+takes the most exact preset that keeps up with playback with the prediction's error as margin
+(:data:`KEEPS_UP_RTF`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import constants as C
+from .graphs import available_cpus, session_options
+from .options import LOSSLESS_LLM_GRAPHS, PRESET_STAGES, LlmGraph
+
+_LOGGER = logging.getLogger(__name__)
+
+PRESET_ORDER: tuple[str, ...] = ("quality", "balanced", "fast")
+"""Presets from the most exact to the cheapest."""
+FALLBACK_PRESET = "balanced"
+"""Taken when no preset keeps up with playback (pauses between sentences are better than a
+lossier preset that still pauses), or when the probe fails."""
+PREDICTION_ERROR = 0.15
+"""Largest relative error of :func:`predict_rtf` against the benchmark's streamed paragraph
+accepted when the cost table is calibrated (BENCHMARKS.md "The preset that fits the machine":
+the check on every machine kind measured)."""
+KEEPS_UP_RTF = 1.0 / (1.0 + PREDICTION_ERROR)
+"""A preset keeps up with playback when its predicted RTF is at most this: even a prediction
+:data:`PREDICTION_ERROR` too low still leaves it at or below real time."""
+
+
+# --- the probe --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlmCosts:
+    """Seconds the LLM's products take on this machine, per derived form (:func:`probe_llm`).
+
+    Attributes:
+        decode_s: LLM graph name -> seconds of one decode step's products (one row through
+            every projection of the published 24 layers and the head, weights from memory).
+        prefill_s: LLM graph name -> seconds per prefilled position (128-row products).
+    """
+
+    decode_s: Mapping[str, float]
+    prefill_s: Mapping[str, float]
+
+    @classmethod
+    def from_rates(cls, int8_bytes: float, int8_ops: float) -> LlmCosts:
+        """An estimate where the forms were not timed: decoding streams each form's weight
+        bytes (4-bit: half) at ``int8_bytes``, a prefilled position costs the model's
+        multiply-accumulates at ``int8_ops``; every form prefills alike."""
+        weights = llm_weight_bytes()
+        decode = {"fused": weights / int8_bytes, "fused-b8": weights / int8_bytes,
+                  "fused-q4": 0.5 * weights / int8_bytes}
+        position = 2.0 * weights / int8_ops
+        return cls(decode, dict.fromkeys(decode, position))
+
+
+@dataclass(frozen=True)
+class MachineRates:
+    """Rates of this machine under onnxruntime (:func:`probe_rates`).
+
+    Attributes:
+        fp32_flops: float32 MatMul operations per second (1 multiply-accumulate = 2).
+        int8_ops: int8 operations per second (DynamicQuantizeLinear + MatMulInteger + scale).
+        int8_bytes: int8 weight bytes per second streamed from memory by a one-row
+            MatMulInteger.
+        threads: intra-op threads the probe ran with (0: onnxruntime's choice, as the engine).
+        probe_s: wall-clock seconds the probe took.
+        llm: the LLM forms' measured costs (None: not measured).
+    """
+
+    fp32_flops: float
+    int8_ops: float
+    int8_bytes: float
+    threads: int = 0
+    probe_s: float = 0.0
+    llm: LlmCosts | None = None
+
+    def describe(self) -> str:
+        """One short phrase, e.g. ``fp32 168 GFLOP/s, int8 336 GOP/s, 22.4 GB/s``."""
+        return (f"fp32 {self.fp32_flops / 1e9:.0f} GFLOP/s, int8 {self.int8_ops / 1e9:.0f} "
+                f"GOP/s, {self.int8_bytes / 1e9:.1f} GB/s")
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready form (the server logs it at start; ``bench/machine_table.py`` reads it)."""
+        out: dict[str, Any] = {"fp32_flops": self.fp32_flops, "int8_ops": self.int8_ops,
+                               "int8_bytes": self.int8_bytes, "threads": self.threads,
+                               "probe_s": self.probe_s}
+        if self.llm is not None:
+            out["llm"] = {"decode_s": dict(self.llm.decode_s),
+                          "prefill_s": dict(self.llm.prefill_s)}
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MachineRates:
+        """The inverse of :meth:`to_json`.
+
+        Raises:
+            KeyError, TypeError, ValueError: not a :meth:`to_json` form.
+        """
+        llm = data.get("llm")
+        return cls(float(data["fp32_flops"]), float(data["int8_ops"]),
+                   float(data["int8_bytes"]), int(data.get("threads", 0)),
+                   float(data.get("probe_s", 0.0)),
+                   None if llm is None else LlmCosts(
+                       {k: float(v) for k, v in llm["decode_s"].items()},
+                       {k: float(v) for k, v in llm["prefill_s"].items()}))
+
+    def llm_costs(self) -> LlmCosts:
+        """``llm``, or where it was not measured :meth:`LlmCosts.from_rates`."""
+        return self.llm or LlmCosts.from_rates(self.int8_bytes, self.int8_ops)
+
+    def thread_count(self) -> int:
+        """Intra-op threads the engine runs with: ``threads``, or for 0 (onnxruntime's choice,
+        one per core) the CPUs this process may run on."""
+        return self.threads if self.threads > 0 else available_cpus()
+
+
+PROBE_COMPUTE_SHAPE = (256, 1024, 4096)
+"""M, K, N of the compute-bound MatMuls (the benchmark's ``bench/throughput.py`` shape)."""
+PROBE_STREAM_SHAPE = (4096, 8192)
+"""K, N of the int8 weight streamed by the one-row MatMul (32 MiB)."""
+MIN_EVICT_BYTES = 64 << 20
+"""Smallest buffer read before each timed one-row run (a CPU whose last-level cache size is
+not readable): larger than the 32 MiB L3 of the 2-core EPYC test machines."""
+EVICTED_RUNS = 8
+"""Timed runs of each measurement that evicts the caches first (the fastest or the median is
+kept; each eviction reads :func:`evict_bytes`, 0.45 GB on a 300 MB L3)."""
+LLM_PROBE_LAYERS = 2
+"""Decoder layers in the LLM probe's graphs (30 MB of int8 weights at the published widths)."""
+LLM_PROBE_PREFILL_ROWS = 128
+"""Rows of the LLM probe's prefill product (a sentence's prompt is 30-250 positions)."""
+LLM_PROBE_FORMS: dict[str, tuple[str, int]] = {
+    "fused": ("int8", 32),
+    "fused-b8": ("nbits8", 128),
+    "fused-q4": ("nbits4", 32),
+}
+"""LLM graph -> (projection kernel, block size) as :mod:`.derive.llm.fused` builds it
+(``B8_BLOCK_SIZE``, ``Q4_BLOCK_SIZE``; a test ties the two)."""
+LLM_WIDTHS = (C.LLM_HIDDEN_SIZE,
+              C.LLM_HIDDEN_SIZE + 2 * C.LLM_NUM_KV_HEADS * C.LLM_HEAD_DIM,
+              C.LLM_INTERMEDIATE_SIZE)
+"""(hidden, q|k|v, ffn) widths of the published Qwen2-0.5B LLM (896, 1152, 4864)."""
+
+
+def last_level_cache_bytes(root: Path = Path("/")) -> int | None:
+    """Size of the largest CPU cache of CPU 0 (sysfs ``cache/index*/size``), or None.
+
+    Args:
+        root: file system root (tests point it at a fake ``sys`` tree).
+    """
+    sizes = []
+    for size_file in (root / "sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = size_file.read_text(encoding="ascii").strip()
+        except OSError:
+            continue
+        match = re.fullmatch(r"(\d+)([KMG]?)", text)
+        if match:
+            sizes.append(int(match[1]) << {"": 0, "K": 10, "M": 20, "G": 30}[match[2]])
+    return max(sizes) if sizes else None
+
+
+def evict_bytes(root: Path = Path("/")) -> int:
+    """Bytes to read before a timed one-row run so that its weights come from memory:
+    1.5x the last-level cache (some CPUs keep part of an evicting stream), at least
+    :data:`MIN_EVICT_BYTES`. The LLM reads 0.36 GB per token, more than any cache it meets;
+    a probe whose weights stayed in a 300 MB L3 measured 43 GB/s where memory gives 22."""
+    cache = last_level_cache_bytes(root)
+    return max(MIN_EVICT_BYTES, int(1.5 * cache) if cache else 0)
+
+
+def _int8_matmul_bytes(k: int, n: int, rng: np.random.Generator) -> bytes:
+    from onnx import TensorProto, helper, numpy_helper
+
+    # one random block repeated is quick to make; the values do not change the speed. Weights
+    # within +-63: the u8 x s8 pair sums stay exact in int16 on AVX2 without VNNI
+    block = rng.integers(-63, 64, size=(64, n), dtype=np.int8)
+    inits = [numpy_helper.from_array(np.resize(block, (k, n)), "weight"),
+             numpy_helper.from_array(np.zeros((), dtype=np.int8), "weight_zero"),
+             numpy_helper.from_array(np.full((n,), 0.01, dtype=np.float32), "weight_scale")]
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zero"]),
+        helper.make_node("MatMulInteger", ["xq", "weight", "x_zero", "weight_zero"], ["acc"]),
+        helper.make_node("Cast", ["acc"], ["acc_f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x_scale", "weight_scale"], ["scale"]),
+        helper.make_node("Mul", ["acc_f", "scale"], ["y"]),
+    ]
+    return _model(nodes, inits, k, n)
+
+
+def _fp32_matmul_bytes(k: int, n: int, rng: np.random.Generator) -> bytes:
+    from onnx import helper, numpy_helper
+
+    floats = rng.standard_normal((64, n), dtype=np.float32) * 0.02
+    inits = [numpy_helper.from_array(np.resize(floats, (k, n)), "weight")]
+    return _model([helper.make_node("MatMul", ["x", "weight"], ["y"])], inits, k, n)
+
+
+def _model(nodes: list[Any], inits: list[Any], k: int, n: int) -> bytes:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        nodes, "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return bytes(model.SerializeToString())
+
+
+def _fastest_s(run: Callable[[], Any], budget_s: float, max_runs: int = 100,
+               before: Callable[[], Any] | None = None) -> float:
+    """Fastest of repeated ``run()`` calls within about ``budget_s`` (one untimed first);
+    ``before()`` runs untimed before each call."""
+    run()
+    best = math.inf
+    spent = 0.0
+    for _ in range(max_runs):
+        if before is not None:
+            before()
+        started = time.perf_counter()
+        run()
+        elapsed = time.perf_counter() - started
+        best = min(best, elapsed)
+        spent += elapsed
+        if spent >= budget_s:
+            break
+    return best
+
+
+def _session(model: Any, threads: int) -> Any:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model, session_options(threads),
+                                providers=["CPUExecutionProvider"])
+
+
+def _median_s(run: Callable[[], Any], runs: int, before: Callable[[], Any] | None = None) -> float:
+    run()
+    times = []
+    for _ in range(runs):
+        if before is not None:
+            before()
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
+def llm_weight_bytes(layers: int = C.LLM_NUM_LAYERS, head: bool = True) -> int:
+    """int8 weight bytes of ``layers`` decoder layers' projections (and the speech head) at
+    :data:`LLM_WIDTHS`: 364 MB for the published model."""
+    hidden, qkv, ffn = LLM_WIDTHS
+    per_layer = hidden * qkv + hidden * hidden + hidden * 2 * ffn + ffn * hidden
+    return layers * per_layer + (hidden * C.SPEECH_EMBEDDING_ROWS if head else 0)
+
+
+def probe_llm(threads: int = 0, forms: tuple[str, ...] = tuple(LLM_PROBE_FORMS),
+              decode_runs: int = EVICTED_RUNS, prefill_runs: int = 3,
+              evict: np.ndarray | None = None) -> LlmCosts:
+    """Time each LLM form's products on this machine (module docstring; about 0.5 s a form).
+
+    Args:
+        threads: intra-op threads (0: onnxruntime's choice).
+        forms: LLM graph names of :data:`LLM_PROBE_FORMS`.
+        decode_runs, prefill_runs: timed runs (medians).
+        evict: buffer read before each one-row run (default :func:`evict_bytes` of ones).
+
+    Raises:
+        ImportError: onnx is not installed.
+        RuntimeError: onnxruntime failed.
+    """
+    from .derive.llm.fused_graph import build_projection_stack
+
+    rng = np.random.default_rng(0)
+    buffer = np.ones(evict_bytes(), dtype=np.uint8) if evict is None else evict
+    scale = llm_weight_bytes() / llm_weight_bytes(LLM_PROBE_LAYERS, head=False)
+    row = rng.standard_normal((1, LLM_WIDTHS[0]), dtype=np.float32)
+    rows = rng.standard_normal((LLM_PROBE_PREFILL_ROWS, LLM_WIDTHS[0]), dtype=np.float32)
+    decode, prefill = {}, {}
+    for form in forms:
+        kernel, block = LLM_PROBE_FORMS[form]
+        model = build_projection_stack(kernel, LLM_WIDTHS, LLM_PROBE_LAYERS, block_size=block)
+        session = _session(model.SerializeToString(), threads)
+
+        def one_row(session: Any = session) -> Any:
+            return session.run(None, {"x": row})
+
+        def many_rows(session: Any = session) -> Any:
+            return session.run(None, {"x": rows})
+
+        decode[form] = scale * _median_s(one_row, decode_runs, before=buffer.max)
+        prefill[form] = scale * _median_s(many_rows, prefill_runs) / LLM_PROBE_PREFILL_ROWS
+        del session
+    return LlmCosts(decode, prefill)
+
+
+def probe_rates(threads: int = 0, budget_s: float = 1.0, seed: int = 0,
+                llm: bool = True) -> MachineRates:
+    """Measure :class:`MachineRates` on the CPU provider (about ``budget_s`` of timing plus
+    building the graphs, and with ``llm`` :func:`probe_llm`; 32 MiB of int8 weights and an
+    eviction buffer of :func:`evict_bytes` held while it runs).
+
+    Args:
+        threads: intra-op threads, as the engine's sessions get them (0: onnxruntime's
+            choice; the engine's ``--threads``).
+        budget_s: timing budget split over the three rate measurements.
+        llm: also time the LLM forms (:func:`probe_llm`).
+
+    Raises:
+        ImportError: onnx is not installed (it builds the probe graphs).
+        RuntimeError: onnxruntime failed (its own error types derive from it).
+    """
+    started = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    m, k, n = PROBE_COMPUTE_SHAPE
+    k_stream, n_stream = PROBE_STREAM_SHAPE
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    row = rng.standard_normal((1, k_stream), dtype=np.float32)
+    each_s = budget_s / 3
+
+    def fastest(model: bytes, inputs: dict[str, np.ndarray],
+                before: Callable[[], Any] | None = None) -> float:
+        probe = _session(model, threads)  # released on return: one probe graph at a time
+        # each eviction reads 1.5x the last-level cache: a few runs, not the whole budget's
+        runs = 100 if before is None else EVICTED_RUNS
+        return _fastest_s(lambda: probe.run(None, inputs), each_s, runs, before=before)
+
+    fp32_s = fastest(_fp32_matmul_bytes(k, n, rng), {"x": x})
+    int8_s = fastest(_int8_matmul_bytes(k, n, rng), {"x": x})
+    evict = np.ones(evict_bytes(), dtype=np.uint8)
+    stream_s = fastest(_int8_matmul_bytes(k_stream, n_stream, rng), {"x": row},
+                       before=evict.max)
+    costs = probe_llm(threads, evict=evict) if llm else None
+    del evict
+    ops = 2.0 * m * k * n
+    return MachineRates(ops / fp32_s, ops / int8_s, k_stream * n_stream / stream_s, threads,
+                        time.perf_counter() - started, costs)
+
+
+# --- the LLM graphs of a preset on this machine ------------------------------------------------
+
+
+SEPARATE_PREFILL_GAIN = 1.5
+"""A preset prefills with another LLM graph than it decodes with only when that graph
+prefills at least this many times faster: the second graph holds its own 0.36 GB of weights,
+worth it where a sentence's prompt then starts decoding hundreds of milliseconds sooner."""
+
+
+@dataclass(frozen=True)
+class LlmPlan:
+    """The LLM graphs a preset runs on this machine.
+
+    Attributes:
+        decode: the graph that decodes (``EngineOptions.llm_graph``).
+        prefill: the graph that prefills prompts, or None: the decode graph
+            (``EngineOptions.llm_prefill_graph``).
+        reason: why, in a few words (the log line).
+    """
+
+    decode: LlmGraph
+    prefill: LlmGraph | None = None
+    reason: str = ""
+
+    @property
+    def prefill_graph(self) -> LlmGraph:
+        """The graph that prefills (``prefill``, else ``decode``)."""
+        return self.prefill or self.decode
+
+
+def choose_llm_graphs(preset: str, costs: LlmCosts | None) -> LlmPlan:
+    """The fastest decode graph among the preset's candidates
+    (:attr:`~.options.LlmPreset.decode_graphs`) and, when a lossless graph prefills at least
+    :data:`SEPARATE_PREFILL_GAIN` times faster than that one, that graph for prefills.
+    Without measured costs: the preset's default graph (:attr:`~.options.LlmPreset.graph`).
+
+    Raises:
+        KeyError: unknown preset.
+    """
+    stage = PRESET_STAGES[preset].llm
+    if costs is None:
+        return LlmPlan(stage.graph, None, "not measured: the preset's default")
+    candidates = [g for g in stage.decode_graphs if g in costs.decode_s]
+    if not candidates:
+        return LlmPlan(stage.graph, None, "its graphs were not measured: the preset's default")
+    decode = min(candidates, key=lambda g: costs.decode_s[g])
+    lossless = [g for g in LOSSLESS_LLM_GRAPHS if g in costs.prefill_s]
+    if decode not in costs.prefill_s or not lossless:
+        return LlmPlan(decode, None, f"{decode} decodes fastest")
+    prefill = min(lossless, key=lambda g: costs.prefill_s[g])
+    if prefill == decode:
+        return LlmPlan(decode, None, f"{decode} decodes and prefills fastest")
+    gain = costs.prefill_s[decode] / costs.prefill_s[prefill]
+    if gain >= SEPARATE_PREFILL_GAIN:
+        return LlmPlan(decode, prefill,
+                       f"{decode} decodes fastest; {prefill} prefills {gain:.1f}x faster")
+    return LlmPlan(decode, None,
+                   f"{decode} decodes fastest; {prefill} prefills only {gain:.1f}x faster")
+
+
+# --- the cost model ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """Work of one stage per second of audio of a streamed paragraph, and its efficiency.
+
+    Attributes:
+        fp32_gop: float32 operations, 1e9 per audio second.
+        int8_gop: int8 operations, 1e9 per audio second.
+        int8_gb: int8 weight bytes streamed, 1e9 per audio second.
+        efficiency: measured stage seconds / seconds at the probed rates, with two or more
+            intra-op threads (>= 1).
+        one_thread: factor on ``efficiency`` with one thread: the probe's large MatMuls
+            gain almost 2x from a second thread, the stages' smaller graph runs less, so
+            at one thread a stage is nearer to the probed rate.
+    """
+
+    fp32_gop: float
+    int8_gop: float
+    int8_gb: float
+    efficiency: float
+    one_thread: float = 1.0
+
+    def seconds_per_audio_s(self, rates: MachineRates) -> float:
+        """Predicted stage seconds per audio second: the larger of compute and weight
+        streaming at ``rates`` (the runs of one stage are all one or the other), times the
+        efficiency at ``rates.threads``."""
+        compute_s = 1e9 * (self.fp32_gop / rates.fp32_flops + self.int8_gop / rates.int8_ops)
+        stream_s = 1e9 * self.int8_gb / rates.int8_bytes
+        factor = self.efficiency * (self.one_thread if rates.thread_count() == 1 else 1.0)
+        return max(compute_s, stream_s) * factor
+
+
+@dataclass(frozen=True)
+class LlmWork:
+    """The LLM's work per second of audio of a streamed paragraph and its efficiency against
+    the probe's products (:class:`LlmCosts`).
+
+    Attributes:
+        tokens: decoded tokens per audio second (25: the speech token rate).
+        positions: prefilled positions per audio second (the pieces' prompts).
+        decode_efficiency, prefill_efficiency: measured stage seconds / the probe's product
+            seconds for the same work (attention, norms, sampling and the step's bookkeeping
+            on top of the products), two or more threads.
+        one_thread: factors on both with one thread.
+    """
+
+    tokens: float
+    positions: float
+    decode_efficiency: float
+    prefill_efficiency: float
+    one_thread: float = 1.0
+
+    def seconds_per_audio_s(self, rates: MachineRates, plan: LlmPlan) -> float:
+        """Predicted LLM seconds per audio second with ``plan``'s graphs (estimated from the
+        rates where the forms were not timed, :meth:`MachineRates.llm_costs`)."""
+        costs = rates.llm_costs()
+        factor = self.one_thread if rates.thread_count() == 1 else 1.0
+        decode = self.tokens * costs.decode_s[plan.decode] * self.decode_efficiency
+        prefill = (self.positions * costs.prefill_s[plan.prefill_graph]
+                   * self.prefill_efficiency)
+        return (decode + prefill) * factor
+
+
+# Work per audio second of the paragraph streamed as Home Assistant streams it (10 characters
+# every 50 ms), 5 s voice prompt, cross-lingual (no prompt speech tokens in the LLM's prompt):
+# the flow and vocoder operations are counted on the full-size graphs (bench/machine_table.py
+# `table`); the LLM decodes 25 tokens and prefills about 5.5 positions (the pieces' text) per
+# audio second. How the server cuts the text into pieces moves the flow's work by about +-8 %.
+# Efficiencies: measured stage seconds / seconds at the probed rates or products
+# (bench/machine_table.py `efficiencies`), BENCHMARKS.md "The preset that fits the machine".
+_LLM = LlmWork(tokens=25.0, positions=5.5, decode_efficiency=1.15, prefill_efficiency=2.0,
+               one_thread=0.9)
+_FLOW_INT8 = (1.64, 0.77)
+_FLOW_FP32 = (1.34, 0.93)
+_VOCODER = (1.90, 0.72)
+
+LLM_WORK: dict[str, LlmWork] = {name: _LLM for name in PRESET_ORDER}
+"""Preset -> the LLM's work per audio second (the same for every preset)."""
+STAGE_WORK: dict[str, dict[str, StageWork]] = {
+    "quality": {
+        "flow": StageWork(1195.0, 0.0, 0.0, *_FLOW_FP32),
+        "vocoder": StageWork(33.70, 0.0, 0.0, *_VOCODER),
+    },
+    "balanced": {
+        "flow": StageWork(18.88, 167.5, 0.4463, *_FLOW_INT8),
+        "vocoder": StageWork(33.70, 0.0, 0.0, *_VOCODER),
+    },
+    "fast": {
+        "flow": StageWork(4.011, 84.29, 0.3494, *_FLOW_INT8),
+        "vocoder": StageWork(33.70, 0.0, 0.0, *_VOCODER),
+    },
+}
+"""Preset -> the flow's and vocoder's :class:`StageWork` of the streamed benchmark paragraph
+on the full-size model: the vocoder runs 33.7 GFLOP per second of audio; the presets differ
+in the flow."""
+
+
+@dataclass(frozen=True)
+class PresetMemory:
+    """Measured resident memory of a preset on the full-size model, bytes.
+
+    Attributes:
+        steady_bytes: RSS after the measured requests, idle.
+        peak_bytes: VmHWM over loading and speaking the streamed paragraph (the figure that
+            must fit: a long answer reaches it again).
+    """
+
+    steady_bytes: float
+    peak_bytes: float
+
+
+PRESET_MEMORY: dict[str, PresetMemory] = {
+    # streamed paragraph, one LLM graph: steady 2.79 GB, peak 6.95 GB (the chunk-causal
+    # history of the longest piece, 3.6 MB per mel frame)
+    "quality": PresetMemory(2.79e9, 6.95e9),
+    "balanced": PresetMemory(1.45e9, 2.08e9),
+    "fast": PresetMemory(1.15e9, 1.61e9),
+}
+"""Preset -> measured memory (full-size synthetic model, 5 s voice prompt, one LLM graph)."""
+PREFILL_GRAPH_BYTES = 0.37e9
+"""Resident bytes a separate prefill graph adds (the int8 LLM's weights, prepacked)."""
+
+
+def preset_peak_bytes(preset: str, plan: LlmPlan | None = None) -> float:
+    """The preset's measured peak memory, plus a separate prefill graph's weights."""
+    extra = PREFILL_GRAPH_BYTES if plan is not None and plan.prefill is not None else 0.0
+    return PRESET_MEMORY[preset].peak_bytes + extra
+
+
+def predict_rtf(rates: MachineRates, preset: str, plan: LlmPlan | None = None) -> float:
+    """Predicted real-time factor (seconds of work per second of audio) of ``preset`` on a
+    streamed paragraph at ``rates``, with ``plan``'s LLM graphs (default
+    :func:`choose_llm_graphs` for ``rates``).
+
+    Raises:
+        KeyError: ``preset`` has no cost table.
+    """
+    plan = plan or choose_llm_graphs(preset, rates.llm)
+    stages = STAGE_WORK[preset]
+    return (LLM_WORK[preset].seconds_per_audio_s(rates, plan)
+            + sum(stage.seconds_per_audio_s(rates) for stage in stages.values()))
+
+
+@dataclass(frozen=True)
+class PresetChoice:
+    """What ``--preset auto`` chose and why.
+
+    Attributes:
+        preset: the chosen preset.
+        predicted_rtf: preset -> predicted RTF (empty when the probe failed).
+        rates: the probe's rates (None when it failed).
+        available_bytes: memory available to this process when it chose (None: unknown).
+        reason: why this preset, in a few words.
+        plan: the chosen preset's LLM graphs (None when the probe failed).
+    """
+
+    preset: str
+    predicted_rtf: dict[str, float] = field(default_factory=dict)
+    rates: MachineRates | None = None
+    available_bytes: float | None = None
+    reason: str = ""
+    plan: LlmPlan | None = None
+
+    @property
+    def keeps_up(self) -> bool:
+        """The prediction says the preset keeps up with playback with :data:`KEEPS_UP_RTF`'s
+        margin for its own error."""
+        rtf = self.predicted_rtf.get(self.preset)
+        return rtf is not None and rtf <= KEEPS_UP_RTF
+
+    def summary(self) -> str:
+        """The one line the server logs and the voice page shows."""
+        rtf = self.predicted_rtf.get(self.preset)
+        if rtf is None or self.rates is None:
+            return f"preset auto took `{self.preset}`: {self.reason}"
+        speed = 1.0 / rtf if rtf > 0 else math.inf
+        others = ", ".join(f"{name} {value:.2f}" for name, value in self.predicted_rtf.items()
+                           if name != self.preset)
+        if self.keeps_up:
+            outlook = "answers play without pauses"
+        elif rtf <= 1.0:
+            outlook = ("about as fast as playback: long answers may pause between sentences "
+                       "(the prediction errs by up to "
+                       f"{PREDICTION_ERROR:.0%})")
+        else:
+            outlook = "expect pauses between sentences on long answers"
+        memory = ("" if self.available_bytes is None
+                  else f", {self.available_bytes / 1e9:.1f} GB available")
+        llm = "" if self.plan is None else f"; LLM {self.plan.decode}" + (
+            f" (prefill {self.plan.prefill})" if self.plan.prefill else "")
+        return (f"preset auto took `{self.preset}`: this machine makes speech at about "
+                f"{speed:.2g}x playback speed with it (predicted RTF {rtf:.2f}; {others}; "
+                f"{self.rates.describe()}, {self.rates.threads or 'default'} threads"
+                f"{memory}{llm}); {outlook}")
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready form for the voice page."""
+        return {
+            "preset": self.preset,
+            "predicted_rtf": {k: round(v, 3) for k, v in self.predicted_rtf.items()},
+            "keeps_up": self.keeps_up,
+            "reason": self.reason,
+            "summary": self.summary(),
+        }
+
+
+def choose_preset(rates: MachineRates, available_bytes: float | None) -> PresetChoice:
+    """The most exact preset that keeps up with playback and fits in memory.
+
+    Args:
+        rates: this machine's rates (:func:`probe_rates`, with LLM costs).
+        available_bytes: memory this process may still use; None: not limited.
+
+    Returns:
+        The choice: the first of :data:`PRESET_ORDER` with predicted RTF <=
+        :data:`KEEPS_UP_RTF` whose peak memory fits; else :data:`FALLBACK_PRESET` when it
+        fits; else the cheapest preset that fits; else the one with the smallest peak. A
+        preset whose separate prefill graph does not fit runs with one LLM graph.
+    """
+
+    def plan_for(name: str) -> LlmPlan:
+        plan = choose_llm_graphs(name, rates.llm)
+        if (plan.prefill is not None and available_bytes is not None
+                and preset_peak_bytes(name, plan) > available_bytes):
+            return LlmPlan(plan.decode, None, "one LLM graph: a second does not fit in memory")
+        return plan
+
+    plans = {name: plan_for(name) for name in PRESET_ORDER}
+    predicted = {name: predict_rtf(rates, name, plans[name]) for name in PRESET_ORDER}
+
+    def fits(name: str) -> bool:
+        return available_bytes is None or preset_peak_bytes(name, plans[name]) <= available_bytes
+
+    def choice(name: str, reason: str) -> PresetChoice:
+        return PresetChoice(name, predicted, rates, available_bytes, reason, plans[name])
+
+    for name in PRESET_ORDER:
+        if predicted[name] <= KEEPS_UP_RTF and fits(name):
+            return choice(name, "the most exact preset that keeps up with playback (with the "
+                                "prediction's margin) and fits in memory")
+    if fits(FALLBACK_PRESET):
+        return choice(FALLBACK_PRESET, "no preset keeps up with playback with the "
+                                       "prediction's margin")
+    fitting = [name for name in reversed(PRESET_ORDER) if fits(name)]
+    if fitting:
+        return choice(fitting[0], "no preset keeps up with playback and "
+                                  f"`{FALLBACK_PRESET}` needs more memory")
+    smallest = min(PRESET_ORDER, key=lambda name: PRESET_MEMORY[name].peak_bytes)
+    return choice(smallest, "no preset fits in the available memory; the smallest one")

@@ -90,10 +90,10 @@ def test_the_probe_builds_what_the_derivation_builds() -> None:
 
 def test_the_llm_terms_use_the_plans_graphs() -> None:
     # by hand: 25 tokens x 19.4 ms x decode efficiency + 5.5 positions x 0.59 ms x prefill's
-    work = machine.LLM_WORK["balanced"]
+    work = machine.LlmWork(25.0, 5.5, decode_efficiency=1.2, prefill_efficiency=2.0,
+                           one_thread=0.9)
     plan = LlmPlan("fused-b8", "fused")
-    expected = (25 * 19.4e-3 * work.decode_efficiency + 5.5 * 0.59e-3 * work.prefill_efficiency)
-    assert work.tokens == 25 and work.positions == 5.5
+    expected = 25 * 19.4e-3 * 1.2 + 5.5 * 0.59e-3 * 2.0
     assert work.seconds_per_audio_s(AVX512, plan) == pytest.approx(expected, rel=1e-12)
     # the same machine decoding with fused instead: slower by exactly the products' ratio
     other = work.seconds_per_audio_s(AVX512, LlmPlan("fused", None))

@@ -21,7 +21,7 @@ paragraph: per stage its work per second of audio (:data:`STAGE_WORK`: LLM token
 prefilled positions; flow and vocoder operations counted on the full-size graphs) at the
 probed costs, times the stage's efficiency measured in full-size runs. :func:`choose_preset`
 takes the most exact preset that keeps up with playback with the prediction's error as margin
-(:data:`KEEPS_UP_RTF`).
+(:func:`keeps_up_rtf`).
 """
 
 from __future__ import annotations
@@ -50,11 +50,27 @@ FALLBACK_PRESET = "balanced"
 lossier preset that still pauses), or when the probe fails."""
 PREDICTION_ERROR = 0.15
 """Largest relative error of :func:`predict_rtf` against the benchmark's streamed paragraph
-accepted when the cost table is calibrated (BENCHMARKS.md "The preset that fits the machine":
-the check on every machine kind measured)."""
+for ``balanced`` and ``fast``, the presets near real time on the machines measured
+(BENCHMARKS.md "The preset that fits the machine": 0.89-1.10 of the measured RTF on two
+threads and on one)."""
+PREDICTION_ERRORS: dict[str, float] = {"quality": 0.35, "balanced": PREDICTION_ERROR,
+                                       "fast": PREDICTION_ERROR}
+"""Preset -> its prediction's largest relative error. ``quality``'s flow is fp32 compute
+throughout, so its prediction follows the probe's fp32 rate, which varied more between
+starts of the same machine than the stages did (0.83-1.33 of the measured RTF)."""
 KEEPS_UP_RTF = 1.0 / (1.0 + PREDICTION_ERROR)
-"""A preset keeps up with playback when its predicted RTF is at most this: even a prediction
-:data:`PREDICTION_ERROR` too low still leaves it at or below real time."""
+"""``balanced`` and ``fast`` keep up with playback when the predicted RTF is at most this: even
+a prediction :data:`PREDICTION_ERROR` too low still leaves it at or below real time."""
+
+
+def keeps_up_rtf(preset: str) -> float:
+    """The largest predicted RTF at which ``preset`` counts as keeping up with playback:
+    ``1 / (1 + PREDICTION_ERRORS[preset])``.
+
+    Raises:
+        KeyError: not a preset.
+    """
+    return 1.0 / (1.0 + PREDICTION_ERRORS[preset])
 
 
 # --- the probe --------------------------------------------------------------------------------
@@ -527,32 +543,33 @@ class LlmWork:
 # the text into pieces moves the flow's work by about +-8 % and the prefilled positions more.
 # Efficiencies: measured stage seconds / seconds at the probed rates or products
 # (bench/machine_table.py `efficiencies`), BENCHMARKS.md "The preset that fits the machine".
+# Each factor is the geometric mean of two calibration runs an hour apart (the same machine's
+# factors moved by up to 1.45x between them: the probe's rates vary more than the stages').
 # Per preset where the work differs (the flow's call mix, the LLM's decode graph); the
-# vocoder's graph is the same in every preset, so one factor (the geometric mean of the
-# three presets' runs: the probe's fp32 rate varied 190-251 GFLOP/s between them where the
-# vocoder's time did not). One thread: the geometric mean of the presets' factors.
-_LLM_ONE_THREAD = 0.88
-_INT8_FLOW_ONE_THREAD = 0.61
-_VOCODER = StageWork(33.70, 0.0, 0.0, 2.65, 0.82)
+# vocoder's graph is the same in every preset, so one factor over the three presets' runs.
+# One thread: the geometric mean of the presets' factors.
+_LLM_ONE_THREAD = 0.965
+_INT8_FLOW_ONE_THREAD = 0.68
+_VOCODER = StageWork(33.70, 0.0, 0.0, 2.40, 0.85)
 
 LLM_WORK: dict[str, LlmWork] = {
-    "quality": LlmWork(24.66, 5.83, 1.243, 4.498, _LLM_ONE_THREAD),
-    "balanced": LlmWork(24.80, 4.68, 1.242, 4.067, _LLM_ONE_THREAD),
-    "fast": LlmWork(24.90, 3.85, 1.089, 2.286, _LLM_ONE_THREAD),
+    "quality": LlmWork(24.66, 5.83, 1.079, 4.33, _LLM_ONE_THREAD),
+    "balanced": LlmWork(24.80, 4.68, 1.079, 3.51, _LLM_ONE_THREAD),
+    "fast": LlmWork(24.90, 3.85, 1.095, 2.38, _LLM_ONE_THREAD),
 }
 """Preset -> the LLM's work per audio second: tokens, prefilled positions (the pieces'
 prompts: shorter pieces on a slower machine prefill more), efficiencies."""
 STAGE_WORK: dict[str, dict[str, StageWork]] = {
     "quality": {
-        "flow": StageWork(1451.0, 0.0, 0.0, 2.036, 0.837),
+        "flow": StageWork(1451.0, 0.0, 0.0, 1.691, 0.98),
         "vocoder": _VOCODER,
     },
     "balanced": {
-        "flow": StageWork(19.13, 151.2, 0.4232, 2.972, _INT8_FLOW_ONE_THREAD),
+        "flow": StageWork(19.13, 151.2, 0.4232, 2.679, _INT8_FLOW_ONE_THREAD),
         "vocoder": _VOCODER,
     },
     "fast": {
-        "flow": StageWork(5.069, 78.27, 0.1978, 4.241, _INT8_FLOW_ONE_THREAD),
+        "flow": StageWork(5.069, 78.27, 0.1978, 3.464, _INT8_FLOW_ONE_THREAD),
         "vocoder": _VOCODER,
     },
 }
@@ -629,10 +646,10 @@ class PresetChoice:
 
     @property
     def keeps_up(self) -> bool:
-        """The prediction says the preset keeps up with playback with :data:`KEEPS_UP_RTF`'s
-        margin for its own error."""
+        """The prediction says the preset keeps up with playback with the margin for its own
+        error (:func:`keeps_up_rtf`)."""
         rtf = self.predicted_rtf.get(self.preset)
-        return rtf is not None and rtf <= KEEPS_UP_RTF
+        return rtf is not None and rtf <= keeps_up_rtf(self.preset)
 
     def summary(self) -> str:
         """The one line the server logs and the voice page shows."""
@@ -647,7 +664,7 @@ class PresetChoice:
         elif rtf <= 1.0:
             outlook = ("about as fast as playback: long answers may pause between sentences "
                        "(the prediction errs by up to "
-                       f"{PREDICTION_ERROR:.0%})")
+                       f"{PREDICTION_ERRORS[self.preset]:.0%})")
         else:
             outlook = "expect pauses between sentences on long answers"
         memory = ("" if self.available_bytes is None
@@ -679,7 +696,7 @@ def choose_preset(rates: MachineRates, available_bytes: float | None) -> PresetC
 
     Returns:
         The choice: the first of :data:`PRESET_ORDER` with predicted RTF <=
-        :data:`KEEPS_UP_RTF` whose peak memory fits; else :data:`FALLBACK_PRESET` when it
+        :func:`keeps_up_rtf` whose peak memory fits; else :data:`FALLBACK_PRESET` when it
         fits; else the cheapest preset that fits; else the one with the smallest peak. A
         preset whose separate prefill graph does not fit runs with one LLM graph.
     """
@@ -701,7 +718,7 @@ def choose_preset(rates: MachineRates, available_bytes: float | None) -> PresetC
         return PresetChoice(name, predicted, rates, available_bytes, reason, plans[name])
 
     for name in PRESET_ORDER:
-        if predicted[name] <= KEEPS_UP_RTF and fits(name):
+        if predicted[name] <= keeps_up_rtf(name) and fits(name):
             return choice(name, "the most exact preset that keeps up with playback (with the "
                                 "prediction's margin) and fits in memory")
     if fits(FALLBACK_PRESET):

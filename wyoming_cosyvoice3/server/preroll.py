@@ -249,15 +249,16 @@ class ProductionHistory:
         self.pieces = 0
         self.seeded = False
 
-    def seed_prediction(self, predicted_rtf: float) -> None:
+    def seed_prediction(self, predicted_rtf: float, error: float = PREDICTION_ERROR) -> None:
         """Start from ``--preset auto``'s predicted real-time factor, as a production rate
-        ``1 / (RTF x (1 + PREDICTION_ERROR))``: the prediction may be that much too low, so a
+        ``1 / (RTF x (1 + error))`` (``error``: the preset's
+        :data:`~..engine.machine.PREDICTION_ERRORS`): the prediction may be that much too low, so a
         preset predicted just faster than playback still gets bounded pieces and held first
         pieces. It counts as :data:`SEED_WORK_S` of work until the first response is measured,
         which replaces it (a prediction is not a measurement); within the first answer a
         measured piece outweighs it (:meth:`PieceGate.rate`). Nothing for RTF <= 0."""
         if predicted_rtf > 0:
-            rate = 1.0 / (predicted_rtf * (1.0 + PREDICTION_ERROR))
+            rate = 1.0 / (predicted_rtf * (1.0 + error))
             self.audio_s, self.work_s, self.seeded = rate * SEED_WORK_S, SEED_WORK_S, True
 
     def rate(self) -> float | None:

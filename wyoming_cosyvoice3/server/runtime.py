@@ -44,7 +44,7 @@ from ..engine.errors import (
     SynthesisCancelled,
     VoiceNotFound,
 )
-from ..engine.machine import FALLBACK_PRESET, LlmPlan, PresetChoice
+from ..engine.machine import FALLBACK_PRESET, PREDICTION_ERRORS, LlmPlan, PresetChoice
 from ..engine.options import (
     AudioChunk,
     EngineOptions,
@@ -559,7 +559,7 @@ class ServerRuntime(SynthesisRunner):
             _LOGGER.info("%s", auto.summary())
             rtf = auto.predicted_rtf.get(auto.preset)
             if rtf:  # the piece gate's prior until a piece is measured (no request runs yet)
-                self.production.seed_prediction(rtf)
+                self.production.seed_prediction(rtf, PREDICTION_ERRORS[auto.preset])
         if explicit:
             return LlmPlan(self.settings.llm_graph, None, "--llm-graph")  # type: ignore[arg-type]
         plan = choice.plan

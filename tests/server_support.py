@@ -34,6 +34,7 @@ from wyoming_cosyvoice3.engine.options import (
     VoiceFeatures,
     VoicePrompt,
 )
+from wyoming_cosyvoice3.engine.text.pieces import PlannedPiece
 from wyoming_cosyvoice3.server.cli import RunningServer
 from wyoming_cosyvoice3.server.hooks import ServerHooks
 from wyoming_cosyvoice3.server.runtime import (
@@ -212,6 +213,11 @@ def ends_cleanly(response: Response, streaming: bool) -> bool:
 # --- engine wrappers ------------------------------------------------------------------------
 
 
+def whole_text_plan(text: str) -> list[PlannedPiece]:
+    """A stand-in engine's plan: the whole text as one piece (words stand in for tokens)."""
+    return [PlannedPiece(text, len(text.split()))]
+
+
 class SpyEngine:
     """Wraps a real engine: records every synthesize call and how it ended.
 
@@ -243,13 +249,21 @@ class SpyEngine:
         return self.inner.prepare_voice(clip_path, transcript, instruction, name)
 
     def release_voice_encoders(self) -> None:
-        getattr(self.inner, "release_voice_encoders", lambda: None)()
+        self.inner.release_voice_encoders()
 
     def close(self) -> None:
-        getattr(self.inner, "close", lambda: None)()
+        self.inner.close()
 
     def warm_up(self, voice: VoicePrompt, options: SynthesisOptions | None = None) -> None:
         self.warm_up_options = options
+
+    def text_token_count(self, text: str) -> int | None:
+        return None  # no piece bound: requests reach the inner engine with their own options
+
+    def plan_pieces(self, text: str, language_hint: str | None = None,
+                    max_piece_tokens: int | None = None,
+                    read_numbers: bool = True) -> list[PlannedPiece]:
+        return whole_text_plan(text)
 
     def synthesize(self, text: str, voice: VoicePrompt,
                    options: SynthesisOptions | None = None,
@@ -339,6 +353,25 @@ class FaultyEngine:
             prompt_mel=np.zeros((2 * frames, 80), dtype=np.float32),
         )
         return VoicePrompt(features, transcript, instruction, name)
+
+    def release_voice_encoders(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def warm_up(self, voice: VoicePrompt, options: SynthesisOptions | None = None) -> None:
+        """One short request, as the real engine's warm-up."""
+        for _ in self.synthesize("Hello.", voice, options):
+            pass
+
+    def text_token_count(self, text: str) -> int | None:
+        return None  # no piece bound
+
+    def plan_pieces(self, text: str, language_hint: str | None = None,
+                    max_piece_tokens: int | None = None,
+                    read_numbers: bool = True) -> list[PlannedPiece]:
+        return whole_text_plan(text)
 
     def synthesize(self, text: str, voice: VoicePrompt,
                    options: SynthesisOptions | None = None,

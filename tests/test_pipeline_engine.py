@@ -329,6 +329,32 @@ def test_language_hint_reads_a_sentence_without_cue(engine, voice, monkeypatch) 
 
 
 
+def test_planned_pieces_are_the_pieces_synthesis_speaks(engine, voice, monkeypatch) -> None:
+    """``plan_pieces`` (the server's planning call) gives the pieces ``synthesize`` cuts with
+    the same options, each with its text-token count, and synthesises nothing."""
+    text = "Kitchen, 21 °C. " + " ".join([LONG_TEXT + "."] * 2)
+    spoken: list[str] = []
+    build = engine.frontend.build_prompt
+
+    def recording(piece: str, voice_prompt: VoicePrompt) -> Any:
+        spoken.append(piece)
+        return build(piece, voice_prompt)
+
+    monkeypatch.setattr(engine.frontend, "build_prompt", recording)
+    options = SynthesisOptions(streaming=False, language_hint="en", max_piece_tokens=12)
+    plan = engine.plan_pieces(text, "en", 12, True)
+    assert not spoken
+    with fixed_decoding(engine, 0.05):
+        list(engine.synthesize(text, voice, options))
+    assert [piece.text for piece in plan] == spoken
+    assert len(spoken) >= 4 and spoken[0] == "Kitchen, twenty-one degrees Celsius."
+    assert [piece.text_tokens for piece in plan] == [
+        len(engine.frontend.encode_user(piece)) for piece in spoken]
+    # the count the server bounds pieces with is of the text as given, before normalisation
+    assert engine.text_token_count("21 °C") == len(engine.frontend.encode_user("21 °C"))
+    assert engine.plan_pieces("?!") == []
+
+
 def test_each_chunk_announces_the_audio_of_its_pieces_next_chunk(engine, voice) -> None:
     """``AudioChunk.next_chunk_s`` is the piece's next hop in seconds (hops 5, 10, 20 tokens
     at 25 tokens per second, halved again at speed 2), 0 on a piece's last chunk."""

@@ -16,6 +16,7 @@ import pytest
 from wyoming.audio import AudioChunk
 from wyoming.event import Event
 
+from wyoming_cosyvoice3.engine.text.pieces import PlannedPiece
 from wyoming_cosyvoice3.server.preroll import (
     LENGTH_MARGIN,
     PieceGate,
@@ -108,22 +109,23 @@ def test_very_short_pieces_do_not_move_the_length_ratio() -> None:
     assert history.ratio == pytest.approx(1.05) and history.spread == pytest.approx(0.1)
 
 
-class WordFrontend:
-    """A text front end whose tokens are words; sentences packed up to the bound."""
+class WordPlanner:
+    """The engine's planning calls with words as tokens; sentences packed up to the bound."""
 
-    def text_token_count(self, text: str) -> int:
+    def text_token_count(self, text: str) -> int | None:
         return len(text.split())
 
-    def split_pieces(self, text: str, language: str | None = None,
-                     max_tokens: int | None = None) -> list[str]:
-        limit = 80 if max_tokens is None else max_tokens
+    def plan_pieces(self, text: str, language_hint: str | None = None,
+                    max_piece_tokens: int | None = None,
+                    read_numbers: bool = True) -> list[PlannedPiece]:
+        limit = 80 if max_piece_tokens is None else max_piece_tokens
         pieces: list[str] = []
         for sentence in re.split(r"(?<=[.])\s+", text.strip()):
             if pieces and len((pieces[-1] + " " + sentence).split()) <= limit:
                 pieces[-1] += " " + sentence
             else:
                 pieces.append(sentence)
-        return pieces
+        return [PlannedPiece(piece, len(piece.split())) for piece in pieces]
 
 
 async def test_the_piece_bound_divides_by_the_measured_length_ratio() -> None:
@@ -138,7 +140,7 @@ async def test_the_piece_bound_divides_by_the_measured_length_ratio() -> None:
     history.add_response(5.0, 10.0)
     history.add_piece(4.0, 2.0)
     assert piece_limit_s(8.0, history.rate()) == pytest.approx(5.6)
-    runtime = SimpleNamespace(production=history, engine=SimpleNamespace(frontend=WordFrontend()))
+    runtime = SimpleNamespace(production=history, engine=WordPlanner())
     gate = SimpleNamespace(max_hold_s=8.0)
     max_tokens, expected = await plan_pieces(runtime, gate, text, None)  # type: ignore[arg-type]
     assert expected_speech_s(text) == pytest.approx(330 / 14)

@@ -38,7 +38,7 @@ from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
 from wyoming_cosyvoice3.engine.machine import PREDICTION_ERROR
 from wyoming_cosyvoice3.engine.options import AudioChunk as EngineChunk
 from wyoming_cosyvoice3.engine.options import EngineOptions, ShouldStop
-from wyoming_cosyvoice3.engine.text.pieces import split_first_clause
+from wyoming_cosyvoice3.engine.text.pieces import PlannedPiece, split_first_clause
 from wyoming_cosyvoice3.server.preroll import (
     ARRIVAL_MARGIN_S,
     FIRST_AUDIO_LIMIT_S,
@@ -631,26 +631,27 @@ def test_piece_limit_keeps_a_pieces_hold_within_the_bound(
         assert needed_hold_s(limit, rate or 0.5) == pytest.approx(0.7 * min(max_hold_s, 8.0))
 
 
-class WordFrontend:
-    """A text front end whose tokens are words; records the bound of every split."""
+class WordPlanner:
+    """The engine's planning calls with words as tokens; records the bound of every plan."""
 
     def __init__(self) -> None:
         self.bounds: list[int | None] = []
 
-    def text_token_count(self, text: str) -> int:
+    def text_token_count(self, text: str) -> int | None:
         return len(text.split())
 
-    def split_pieces(self, text: str, language: str | None = None,
-                     max_tokens: int | None = None, read_numbers: bool = True) -> list[str]:
-        self.bounds.append(max_tokens)
-        limit = 80 if max_tokens is None else max_tokens
+    def plan_pieces(self, text: str, language_hint: str | None = None,
+                    max_piece_tokens: int | None = None,
+                    read_numbers: bool = True) -> list[PlannedPiece]:
+        self.bounds.append(max_piece_tokens)
+        limit = 80 if max_piece_tokens is None else max_piece_tokens
         pieces: list[str] = []
         for sentence in re.split(r"(?<=[.])\s+", text.strip()):
             if pieces and len((pieces[-1] + " " + sentence).split()) <= limit:
                 pieces[-1] += " " + sentence
             else:
                 pieces.append(sentence)
-        return pieces
+        return [PlannedPiece(piece, len(piece.split())) for piece in pieces]
 
 
 def test_plan_bounds_pieces_by_the_texts_own_tokens_per_second() -> None:
@@ -658,36 +659,44 @@ def test_plan_bounds_pieces_by_the_texts_own_tokens_per_second() -> None:
     # each): 80 tokens per 330/14 s; 5.6 s of limit x 3.39 tokens/s = 19 tokens
     sentence = _sentence(8)
     text = " ".join([sentence] * 10)
-    frontend = WordFrontend()
+    planner = WordPlanner()
     limit_s = piece_limit_s(8.0, 0.5)
     assert limit_s is not None
-    max_tokens, expected = _plan_pieces(frontend, text, None, limit_s)
+    max_tokens, expected = _plan_pieces(planner, text, None, limit_s)
     tokens_per_s = 80 / expected_speech_s(text)
     assert max_tokens == int(limit_s * tokens_per_s) == 19
-    assert frontend.bounds == [19]
-    # the front end packs two sentences (16 tokens) per piece under the 19-token bound
+    assert planner.bounds == [19]
+    # the planner packs two sentences (16 tokens) per piece under the 19-token bound
     assert expected == [pytest.approx(expected_speech_s(f"{sentence} {sentence}"))] * 5
     # no bound: upstream's packing (80 tokens: all ten sentences in one piece)
-    max_tokens, expected = _plan_pieces(frontend, text, None, None)
+    max_tokens, expected = _plan_pieces(planner, text, None, None)
     assert max_tokens is None and expected == [pytest.approx(expected_speech_s(text))]
     # a text shorter than the limit is not bounded
-    assert _plan_pieces(frontend, sentence, None, limit_s)[0] is None
+    assert _plan_pieces(planner, sentence, None, limit_s)[0] is None
 
 
 def test_plan_bound_has_a_floor() -> None:
     text = " ".join([_sentence(8)] * 10)
-    max_tokens, _ = _plan_pieces(WordFrontend(), text, None, 0.1)
+    max_tokens, _ = _plan_pieces(WordPlanner(), text, None, 0.1)
     assert max_tokens == MIN_PIECE_TOKENS
 
 
 class RecordingPacedEngine(PiecePacedEngine):
-    """The paced engine with a word-token front end; records each request's piece bound."""
+    """The paced engine with word-token planning; records each request's piece bound."""
 
     def __init__(self, model_dir: Path, options: EngineOptions) -> None:
         super().__init__(model_dir, options)
-        self.frontend = WordFrontend()
+        self.planner = WordPlanner()
         self.max_piece_tokens: list[int] = []
         self.whole_middle_pieces: list[bool] = []
+
+    def text_token_count(self, text: str) -> int | None:
+        return self.planner.text_token_count(text)
+
+    def plan_pieces(self, text: str, language_hint: str | None = None,
+                    max_piece_tokens: int | None = None,
+                    read_numbers: bool = True) -> list[PlannedPiece]:
+        return self.planner.plan_pieces(text, language_hint, max_piece_tokens, read_numbers)
 
     def synthesize(self, text, voice, options=None, should_stop=None, result=None):  # type: ignore[no-untyped-def]
         assert options is not None
@@ -719,7 +728,7 @@ async def test_slow_server_asks_the_engine_for_sentence_pieces(
         assert rest and head == _sentence(8)
         # the first sentence fits the planned hold: its request is not bounded
         assert engine.max_piece_tokens[0] == 80 and engine.max_piece_tokens[-1] < 80
-        assert engine.frontend.bounds[-1] == engine.max_piece_tokens[-1]
+        assert engine.planner.bounds[-1] == engine.max_piece_tokens[-1]
         # pieces held until they play through: the middle ones are made in one chunk each
         assert engine.whole_middle_pieces == [False, True]
     else:

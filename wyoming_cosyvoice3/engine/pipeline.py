@@ -50,6 +50,7 @@ from .options import (
     VoicePrompt,
 )
 from .text.frontend import TextFrontend
+from .text.pieces import PlannedPiece
 from .vocoder.hift import HiftRunner, VocoderStream, may_defer
 from .voice.prepare import VoiceFeatureExtractor
 from .voice.worker import worker_for
@@ -259,6 +260,34 @@ class CosyVoice3Engine:
         for _ in self.synthesize(WARM_UP_TEXT, voice, warm):
             pass
         logger.debug("warm-up done in %.2f s", time.perf_counter() - started)
+
+    # -- text -------------------------------------------------------------------------------
+    def text_token_count(self, text: str) -> int:
+        """Number of LLM text tokens of ``text`` as user text, before normalisation
+        (:meth:`.text.frontend.TextFrontend.text_token_count`)."""
+        return self.frontend.text_token_count(text)
+
+    def plan_pieces(
+        self,
+        text: str,
+        language_hint: str | None = None,
+        max_piece_tokens: int | None = None,
+        read_numbers: bool = True,
+    ) -> list[PlannedPiece]:
+        """The pieces :meth:`synthesize` cuts ``text`` into with the same options
+        (``SynthesisOptions.language_hint``, ``max_piece_tokens``, ``read_numbers``), each
+        with its text-token count; nothing is synthesised.
+
+        Returns:
+            Pieces in order; ``[]`` when nothing is speakable
+            (:meth:`.text.frontend.TextFrontend.split_pieces`).
+
+        Raises:
+            TextError: ``text`` is not a ``str``.
+        """
+        frontend = self.frontend
+        pieces = frontend.split_pieces(text, language_hint, max_piece_tokens, read_numbers)
+        return [PlannedPiece(piece, frontend.text_token_count(piece)) for piece in pieces]
 
     # -- synthesis --------------------------------------------------------------------------
     def synthesize(

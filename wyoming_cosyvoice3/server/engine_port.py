@@ -18,16 +18,42 @@ from ..engine.options import (
     SynthesisResult,
     VoicePrompt,
 )
+from ..engine.text.pieces import PlannedPiece
 from .settings import Settings
 
 
-class Engine(Protocol):
-    """What the server needs from :class:`wyoming_cosyvoice3.engine.CosyVoice3Engine`."""
+class PiecePlanner(Protocol):
+    """The engine's planning calls: how it will cut a text, without synthesising it."""
+
+    def text_token_count(self, text: str) -> int | None:
+        """LLM text tokens of ``text`` before normalisation; None when the engine does not
+        count tokens (a test stand-in): the server then does not bound its pieces."""
+
+    def plan_pieces(
+        self, text: str, language_hint: str | None = None,
+        max_piece_tokens: int | None = None, read_numbers: bool = True,
+    ) -> list[PlannedPiece]:
+        """The pieces ``synthesize`` would cut ``text`` into with these options."""
+
+
+class Engine(PiecePlanner, Protocol):
+    """What the server needs from :class:`wyoming_cosyvoice3.engine.CosyVoice3Engine`: every
+    engine call the server makes is named here, so no call escapes the type checker
+    (``tests/test_engine_port.py`` checks the real engine against this list)."""
 
     def prepare_voice(
         self, clip_path: Path, transcript: str | None = None, instruction: str | None = None,
         name: str = "voice",
     ) -> VoicePrompt: ...
+
+    def release_voice_encoders(self) -> None:
+        """Free the voice encoders (after the start-up voices are prepared)."""
+
+    def warm_up(self, voice: VoicePrompt, options: SynthesisOptions | None = None) -> None:
+        """One short synthesis with the requests' options before the server is ready."""
+
+    def close(self) -> None:
+        """Stop the engine's helpers (its voice encoder process) at shutdown."""
 
     def synthesize(
         self, text: str, voice: VoicePrompt, options: SynthesisOptions = ...,

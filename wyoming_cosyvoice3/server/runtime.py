@@ -513,9 +513,8 @@ class ServerRuntime(SynthesisRunner):
             engine = self._built_engine = self._engine_factory(model_dir, options)
             self.phase = "preparing voices"
             self._prepare_voices(engine, model_dir)
-            release = getattr(engine, "release_voice_encoders", None)
-            if callable(release):  # the voice encoder process exits before the warm-up
-                release()
+            # the voice encoder process exits before the warm-up
+            engine.release_voice_encoders()
             if not any(slot.installed for slot in self.voices.values()):
                 _LOGGER.error("No voice could be prepared; synthesis requests will fail")
             if self.settings.warm_up:
@@ -610,14 +609,9 @@ class ServerRuntime(SynthesisRunner):
         voice = self.default_voice_slot()
         if voice is None or voice.prompt is None:
             return
-        warm_up = getattr(engine, "warm_up", None)
         started = time.monotonic()
-        try:
-            if callable(warm_up):  # with the preset: its graphs and Euler schedule get warm
-                warm_up(voice.prompt, self.synthesis_options())
-            else:
-                for _ in engine.synthesize("Hello.", voice.prompt, self.synthesis_options()):
-                    pass
+        try:  # with the preset: its graphs and Euler schedule get warm
+            engine.warm_up(voice.prompt, self.synthesis_options())
         except CosyVoiceError as err:
             _LOGGER.warning("Warm-up failed (requests will still be tried): %s", err)
             return
@@ -673,9 +667,8 @@ class ServerRuntime(SynthesisRunner):
         encoder process (a voice preparation in flight fails)."""
         self.stopping.set()
         self.executor.shutdown(wait=False, cancel_futures=True)
-        close = getattr(self._built_engine, "close", None)
-        if callable(close):
-            close()
+        if self._built_engine is not None:
+            self._built_engine.close()
 
 
 __all__ = [

@@ -33,6 +33,7 @@ from ..engine.options import AudioChunk
 from ..engine.text.markdown import markdown_to_speech
 from ..engine.text.normalize import language_cues, winner
 from ..engine.text.pieces import split_first_clause
+from .engine_port import PiecePlanner
 from .preroll import (
     FIRST_PIECE_MAX_S,
     FIRST_PIECE_MIN_S,
@@ -215,23 +216,26 @@ tokenizer): on a very slow machine a shorter piece would not shorten the pause b
 much and would leave single words for the LLM to speak alone."""
 
 
-def _plan_pieces(frontend: object, text: str, language_hint: str | None,
+def _plan_pieces(engine: PiecePlanner, text: str, language_hint: str | None,
                  limit_s: float | None, read_numbers: bool = True,
                  ) -> tuple[int | None, list[float]]:
     """The piece bound in text tokens for ``limit_s`` seconds of speech (None: no bound) and
-    the expected seconds of each piece the engine will cut with it (worker thread)."""
-    split = getattr(frontend, "split_pieces", None)
-    count = getattr(frontend, "text_token_count", None)
-    if not callable(split):
-        return None, [expected_speech_s(text)]
+    the expected seconds of each piece the engine will cut with it (worker thread).
+
+    The bound is this text's own tokens per second of expected speech times ``limit_s``,
+    between :data:`MIN_PIECE_TOKENS` and upstream's ``DEFAULT_MAX_PIECE_TOKENS``; a text
+    shorter than ``limit_s``, or an engine that counts no tokens, is not bounded.
+    """
     max_tokens: int | None = None
     speech_s = expected_speech_s(text)
-    if limit_s is not None and callable(count) and speech_s > limit_s:
-        tokens_per_s = count(text) / speech_s
-        max_tokens = min(max(int(limit_s * tokens_per_s), MIN_PIECE_TOKENS),
-                         DEFAULT_MAX_PIECE_TOKENS)
-    pieces = split(text, language_hint, max_tokens, read_numbers)
-    return max_tokens, [expected_speech_s(str(piece)) for piece in pieces] or [0.0]
+    if limit_s is not None and speech_s > limit_s:
+        tokens = engine.text_token_count(text)
+        if tokens is not None:
+            tokens_per_s = tokens / speech_s
+            max_tokens = min(max(int(limit_s * tokens_per_s), MIN_PIECE_TOKENS),
+                             DEFAULT_MAX_PIECE_TOKENS)
+    pieces = engine.plan_pieces(text, language_hint, max_tokens, read_numbers)
+    return max_tokens, [expected_speech_s(piece.text) for piece in pieces] or [0.0]
 
 
 async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
@@ -245,18 +249,20 @@ async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
     each instead of upstream's 80-token packs, so the pauses fall between sentences.
 
     Returns:
-        ``(max_piece_tokens or None, expected seconds of speech of each piece)``: the real
-        engine's text front end (``engine.frontend``: normalised pieces, as the engine cuts
-        them), in a worker thread (about 1 ms per 100 characters); else no bound and the
-        whole text as one piece (test stand-ins). ``[0.0]`` when nothing is speakable.
+        ``(max_piece_tokens or None, expected seconds of speech of each piece)``: the pieces
+        of the engine's own plan (``Engine.plan_pieces``: normalised, as the engine cuts
+        them), made in a worker thread (about 1 ms per 100 characters). ``[0.0]`` when
+        nothing is speakable.
     """
     history = runtime.production
     limit_s = piece_limit_s(gate.max_hold_s, history.rate())
     if limit_s is not None:  # in seconds of expected_speech_s, as the pieces are measured
         limit_s /= history.length_ratio()
-    frontend = getattr(runtime.engine, "frontend", None)
+    engine = runtime.engine
+    if engine is None:  # not loaded: the request fails when it asks for synthesis
+        return None, [expected_speech_s(text)]
     try:
-        return await asyncio.to_thread(_plan_pieces, frontend, text, language_hint, limit_s,
+        return await asyncio.to_thread(_plan_pieces, engine, text, language_hint, limit_s,
                                        read_numbers)
     except CosyVoiceError:  # the engine reports it itself
         return None, [expected_speech_s(text)]

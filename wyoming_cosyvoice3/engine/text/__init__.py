@@ -7,7 +7,7 @@
   lang_eu.py (de, fr, es, it, ru templates); forms.py holds the patterns they share and
   units_en.py the English unit names.
 * pieces.py: normalised text cut into pieces of about 60-80 tokens; a response's short first
-  piece (:func:`split_first_clause`).
+  piece (:func:`split_first_clause`); :class:`PlannedPiece`, a piece with its token count.
 * script.py: writing systems (:func:`dominant_script`).
 * :func:`markdown_to_speech` / :class:`MarkdownSpeech` (markdown.py):
   markdown as conversation agents write it turned into plain sentences, whole or streamed;
@@ -21,12 +21,13 @@ Imports the top engine modules (constants, errors, options) and no other stage.
 from .frontend import TextFrontend
 from .markdown import MarkdownSpeech, markdown_to_speech
 from .normalize import is_english, language_cues, normalize_text, reading_language
-from .pieces import is_speakable, split_first_clause
+from .pieces import PlannedPiece, is_speakable, split_first_clause
 from .script import dominant_script
 from .tokenizer_load import read_tokenizer
 
 __all__ = [
     "MarkdownSpeech",
+    "PlannedPiece",
     "TextFrontend",
     "dominant_script",
     "is_english",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .script import char_script
 
@@ -24,6 +25,19 @@ TokenCounter = Callable[[str], int]
 """Number of LLM text tokens of a string."""
 HardCutter = Callable[[str, int], list[str]]
 """Cuts a string into consecutive parts of at most the given number of tokens."""
+
+
+@dataclass(frozen=True)
+class PlannedPiece:
+    """One piece of a text as the engine will speak it (``CosyVoice3Engine.plan_pieces``).
+
+    Attributes:
+        text: the normalised piece, as :func:`split_text` returns it.
+        text_tokens: its number of LLM text tokens (as user text).
+    """
+
+    text: str
+    text_tokens: int
 
 SENTENCE_MARKS = frozenset("。？！；：、….?!;:।؟۔")
 """Sentence ends: upstream's zh and en sets, plus the ellipsis, danda and Arabic marks."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from wyoming_cosyvoice3.engine.text.frontend import split_first_clause
+from wyoming_cosyvoice3.engine.text.pieces import split_first_clause
 
 
 def _words_s(text: str) -> float:

@@ -55,9 +55,10 @@ for ``balanced`` and ``fast``, the presets near real time on the machines measur
 threads and on one)."""
 PREDICTION_ERRORS: dict[str, float] = {"quality": 0.35, "balanced": PREDICTION_ERROR,
                                        "fast": PREDICTION_ERROR}
-"""Preset -> its prediction's largest relative error. ``quality``'s flow is fp32 compute
-throughout, so its prediction follows the probe's fp32 rate, which varied more between
-starts of the same machine than the stages did (0.83-1.33 of the measured RTF)."""
+"""Preset -> how far the measured RTF may exceed the prediction. ``quality``'s flow is fp32
+compute throughout, so its prediction follows the probe's fp32 rate, which varied more between
+starts of the same machine than the stage did (predictions 0.83-1.51 of the measured RTF: the
+measured RTF was at most 1.2x the prediction; a prediction too high only costs the choice)."""
 KEEPS_UP_RTF = 1.0 / (1.0 + PREDICTION_ERROR)
 """``balanced`` and ``fast`` keep up with playback when the predicted RTF is at most this: even
 a prediction :data:`PREDICTION_ERROR` too low still leaves it at or below real time."""

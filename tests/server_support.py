@@ -479,3 +479,13 @@ def loaded_engine_options(settings: Settings, model_dir: Path,
     finally:
         runtime.shutdown()
     return loaded
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand (``now_s``), for the piece gate's timing."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s

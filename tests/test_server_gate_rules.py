@@ -13,6 +13,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from server_support import FakeClock
 from wyoming.audio import AudioChunk
 from wyoming.event import Event
 
@@ -27,14 +28,6 @@ from wyoming_cosyvoice3.server.preroll import (
 from wyoming_cosyvoice3.server.speech import plan_pieces
 
 RATE_HZ = 24000
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 def _chunk(duration_s: float) -> list[Event]:

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_support import (
     READ_TIMEOUT_S,
+    FakeClock,
     FaultyEngine,
     audio_arrivals,
     client,
@@ -57,14 +58,6 @@ from wyoming_cosyvoice3.server.speech import MIN_PIECE_TOKENS, _plan_pieces
 
 MakeClip = Callable[..., Path]
 RATE_HZ = 24000
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 def _chunk_event(duration_s: float) -> Event:

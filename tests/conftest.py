@@ -92,3 +92,14 @@ def make_clip() -> MakeClip:
         )
 
     return _make
+
+
+TOOLING_PREFIXES = ("test_bench_", "test_synthetic_")
+"""Test files of the benchmark and the synthetic builder (marker ``tooling``, pyproject.toml)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests of bench/ and synthetic/ ``tooling`` by their file name."""
+    for item in items:
+        if item.path.name.startswith(TOOLING_PREFIXES):
+            item.add_marker(pytest.mark.tooling)

@@ -13,9 +13,9 @@ high-water mark is hit (measured over 1000 requests: +60 MiB over the first 50, 
 irregular points, +22..27 MiB over the next 300 to 900 requests, flattening out), so "flat"
 is judged from request 100 on with a 48 MiB tolerance, or where a busier machine reached a
 higher mark late, by the last 150 requests growing at most half of it: a native leak of 160 kB
-per request (about one request's audio kept) exceeds both. The server's own Python objects are checked
-far more tightly by :func:`test_server_objects_do_not_pile_up` (tracemalloc, 64 KiB over 300
-requests, about 200 bytes per request).
+per request (about one request's audio kept) exceeds both. The server's own Python objects
+are checked far more tightly by :func:`test_server_objects_do_not_pile_up` (tracemalloc, 64 KiB
+over 300 requests, about 200 bytes per request).
 
 Sized for CI (about 1-3 minutes on 2 cores); the figures are printed as one ``SOAK`` line.
 """
@@ -235,8 +235,9 @@ async def test_soak(tiny_model_dir: Path, tiny_engine_cache: Path, tmp_path: Pat
     print(f"SOAK requests={REQUESTS} clients={CLIENTS} completed={tally.done} "
           f"hang_ups={tally.hang_ups} errors={len(tally.errors)} bad={len(tally.bad)} "
           f"rss_start={rss_start / mib:.1f}MiB rss_warm={rss_warm / mib:.1f}MiB "
-          f"rss_mid={rss_mid / mib:.1f}MiB rss_end={rss_end / mib:.1f}MiB fds_start={fds_start} fds_warm={fds_warm} "
-          f"fds_end={fds_end} describes={len(tally.describe_s)} "
+          f"rss_mid={rss_mid / mib:.1f}MiB rss_end={rss_end / mib:.1f}MiB "
+          f"fds_start={fds_start} fds_warm={fds_warm} fds_end={fds_end} "
+          f"describes={len(tally.describe_s)} "
           f"median_describe={sorted(tally.describe_s)[len(tally.describe_s) // 2]:.3f}s "
           f"max_describe={max(tally.describe_s):.3f}s duration={time.monotonic() - started:.0f}s")
     assert tally.done + tally.hang_ups == REQUESTS

@@ -5,7 +5,7 @@ duration: the initialisation of C extension modules on first import (``onnx`` wi
 ``ml_dtypes``, ``onnxruntime``, ``soundfile``...) and the parse of tokenizer.json by the Rust
 ``tokenizers`` library when done in one call (about 1 s of CPU on an x86 core for the 11 MB
 file; no GIL release in ``Tokenizer.from_file``). Done in the loader thread while the server
-listened, they held up ``describe`` answers for 1.7 s each on the tiny model (issue 14), and
+listened, they held up ``describe`` answers for 1.7 s each on the tiny model, and
 for up to 7 s on a loaded 2-core machine; Home Assistant waits 1 s. Done here, before
 listening, they only lengthen the start.
 

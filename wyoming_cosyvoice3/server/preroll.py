@@ -1,4 +1,4 @@
-"""Piece-aligned pauses: hold each piece's audio until the piece can play through (issue 26).
+"""Piece-aligned pauses: hold each piece's audio until the piece can play through.
 
 Home Assistant's satellites start playing at the first ``audio-chunk`` and play 1 s of audio
 per second. When the server produces audio more slowly than that, playback must pause
@@ -69,7 +69,7 @@ CJK_CHARS_PER_S = 4.0
 one character each), on the slow side for the same reason."""
 FIRST_AUDIO_LIMIT_S = 2.45
 """Latest first audio after a response began (request or first streamed text), seconds,
-unless the first chunk itself comes later: issue 26's target of 2.5 s for a 60-character
+unless the first chunk itself comes later: the listening target of 2.5 s for a 60-character
 sentence (the Voice PE satellite gives up at about 5 s without audio, shared spec
 ``wyoming.md``), less the 10-20 ms a chunk takes to reach a client on the same host or LAN.
 A lower limit releases a short first piece before its second chunk exists and puts a pause

@@ -3,13 +3,12 @@
 Preparing a new voice loads campplus.onnx and speech_tokenizer_v3.onnx (0.97 GB of fp32
 weights in the published model), runs them on both cores and drops them again. In the server's
 process this competed with the asyncio loop that answers ``describe`` (1.1 s once, at the end
-of a full-size voice preparation on a loaded 2-core machine; issue 14). Measured with
-onnxruntime 1.32 and full-size synthetic encoders (/tmp probe, a thread waking every 2 ms):
-session creation and runs release the interpreter lock (GIL); the longest holds were dropping
-the sessions (38 ms) and the fbank (15 ms), so the stall was most likely CPU and memory
-pressure, not the GIL. In a child process none of it shares the server's interpreter or heap,
-the child runs at a lower CPU priority (:data:`NICE_INCREMENT`), and the encoders' memory
-goes back to the system when it exits.
+of a full-size voice preparation on a loaded 2-core machine). Session creation and runs
+release the interpreter lock (GIL); the longest holds are dropping the sessions and the fbank
+(tens of milliseconds), so the stall is CPU and memory pressure more than the GIL. In a child
+process none of it shares the server's interpreter or heap, the child runs at a lower CPU
+priority (:data:`NICE_INCREMENT`), and the encoders' memory goes back to the system when it
+exits.
 
 The child is ``python -c <bootstrap> PACKAGE_ROOT`` running :func:`main`. Its stdin and stdout
 carry :class:`multiprocessing.connection.Connection` frames (pickled objects between this

@@ -11,8 +11,8 @@ graph: median / p10 / p90 ms per decode step (``LlmDecoder.step``: embedding + g
 prefill ms, graph nodes, and (``--rss``) the steady RSS of a fresh process that loaded the
 model with that graph and decoded 20 tokens.
 
-Run: ``python -m bench.llm_decode --model-dir /work/models-full
---cache-dir /tmp/llm-cache --tokens 120 --rss``.
+Run: ``python -m bench.llm_decode --model-dir MODEL_DIR --cache-dir CACHE --tokens 120
+--rss`` (MODEL_DIR: the full-size synthetic model; CACHE: where the derived graphs go).
 """
 
 from __future__ import annotations

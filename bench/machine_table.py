@@ -35,7 +35,7 @@ next to its measured streamed-paragraph RTF.
 ::
 
     python -m bench.machine_table table --shapes SHAPES_OUT \\
-        --efficiency FULL_OUT --model-dir /work/models-full
+        --efficiency FULL_OUT --model-dir MODEL_DIR
     python -m bench.machine_table check OUT
 """
 

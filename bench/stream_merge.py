@@ -1,10 +1,10 @@
 """LLM work of the benchmark paragraph streamed as Home Assistant streams it: per sentence
-against merged sentences (issue 12 item 3).
+against merged sentences (one engine request for a stream where that is cheaper).
 
 ``python -m bench.stream_merge --model-dir DIR`` cuts the paragraph into
 10-character deltas, finds the sentences as the server does
 (:class:`~wyoming_cosyvoice3.server.streaming_text.SentenceBuffer`), and counts for one engine
-request per sentence (the server until now) and for the server's merging (the first sentence
+request per sentence (the server without merging) and for the server's merging (the first sentence
 alone, the sentences queued while it is spoken joined up to
 :data:`~wyoming_cosyvoice3.server.streams.MERGE_BUDGET_S`): engine requests, text pieces (each
 one LLM prefill and one first hop) and prefilled positions per piece after the cached voice

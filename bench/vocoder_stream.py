@@ -16,8 +16,8 @@ directory by default) and reused from there. Per utterance length it prints a ma
   median over ``--rounds`` rounds after one untimed run of each; the two runs of a round
   alternate their order (one call first in even rounds);
 * **streamed / one call**: the median of the per-round ratios (paired: both runs of a round
-  saw the same machine) and the ratio of the medians. Issue 26's target: at most 1.10;
-* **max abs diff**: largest |streamed - one call| of the samples (full scale 1; issue 26:
+  saw the same machine) and the ratio of the medians. The target: at most 1.10;
+* **max abs diff**: largest |streamed - one call| of the samples (full scale 1; the target:
   at most 1e-4, the bound the derivation validates,
   :data:`~wyoming_cosyvoice3.engine.derive.vocoder.hift_stream.MAX_ABS`).
 
@@ -351,7 +351,7 @@ def product_table(cost: ProductCost) -> list[str]:
         f"| streamed per flow chunk | {STREAM_TAG} | {cost.streamed_calls} | "
         f"{cost.streamed_frames_run} | {cpu(cost.streamed_cpu_s)} |",
         "",
-        "| streamed against one call | value | issue 26 target |",
+        "| streamed against one call | value | target |",
         "|---|---|---|",
         f"| CPU ratio, median of per-round ratios | {cost.paired_ratio:.3f} (rounds "
         f"{min(ratios):.3f}-{max(ratios):.3f}) | <= 1.10 |",

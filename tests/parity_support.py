@@ -11,7 +11,7 @@ widths) passes unchanged.
 Which set (:func:`parity_root`), first match wins:
 
 1. ``COSYVOICE3_PARITY_DIR=<path>``: that set, explicitly (e.g. a second set generated with
-   other seeds: ``COSYVOICE3_PARITY_DIR=/work/parity-alt python -m pytest -q -k parity``);
+   other seeds: ``COSYVOICE3_PARITY_DIR=ALT_DIR python -m pytest -q -k parity``);
    a missing explicit set fails.
 2. ``<repo root>/../shared/parity`` when that directory exists (the full set);
 3. ``tests/fixtures/parity`` (the compact set committed with the repository).

@@ -14,8 +14,8 @@ synthetic builder (``build_synthetic_model(DIR, size="tiny", seed=SEED)``); the 
 
 Environment (a separate venv, so the project's own environment stays as it is; Python 3.11)::
 
-    python3.11 -m venv /work/venv-parity
-    V=/work/venv-parity/bin
+    python3.11 -m venv VENV      # VENV: any directory outside the repository
+    V=VENV/bin
     $V/pip install torch==2.13.0          # the CPU wheel on this machine's disk; a plain
                                           # `pip install torch` pulls a multi-GB CUDA build
     $V/pip install "setuptools>=77.0.3,<81" wheel   # openai-whisper's sdist needs pkg_resources
@@ -24,7 +24,7 @@ Environment (a separate venv, so the project's own environment stays as it is; P
     # cannot load beside the CPU torch. Only torchaudio's pure-Python parts are used here
     # (transforms.Resample, compliance.kaldi.fbank), and torchaudio runs without its extension
     # when the shared libraries are absent, so delete them:
-    rm /work/venv-parity/lib/python3.11/site-packages/torchaudio/lib/*.so
+    rm VENV/lib/python3.11/site-packages/torchaudio/lib/*.so
     $V/pip install transformers==4.51.3 "huggingface-hub>=0.30,<1" "tokenizers>=0.21,<0.22" \\
         x-transformers==2.11.24 omegaconf==2.3.0 librosa==0.10.2 conformer==0.3.2 \\
         diffusers==0.29.0 lightning==2.2.4 hydra-core==1.3.2 rich==13.7.1 inflect==7.3.1 \\
@@ -44,11 +44,11 @@ commit ``git ls-tree ace7c47 third_party/Matcha-TTS`` names, into ``third_party/
 Commands (from the repository root; each takes a few minutes on 2 CPU cores)::
 
     # the compact set committed at tests/fixtures/parity
-    /work/venv-parity/bin/python tools/parity/make_fixtures.py --upstream /path/to/CosyVoice \\
+    $V/python tools/parity/make_fixtures.py --upstream /path/to/CosyVoice \\
         --out tests/fixtures/parity
     # a second set for checking that the tests do not depend on one set's numbers
-    /work/venv-parity/bin/python tools/parity/make_fixtures.py --upstream /path/to/CosyVoice \\
-        --out /work/parity-alt --seed 1 --prompt-a 60 --prompt-b 43 --dit-dim 96 --dit-heads 3
+    $V/python tools/parity/make_fixtures.py --upstream /path/to/CosyVoice \\
+        --out ALT_DIR --seed 1 --prompt-a 60 --prompt-b 43 --dit-dim 96 --dit-heads 3
 
 Weights: random, with the adjustments that make every code path run (the same kinds as the
 set in ``../shared/parity``): Qwen2 initialiser std ``--llm-init-std``, ``llm_decoder`` weight

@@ -32,8 +32,8 @@ LONG_FIRST = (
     "around twenty degrees, clouds will move in during the afternoon and light rain follows "
     "in the evening and at night. Have a nice day."
 )
-"""An answer that opens with a 200-character sentence (issue 26: its first audio must come
-within about 5 s, when Home Assistant's Voice PE satellite gives up)."""
+"""An answer that opens with a 200-character sentence (its first audio must come within
+about 5 s, when Home Assistant's Voice PE satellite gives up)."""
 STAND_IN_TRANSCRIPT = (
     "This is a short recording of my voice, used as a prompt for speech synthesis."
 )

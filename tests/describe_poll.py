@@ -3,7 +3,7 @@ connection each time), and record how long every answer took.
 
 Used by tests/test_server_describe_latency.py, and as a script for the full-size model:
 
-    python tests/describe_poll.py --model-dir /work/models-full --data-dir /tmp/poll-data \
+    python tests/describe_poll.py --model-dir MODEL_DIR --data-dir DATA_DIR \
         [--add-voice CLIP]
 
 starts ``python -m wyoming_cosyvoice3`` on a free port, polls through the whole start (model

@@ -1,4 +1,4 @@
-"""The benchmark's minimum counts what the engine runs (issue 34): the streamed vocoder,
+"""The benchmark's minimum counts what the engine runs: the streamed vocoder,
 counted call by call on a real streamed run (the graph with its flags fixed, its states as
 the run passed them), does hift.onnx's work per frame (counted directly on hift.onnx) plus a
 small fixed part per call, and an utterance's calls add up to one hift.onnx call over the same

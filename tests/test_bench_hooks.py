@@ -35,7 +35,7 @@ def test_no_observer_by_default() -> None:
     assert EngineOptions().observer is None
     assert EngineObserver().fixed_speech_tokens("Hello there.") is None
     assert graphs._run_observer is None
-    # the decoding length is no option of the product (issue 25: benchmark knobs leave it)
+    # the decoding length is no option of the product: benchmark knobs stay out of it
     names = {f.name for f in fields(SynthesisOptions)} | {f.name for f in fields(EngineOptions)}
     assert not any("tokens_per_char" in name or name.startswith("fixed") for name in names)
 

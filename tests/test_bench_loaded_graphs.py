@@ -1,4 +1,4 @@
-"""Every graph the engine loads has an operation count (issue 34): a benchmark minimum that
+"""Every graph the engine loads has an operation count: a benchmark minimum that
 leaves out a graph (as it left out the streamed vocoder) is not a minimum.
 
 Each configuration is a real engine load of the tiny synthetic model with a cache directory

@@ -1,4 +1,4 @@
-"""Each stage's measured seconds against its minimum at the measured rates (issue 34):
+"""Each stage's measured seconds against its minimum at the measured rates:
 LLM prefill, LLM decoding, flow, vocoder, in the run figures, the medians and the markdown."""
 
 from __future__ import annotations

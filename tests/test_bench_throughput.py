@@ -1,4 +1,4 @@
-"""The weight-streaming rate is a memory rate (issue 34): before each timed one-row run a
+"""The weight-streaming rate is a memory rate: before each timed one-row run a
 buffer twice the last-level cache is read in every thread; the size rule, the order of
 eviction and run, and that measure() uses them."""
 

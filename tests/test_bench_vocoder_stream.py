@@ -1,6 +1,6 @@
 """bench/vocoder_stream.py on the tiny-dit synthetic model: the product's streamed vocoder
 (stream3, loaded by the engine's loaders) runs each mel frame once per flow chunk and matches
-one call of the one-call form (phase2) within issue 26's 1e-4; the tables carry their rows;
+one call of the one-call form (phase2) within 1e-4; the tables carry their rows;
 the windowed fallback mode still counts its calls and re-run frames."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from bench import vocoder_stream
 
 MAX_ABS = 1e-4
-"""Issue 26: streamed within 1e-4 max abs of one call over the same frames."""
+"""Streamed within 1e-4 max abs of one call over the same frames."""
 
 
 def test_product_streamed_against_one_call(

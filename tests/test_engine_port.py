@@ -1,4 +1,4 @@
-"""The server reaches the engine only through the calls ``server/engine_port.py`` names (issue 36).
+"""The server reaches the engine only through the calls ``server/engine_port.py`` names.
 
 Every engine call the server makes is a method of the ``Engine`` protocol, so the type checker
 sees it, test stand-ins must implement it, and the real engine is checked against it here; no

@@ -1,5 +1,5 @@
 """The rewrite of HiFT's phase path (engine/derive/vocoder/hift_exact.py) on inputs where each
-of its parts changes the numbers (issue 37).
+of its parts changes the numbers, so that a mistake in any part fails a test.
 
 On the tiny and parity vocoders the Resize reads 480 equal samples per frame (f0 is upsampled
 by repetition before it), and their MatMul's weight is a constant that onnxruntime packs (one

@@ -59,7 +59,7 @@ def test_each_kind_decodes_with_its_fastest_graph_and_prefills_fast() -> None:
 
 
 def test_fast_never_decodes_or_prefills_slower_than_balanced() -> None:
-    # issue 34 item 5, on both kinds and on a CPU where 4-bit weights decode slowest
+    # on both machine kinds and on a CPU where 4-bit weights decode slowest
     slow_q4 = LlmCosts({"fused": 20e-3, "fused-b8": 25e-3, "fused-q4": 30e-3},
                        {"fused": 1e-3, "fused-b8": 3e-3, "fused-q4": 5e-3})
     for costs in (AVX512.llm, AVX2.llm, slow_q4):

@@ -255,9 +255,9 @@ def test_last_piece_without_tokens_ends_with_empty_last_chunk(engine, voice, mon
 
 
 def test_unpunctuated_10k_text_is_bounded_pieces(engine, voice, monkeypatch) -> None:
-    """Issue 12 item 5: 10,000 characters without punctuation become pieces of at most
-    80 + 20 text tokens, each decoded and vocoded on its own (upstream split_paragraph
-    token_max_n 80, merge_len 20), never one huge piece."""
+    """One-shot text bounded like upstream: 10,000 characters without punctuation become
+    pieces of at most 80 + 20 text tokens, each decoded and vocoded on its own (upstream
+    split_paragraph token_max_n 80, merge_len 20), never one huge piece."""
     rec = Recorder(engine, monkeypatch)
     words = ("kitchen", "light", "door", "garden", "window", "morning", "twenty", "locked")
     text = " ".join(words[i % len(words)] for i in range(1700))[:10_000]
@@ -282,7 +282,7 @@ def test_unpunctuated_10k_text_is_bounded_pieces(engine, voice, monkeypatch) -> 
 
 
 def test_vocoder_defer_is_exact_and_runs_fewer_frames(engine, voice, monkeypatch) -> None:
-    """Issue 12 item 2: while the audio already emitted lasts, the vocoder skips flow chunks;
+    """While the audio already emitted lasts, the vocoder skips flow chunks;
     the exact vocoder's samples are unchanged and it runs fewer mel frames. The audio in hand
     is set to 60 s after the first chunk (a shared test machine does not run the tiny model
     faster than real time reliably)."""

@@ -1,6 +1,6 @@
-"""Every test the documents name as backing a claim exists (issue 16): a renamed or deleted test
+"""Every test the documents name as backing a claim exists: a renamed or deleted test
 must not leave a claim pointing at nothing. The README is for Home Assistant users and names few
-tests; DEVELOPMENT.md lists which tests back the README's statements (issue 25, item 6)."""
+tests; DEVELOPMENT.md lists which tests back the README's statements."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The default preset's derived graphs end to end through the server (issues 16, 11, 25).
+"""The default preset's derived graphs end to end through the server.
 
 The tiny model has the published graphs' structure: at start the server derives the fused
 LLM, the int8 streaming DiT and the streamed and phase-carrying vocoder into

@@ -1,7 +1,8 @@
 """``describe`` is answered within 1 s at every moment: polled every 100 ms through a whole
 start of the real program (listening, model load, voice preparation incl. a user voice,
-warm-up), a voice added through the voice page and a synthesis (issue 14: 1.7 s stalls while
-the model loaded; 1.1 s while the full-size model prepared a voice in the server's process)."""
+warm-up), a voice added through the voice page and a synthesis (Home Assistant waits 1 s;
+there were 1.7 s stalls while the model loaded and 1.1 s while the full-size model prepared a
+voice in the server's process)."""
 
 from __future__ import annotations
 

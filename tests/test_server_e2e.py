@@ -142,7 +142,7 @@ _MARKDOWN_REPLY = ("**Sure!** Here are the lights:\n- Kitchen: *on*\n- Living ro
 
 
 async def test_markdown_reply_streamed_over_tcp(shared: Shared) -> None:
-    """Issue 17: an agent's markdown in small deltas reaches the engine as plain sentences."""
+    """An agent's markdown in small deltas reaches the engine as plain sentences."""
     calls_before = len(shared.spy.texts)
     async with client(shared.server) as cl:
         voice = SynthesizeVoice("en-male")

@@ -1,4 +1,4 @@
-"""Faults the server survives (issue 6, item 3): a client hanging up at every stage of a
+"""Faults the server survives: a client hanging up at every stage of a
 request, an exception inside one synthesis, SIGTERM with requests in flight and queued (a real
 subprocess), and a second start over a half-written voice-feature cache."""
 

@@ -1,4 +1,4 @@
-"""The piece gate's measurements and bounds one rule at a time, on a fake clock (issue 37):
+"""The piece gate's measurements and bounds one rule at a time, on a fake clock:
 the hold bound counts from when the player runs dry, the runtime's history weighs at most
 ``PRIOR_WEIGHT_S`` of work against this response, very short pieces do not move the length
 ratio, and the piece bound converts the measured length ratio the right way round.

@@ -1,4 +1,4 @@
-"""Hostile or broken input never harms the server (issue 6, item 2), on the real engine with
+"""Hostile or broken input never harms the server, on the real engine with
 the tiny synthetic model: wrong types in every field of every event, control characters and
 NUL, unpaired surrogates, 10,000 characters without punctuation, special-token text, broken
 reference clips and corrupted model files."""

@@ -1,4 +1,4 @@
-"""Every resource limit of the server (issue 6, item 1): each is a setting, each exceeded one is
+"""Every resource limit of the server: each is a setting, each exceeded one is
 a coded ``error``, and the server keeps serving. Runs on the fast fault-injecting engine
 (``FaultyEngine``): the limits are the server's, not the model's."""
 

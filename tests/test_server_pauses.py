@@ -1,4 +1,4 @@
-"""Piece-aligned pauses (issue 26): the piece gate with a fake clock, the first-piece clause
+"""Piece-aligned pauses: the piece gate with a fake clock, the first-piece clause
 split, and the real server over TCP with a slowed multi-piece engine.
 
 The fake production: each piece starts after ``overhead_s`` (LLM prefill, first hop), then

@@ -1,5 +1,5 @@
-"""Adaptive pre-roll through the real server and a Wyoming client over TCP (issue 12 item 4;
-since issue 26 the first piece's hold of the piece gate, :mod:`~wyoming_cosyvoice3.server.preroll`).
+"""Adaptive pre-roll through the real server and a Wyoming client over TCP (the first piece's
+hold of the piece gate, :mod:`~wyoming_cosyvoice3.server.preroll`).
 
 A paced stand-in engine makes 0.2 s of audio every 0.3 s (production rate r = 2/3 of real
 time) and exactly as much audio as the server expects for the text (42 letters at 14 per

@@ -148,7 +148,7 @@ HELP_GROUPS = {
     "voice page": ["--http-port", "--http-host", "--http-allow-from"],
     "logging": ["--debug", "--log-format"],
 }
-"""The sections of ``--help`` (issue 25: model and files, speech, server and limits, voice
+"""The sections of ``--help`` (model and files, speech, server and limits, voice
 page, logging) and the flags each must list, written out here, not read from the code."""
 
 

@@ -1,5 +1,5 @@
-"""Streamed sentences queued behind a running one are spoken as one engine request (issue 12
-item 3), through the real server and a Wyoming client over TCP."""
+"""Streamed sentences queued behind a running one are spoken as one engine request,
+through the real server and a Wyoming client over TCP."""
 
 from __future__ import annotations
 

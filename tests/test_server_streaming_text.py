@@ -99,7 +99,7 @@ def test_chunking_never_changes_the_sentences(text: str, cuts: list[int]) -> Non
     assert "".join(spoken.split()) == "".join(text.split())
 
 
-# --- a stream request: markdown pass, then sentences (issue 17) ----------------------------------
+# --- a stream request: markdown pass, then sentences -------------------------------------------
 def _stream_request() -> StreamRequest:
     request = parse_request({}, 10_000, 0.0, with_text=False)
     return StreamRequest(request=request, buffer=SentenceBuffer(), max_chars=10_000)

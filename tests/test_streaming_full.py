@@ -1,4 +1,4 @@
-"""One DiT graph for chunk-causal streaming and full attention (issue 11, memory).
+"""One DiT graph for chunk-causal streaming and full attention (one graph's memory, not two).
 
 With a ``flow_chunk_causal`` ``EngineOptions.preset`` the engine opens the derived streaming
 DiT at start and runs the full-attention passes (final chunks, one-shot requests) through it, so the
@@ -109,7 +109,7 @@ def test_one_graph_gives_the_two_graph_mel_and_the_same_mel_the_same_audio(
     The audio of the two is not compared: the vocoder's harmonic source sums f0 over every
     sample (480 per frame), so a last-bit difference in the mel moves the phase by an amount
     that grows with time. On AVX-512 CPUs (Zen 4, Xeon with AMX) the one-shot audio differs by
-    up to 1.1e-3 from 1.5 s on (issue 37): rounding, not a property of the graphs.
+    up to 1.1e-3 from 1.5 s on: rounding, not a property of the graphs.
     The mel bound: the derivation accepts the one graph when its velocity is within
     FP32_TOL (1e-4) of the published graph's, relative to the velocity's scale; the Euler
     steps add dt x velocity (the dt sum to 1) after the CFG mix (1 + r) v - r v_uncond

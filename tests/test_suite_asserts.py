@@ -1,4 +1,4 @@
-"""The suite's own asserts can fail (issue 16): no ``assert a == b if c else d`` (it parses as
+"""The suite's own asserts can fail: no ``assert a == b if c else d`` (it parses as
 ``assert (a == b) if c else d``, so one branch is a constant truth value) and no assert whose
 condition is a constant or a literal (always true or always false).
 

@@ -1,4 +1,4 @@
-"""``split_first_clause`` never leaves a one-word tail (issue 37): when the longest head that
+"""``split_first_clause`` never leaves a one-word tail: when the longest head that
 fits would leave less than ``min_s`` of the sentence, it cuts earlier."""
 
 from __future__ import annotations

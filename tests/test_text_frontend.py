@@ -226,7 +226,7 @@ def test_c4_mixed_scripts_build_prompts(
         prompt = frontend.build_prompt(pieces[0], voice)
         assert prompt.mode == mode
         spoken = tokenizer.decode(prompt.tts_text_ids.tolist())
-        # the letters stay, the numbers are read in Chinese (issue 35)
+        # the letters stay, the numbers are read in Chinese, the text's own language
         for word in ("十六X十六", "AN IMAGE IS WORTH", "family", "people", "大家好", "还是"):
             if word.replace("十六", "16") in text:
                 assert word in spoken

@@ -1,4 +1,4 @@
-"""Numbers, times, dates, units and money read in each sentence's language (issue 35).
+"""Numbers, times, dates, units and money read in each sentence's language.
 
 TABLE holds 30 Home Assistant answers per language (the same 30 kinds in all nine: times,
 temperatures, percentages, ISO and local dates, durations, counts, money, ordinals, decimals

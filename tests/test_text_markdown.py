@@ -1,4 +1,4 @@
-"""Markdown as conversation agents write it, spoken sensibly: one-shot and streamed (issue 17).
+"""Markdown as conversation agents write it, spoken sensibly: one-shot and streamed.
 
 Every case of the table is converted once as a whole and again from seeded random deltas of
 1-7 characters (markers split across deltas: ``"**Su"`` + ``"re!**"``); the table holds the

@@ -216,7 +216,7 @@ def test_normalize_never_raises_and_leaves_no_control_characters(text: str) -> N
     assert "<|endofprompt|>" not in out
 
 
-# --- symbols per language (issue 17) ---------------------------------------------------------
+# --- symbols per language ------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

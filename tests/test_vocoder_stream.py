@@ -153,8 +153,9 @@ def test_fade_in_applied_to_first_20_ms() -> None:
 def test_streamed_equals_offline_with_tiny_hift(tiny_model_dir) -> None:
     """The synthetic hift.onnx has HiFT's structure: the held-back 8 frames cover its right
     context, so every streamed sample equals the one offline pass up to the rounding that
-    the call length changes in onnxruntime's kernels on the published f0 path (measured
-    1.1e-5; the derived forms remove it: test_hift_stream.py), within issue 26's 1e-4."""
+    the call length changes in onnxruntime's kernels on the published f0 path (1.1e-5;
+    the derived forms remove it: test_hift_stream.py), within the 1e-4 the derivation
+    validates."""
     from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
 
     runner = HiftRunner(Graph(tiny_model_dir / HIFT.file, HIFT, threads=1))
@@ -179,7 +180,7 @@ def test_streamed_equals_offline_with_tiny_hift(tiny_model_dir) -> None:
 
 
 def test_deferred_calls_equal_offline_and_run_fewer_frames() -> None:
-    """Issue 12 item 2: deferring pushes (decoupled vocoder calls) keeps the exact samples and
+    """Deferring pushes (decoupled vocoder calls) keeps the exact samples and
     runs fewer frames than a call per flow chunk."""
     from wyoming_cosyvoice3.engine.options import StageTimes
 

@@ -1,7 +1,7 @@
 """The voice encoder process (engine/voice/worker.py) on the tiny model: the same features as
 in this process, the same typed errors for bad clips, bounded jobs, idle exit, and a server
-whose own process never loads the voice encoders (issue 14: preparing a voice in the server's
-process held its interpreter lock and delayed ``describe``)."""
+whose own process never loads the voice encoders (preparing a voice in the server's process
+delayed ``describe``)."""
 
 from __future__ import annotations
 

@@ -72,7 +72,6 @@ LEVERS: dict[str, SynthesisOptions] = {
     "euler_steps=4": QUALITY.replace(euler_steps=4),
     "euler_steps=2": QUALITY.replace(euler_steps=2),
     "flow_precision=int8": QUALITY.replace(flow_precision="int8"),
-    "overlap_decoding": QUALITY.replace(overlap_decoding=True),
     "vocoder_window_frames=32": QUALITY.replace(vocoder_window_frames=32),
     "vocoder_window_frames=24": QUALITY.replace(vocoder_window_frames=24),
     "vocoder_window_frames=16": QUALITY.replace(vocoder_window_frames=16),
@@ -97,7 +96,6 @@ ABLATIONS: dict[str, SynthesisOptions] = {
     "balanced, whole history in the flow": BALANCED.replace(flow_left_context_tokens=0),
     "balanced, first hop 25": BALANCED.replace(first_hop_tokens=25),
     "balanced, exact vocoder": BALANCED.replace(vocoder_window_frames=0),
-    "balanced + overlap_decoding": BALANCED.replace(overlap_decoding=True),
     # the streaming DiT has a free batch: Euler steps without CFG run at batch 1
     "balanced, CFG in the first 2 of 4 Euler steps": BALANCED.replace(cfg_steps=2),
     "balanced, CFG in the first Euler step only": BALANCED.replace(cfg_steps=1),

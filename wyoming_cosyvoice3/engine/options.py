@@ -86,8 +86,6 @@ class SynthesisOptions:
             model: one warning at start). Full attention runs the prompt and the history
             again in every chunk, so context that is cheap when cached is several times the
             work there; a lossy preset names smaller bounds for that case (:meth:`fallback`).
-        overlap_decoding: decode LLM tokens in a per-request producer thread while the flow
-            and vocoder work (same audio as sequential decoding for the same seed).
         vocoder_window_frames: when > 0, each vocoder call sees only this many already-emitted
             mel frames of left context (linear instead of quadratic cost; see :mod:`.vocoder`);
             0 = all mel of the utterance (spec-exact). With the phase-carrying vocoder
@@ -149,7 +147,6 @@ class SynthesisOptions:
     flow_prompt_tokens: int = 0
     fallback_prompt_tokens: int | None = None
     fallback_left_context_tokens: int | None = None
-    overlap_decoding: bool = False
     vocoder_window_frames: int = 0
     vocoder_defer: bool = True
     max_decode_tokens: int = 3000
@@ -242,7 +239,7 @@ class EngineOptions:
             (one per physical core).
         spin_wait: let idle onnxruntime worker threads spin before sleeping
             (``session.intra_op.allow_spinning``): lowest latency for one busy session, but
-            spinning threads steal the core from a concurrent session (overlapped decoding).
+            spinning threads steal the core from a concurrent session.
         providers: onnxruntime execution providers in order of preference; the CPU provider
             is always appended as the fallback.
         cache_dir: where derived files go. ``None``: a bare engine; the four forms below

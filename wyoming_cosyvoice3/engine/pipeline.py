@@ -1,7 +1,7 @@
 """The public engine: text + voice -> streamed 24 kHz audio (spec sections 4-7).
 
 The pipeline only wires the stages: text -> pieces and LLM prompts (:mod:`.text`) -> speech
-tokens (:func:`.llm.decoder.request_tokens`) -> per piece, the silent-run filter and a mel stream
+tokens (:func:`.llm.decoder.token_stream`) -> per piece, the silent-run filter and a mel stream
 (:class:`.flow.stream.MelStream`: chunk schedule, chunk-causal or full-attention flow) -> the
 speed resampler and the streaming vocoder (:mod:`.vocoder`) -> the samples that became final
 are yielded.
@@ -38,7 +38,7 @@ from .flow.stream import (
     flow_prompt_features,
 )
 from .graphs import return_freed_memory
-from .llm.decoder import LlmDecoder, SilentRunFilter, request_tokens
+from .llm.decoder import LlmDecoder, SilentRunFilter, token_stream
 from .model import CosyVoice3Model
 from .options import (
     AudioChunk,
@@ -383,28 +383,27 @@ class CosyVoice3Engine:
         flow_options = MelStreamOptions.of(req.options)
         middle_options = (dataclasses.replace(flow_options, streaming=False)
                           if req.options.whole_middle_pieces else flow_options)
-        with request_tokens(self.llm, prompts, fixed_tokens, req) as stream:
-            piece: PieceState | None = None
-            for index, token in stream:
-                if piece is None:
-                    middle = 0 < index < len(pieces) - 1
-                    mel = MelStream(self.chunked, flow_voice,
-                                    middle_options if middle else flow_options,
-                                    req.flow_noise, noise_skip_frames)
-                    piece = self._new_piece(index, req, mel)
-                    logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
-                if token is not None:
-                    samples = self._accept(piece, token, req)
-                    final = False
-                    next_s = piece.mel.hop_tokens / C.SPEECH_TOKEN_RATE_HZ / req.options.speed
-                else:  # end of the piece: flush every remaining token
-                    samples = self._flush(piece, req)
-                    final, piece, next_s = True, None, 0.0
-                if samples is not None:
-                    is_last = final and index == len(pieces) - 1
-                    chunk = self._chunk(samples, req, index, is_last, next_s, final)
-                    if chunk is not None:
-                        yield chunk
+        piece: PieceState | None = None
+        for index, token in token_stream(self.llm, prompts, fixed_tokens, req):
+            if piece is None:
+                middle = 0 < index < len(pieces) - 1
+                mel = MelStream(self.chunked, flow_voice,
+                                middle_options if middle else flow_options,
+                                req.flow_noise, noise_skip_frames)
+                piece = self._new_piece(index, req, mel)
+                logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
+            if token is not None:
+                samples = self._accept(piece, token, req)
+                final = False
+                next_s = piece.mel.hop_tokens / C.SPEECH_TOKEN_RATE_HZ / req.options.speed
+            else:  # end of the piece: flush every remaining token
+                samples = self._flush(piece, req)
+                final, piece, next_s = True, None, 0.0
+            if samples is not None:
+                is_last = final and index == len(pieces) - 1
+                chunk = self._chunk(samples, req, index, is_last, next_s, final)
+                if chunk is not None:
+                    yield chunk
         if req.chunks_out and not req.last_sent:
             # the last piece produced no audio: close the stream with an empty last chunk
             yield self._make_chunk(np.zeros(0, dtype=np.float32), req, len(pieces) - 1, True,

@@ -7,7 +7,7 @@ In one process, taking turns call by call on the same random inputs (batch 2, on
 all-ones mask):
 
 * ``split``: the published estimator as the engine loads it when ``EngineOptions.preset`` is
-  not ``flow_chunk_causal`` (:mod:`..engine.derive.flow.estimator_split`);
+  not ``flow.chunk_causal`` (:mod:`..engine.derive.flow.estimator_split`);
 * ``streaming``: the derived streaming DiT run with full attention
   (:class:`..engine.derive.flow.full_attention.FullAttentionDiT`), as ``quality`` now runs its
   final chunks and one-shot requests; its session uses onnxruntime's arena, shrunk after

@@ -32,8 +32,14 @@ from typing import Any
 import numpy as np
 
 from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine.flow.solver import FlowCall
 from wyoming_cosyvoice3.engine.flow.stream import GRID_TOKENS, prompt_noise
-from wyoming_cosyvoice3.engine.options import EngineOptions, SynthesisOptions, VoiceFeatures
+from wyoming_cosyvoice3.engine.options import (
+    EngineOptions,
+    EulerSchedule,
+    SynthesisOptions,
+    VoiceFeatures,
+)
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 
 from .recorder import FixedDecoding
@@ -57,12 +63,14 @@ def schedule(prompt_tokens: int, gen_tokens: int, max_hop: int = 100) -> list[tu
 def run(args: argparse.Namespace) -> dict[str, Any]:
     engine = CosyVoice3Engine.load(Path(args.model_dir),
                                    EngineOptions(cache_dir=Path(args.cache_dir),
-                                                 preset=SynthesisOptions(
-                                                     flow_precision=args.precision)))
+                                                 preset=SynthesisOptions().replace(
+                                                     flow={"precision": args.precision})))
     chunked = engine.chunked.get(args.precision)
     if chunked is None:
         raise SystemExit("the streaming estimator is not available for this model")
     rng = np.random.default_rng(0)
+    euler = EulerSchedule(args.steps, C.DEFAULT_CFG_RATE)
+    full_call = FlowCall(euler, args.precision)
     results: dict[str, Any] = {"steps": args.steps, "precision": args.precision, "runs": []}
     for prompt_s in args.prompt_s:
         p_tokens = round(prompt_s * C.SPEECH_TOKEN_RATE_HZ)
@@ -74,25 +82,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gen = rng.integers(0, C.SPEECH_TOKEN_VOCAB, args.gen_tokens).astype(np.int64)
         noise = prompt_noise(2 * (p_tokens + args.gen_tokens) + 100)
         started = time.perf_counter()
-        prompt = chunked.prompt_cache(voice, args.steps, C.DEFAULT_CFG_RATE, None)
+        prompt = chunked.prompt_cache(voice, euler)
         prompt_cache_s = time.perf_counter() - started
-        history = chunked.new_history(args.steps, C.DEFAULT_CFG_RATE, None)
+        history = chunked.new_history(euler)
         rows = []
         done = 0
         for n_tokens, final in schedule(p_tokens, args.gen_tokens):
             tokens = np.concatenate([voice.speech_tokens, gen[:n_tokens]])
             drop = 0 if final else C.TOKEN_MEL_RATIO * C.PRE_LOOKAHEAD_TOKENS
             t0 = time.perf_counter()
-            full = engine.flow.mel_for_tokens(tokens, voice, noise, args.steps,
-                                              C.DEFAULT_CFG_RATE, None, drop,
-                                              precision=args.precision)
+            full = engine.flow.mel_for_tokens(tokens, voice, noise, full_call, drop)
             full_s = time.perf_counter() - t0
             new_frames = full.shape[1] - done
             causal_s = None
             if not final:
                 t0 = time.perf_counter()
-                mel = chunked.chunk_mel(tokens, voice, noise, history, args.steps,
-                                        C.DEFAULT_CFG_RATE, None, drop)
+                mel = chunked.chunk_mel(tokens, voice, noise, history, FlowCall(euler),
+                                        drop)
                 causal_s = time.perf_counter() - t0
                 assert mel.shape[1] == new_frames
             rows.append({"tokens": n_tokens, "final": final, "new_frames": new_frames,
@@ -128,7 +134,7 @@ def first_audio(args: argparse.Namespace) -> dict[str, Any]:
         observer=FixedDecoding(TOKENS_PER_CHAR)))
     voice = engine.prepare_voice(Path(args.clip), name="bench")
     new = PRESETS["quality"]
-    old = new.replace(flow_chunk_causal=False, first_hop_on_chunk_grid=False)
+    old = new.replace(flow={"chunk_causal": False, "first_hop_on_chunk_grid": False})
     for _ in engine.synthesize("Hello.", voice, new):  # warm-up: derivation, prompt cache
         pass
     rows: dict[str, list[dict[str, float]]] = {"chunk_causal": [], "full_attention": []}

@@ -58,31 +58,41 @@ TOKENS_PER_CHAR = 25.0 / 15.0
 TRANSCRIPT = "This is the reference voice speaking for about five seconds."
 
 QUALITY = PRESETS["quality"]
+
+
+def lever(base: SynthesisOptions, vocoder_window_frames: int | None = None,
+          **flow: Any) -> SynthesisOptions:
+    """``base`` with fields of its flow record changed (``schedule`` by a mapping of its
+    fields), and the vocoder window when given."""
+    changed = base.replace(flow=flow)
+    if vocoder_window_frames is not None:
+        changed = changed.replace(vocoder_window_frames=vocoder_window_frames)
+    return changed
+
+
 LEVERS: dict[str, SynthesisOptions] = {
     "quality (spec-exact)": QUALITY,
-    "flow_chunk_causal=False (full attention in every chunk)": QUALITY.replace(
-        flow_chunk_causal=False, first_hop_on_chunk_grid=False),
-    "flow_final_chunk_causal": QUALITY.replace(flow_final_chunk_causal=True),
-    "first_hop_tokens=10": QUALITY.replace(first_hop_tokens=10),
-    "flow_left_context_tokens=50": QUALITY.replace(flow_left_context_tokens=50),
-    "flow_left_context_tokens=25": QUALITY.replace(flow_left_context_tokens=25),
-    "flow_prompt_tokens=50": QUALITY.replace(flow_prompt_tokens=50),
-    "flow_prompt_tokens=25": QUALITY.replace(flow_prompt_tokens=25),
-    "euler_steps=6": QUALITY.replace(euler_steps=6),
-    "euler_steps=4": QUALITY.replace(euler_steps=4),
-    "euler_steps=2": QUALITY.replace(euler_steps=2),
-    "flow_precision=int8": QUALITY.replace(flow_precision="int8"),
-    "overlap_decoding": QUALITY.replace(overlap_decoding=True),
-    "vocoder_window_frames=32": QUALITY.replace(vocoder_window_frames=32),
-    "vocoder_window_frames=24": QUALITY.replace(vocoder_window_frames=24),
-    "vocoder_window_frames=16": QUALITY.replace(vocoder_window_frames=16),
-    "cfg_steps=1 (batch fixed at 2)": QUALITY.replace(cfg_steps=1),
-    "flow_prompt_tokens=15": QUALITY.replace(flow_prompt_tokens=15),
-    "vocoder_window_frames=8": QUALITY.replace(vocoder_window_frames=8),
+    "flow_chunk_causal=False (full attention in every chunk)": lever(
+        QUALITY, chunk_causal=False, first_hop_on_chunk_grid=False),
+    "flow_final_chunk_causal": lever(QUALITY, final_chunk_causal=True),
+    "first_hop_tokens=10": lever(QUALITY, first_hop_tokens=10),
+    "flow_left_context_tokens=50": lever(QUALITY, left_context_tokens=50),
+    "flow_left_context_tokens=25": lever(QUALITY, left_context_tokens=25),
+    "flow_prompt_tokens=50": lever(QUALITY, prompt_tokens=50),
+    "flow_prompt_tokens=25": lever(QUALITY, prompt_tokens=25),
+    "euler_steps=6": lever(QUALITY, schedule={"steps": 6}),
+    "euler_steps=4": lever(QUALITY, schedule={"steps": 4}),
+    "euler_steps=2": lever(QUALITY, schedule={"steps": 2}),
+    "flow_precision=int8": lever(QUALITY, precision="int8"),
+    "vocoder_window_frames=32": lever(QUALITY, vocoder_window_frames=32),
+    "vocoder_window_frames=24": lever(QUALITY, vocoder_window_frames=24),
+    "vocoder_window_frames=16": lever(QUALITY, vocoder_window_frames=16),
+    "flow_prompt_tokens=15": lever(QUALITY, prompt_tokens=15),
+    "vocoder_window_frames=8": lever(QUALITY, vocoder_window_frames=8),
     "preset balanced": PRESETS["balanced"],
     "preset fast": PRESETS["fast"],
-    "fast, full attention in every chunk (before it was made chunk-causal)": PRESETS[
-        "fast"].replace(flow_chunk_causal=False, flow_final_chunk_causal=False),
+    "fast, full attention in every chunk (before it was made chunk-causal)": lever(
+        PRESETS["fast"], chunk_causal=False, final_chunk_causal=False),
 }
 """Each lever alone on top of the spec-exact preset (deviation is measured against it)."""
 
@@ -91,16 +101,12 @@ ABLATIONS: dict[str, SynthesisOptions] = {
     "preset quality": QUALITY,
     "preset balanced": BALANCED,
     "preset fast": PRESETS["fast"],
-    "balanced, fp32 DiT": BALANCED.replace(flow_precision="fp32"),
-    "balanced, 10 Euler steps": BALANCED.replace(euler_steps=10),
-    "balanced, whole prompt in the flow": BALANCED.replace(flow_prompt_tokens=0),
-    "balanced, whole history in the flow": BALANCED.replace(flow_left_context_tokens=0),
-    "balanced, first hop 25": BALANCED.replace(first_hop_tokens=25),
-    "balanced, exact vocoder": BALANCED.replace(vocoder_window_frames=0),
-    "balanced + overlap_decoding": BALANCED.replace(overlap_decoding=True),
-    # the streaming DiT has a free batch: Euler steps without CFG run at batch 1
-    "balanced, CFG in the first 2 of 4 Euler steps": BALANCED.replace(cfg_steps=2),
-    "balanced, CFG in the first Euler step only": BALANCED.replace(cfg_steps=1),
+    "balanced, fp32 DiT": lever(BALANCED, precision="fp32"),
+    "balanced, 10 Euler steps": lever(BALANCED, schedule={"steps": 10}),
+    "balanced, whole prompt in the flow": lever(BALANCED, prompt_tokens=0),
+    "balanced, whole history in the flow": lever(BALANCED, left_context_tokens=0),
+    "balanced, first hop 25": lever(BALANCED, first_hop_tokens=25),
+    "balanced, exact vocoder": lever(BALANCED, vocoder_window_frames=0),
 }
 """Timing: the default preset with one lever reverted (or added) at a time."""
 SETS = {"levers": LEVERS, "ablations": ABLATIONS}
@@ -170,7 +176,7 @@ def record_tokens(engine: CosyVoice3Engine, text: str, voice: VoicePrompt) -> li
 
     engine.llm.decode = decode  # type: ignore[method-assign]
     try:
-        opts = QUALITY.replace(euler_steps=1, max_request_s=7200.0)
+        opts = QUALITY.replace(flow={"schedule": {"steps": 1}}, max_request_s=7200.0)
         for _ in engine.synthesize(text, voice, opts):
             pass
     finally:

@@ -14,7 +14,9 @@ flag. The benchmark flags:
   :class:`.recorder.FixedDecoding`, installed through the engine's decoding-length hook).
 - ``--bench-synthesis-options FIELD=VALUE,...``: change fields of the preset's synthesis
   options (e.g. ``euler_steps=3,flow_chunk_causal=true``) to measure one lever through the
-  server; values are ``true``/``false``, ``none``, numbers or text.
+  server; values are ``true``/``false``, ``none``, numbers or text. A field is a request
+  option (``speed``), a stage record's field by its path (``flow.schedule.steps``) or by the
+  flat name it had before the stages owned their options (:data:`FLAT_NAMES`).
 - ``--bench-engine-options FIELD=VALUE,...``: change fields of the options the engine is
   loaded with (e.g. ``stream_vocoder=false``: the windowed vocoder the streamed one replaced),
   to measure an exact derived form apart; the same value spellings.
@@ -28,7 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence, Set
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,16 +49,56 @@ def positive_float(text: str) -> float:
     return value
 
 
+FLAT_NAMES: dict[str, str] = {
+    "euler_steps": "flow.schedule.steps",
+    "cfg_rate": "flow.schedule.cfg_rate",
+    "flow_precision": "flow.precision",
+    "flow_chunk_causal": "flow.chunk_causal",
+    "flow_final_chunk_causal": "flow.final_chunk_causal",
+    "flow_prompt_tokens": "flow.prompt_tokens",
+    "flow_left_context_tokens": "flow.left_context_tokens",
+    "fallback_prompt_tokens": "flow.fallback.prompt_tokens",
+    "fallback_left_context_tokens": "flow.fallback.left_context_tokens",
+    "first_hop_tokens": "flow.first_hop_tokens",
+    "first_hop_on_chunk_grid": "flow.first_hop_on_chunk_grid",
+    "max_hop_tokens": "flow.max_hop_tokens",
+    "whole_middle_pieces": "flow.whole_middle_pieces",
+    "vocoder_defer": "vocoder.defer",
+}
+"""The flat option names recorded benchmark command lines use -> the stage record paths."""
+
+
+def _record_paths(record: Any, prefix: str = "") -> set[str]:
+    """Every leaf field of a dataclass as a dotted path (records are walked into)."""
+    paths: set[str] = set()
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if is_dataclass(value):
+            paths |= _record_paths(value, f"{prefix}{f.name}.")
+        else:
+            paths.add(prefix + f.name)
+    return paths
+
+
 def synthesis_overrides(text: str) -> dict[str, Any]:
-    """``FIELD=VALUE,...`` -> {field: value} for :class:`SynthesisOptions` fields.
+    """``FIELD=VALUE,...`` -> the changes for :meth:`SynthesisOptions.replace`, a stage
+    record's fields as a nested mapping (``flow.schedule.steps=3`` ->
+    ``{"flow": {"schedule": {"steps": 3}}}``).
 
     Raises:
         ValueError: an item is not ``FIELD=VALUE``, names no synthesis option field, or the
             options refuse the value (:meth:`SynthesisOptions.validate`).
     """
-    pairs = _field_pairs(text, {f.name for f in fields(SynthesisOptions)}, "a synthesis")
-    SynthesisOptions().replace(**pairs).validate()
-    return pairs
+    known = _record_paths(SynthesisOptions()) | set(FLAT_NAMES)
+    changes: dict[str, Any] = {}
+    for name, value in _field_pairs(text, known, "a synthesis").items():
+        *records, leaf = FLAT_NAMES.get(name, name).split(".")
+        target = changes
+        for record in records:
+            target = target.setdefault(record, {})
+        target[leaf] = value
+    SynthesisOptions().replace(**changes).validate()
+    return changes
 
 
 def engine_overrides(text: str) -> dict[str, Any]:

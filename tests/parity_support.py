@@ -380,7 +380,7 @@ def parity_engine(parity: Parity, *, published_estimator: bool = False) -> Any:
     (fp32 LLM: the references are fp32 PyTorch; ``llm_int8.onnx`` has none), with
     :func:`derived_cache_dir` as ``cache_dir``.
 
-    Default: loaded as the server loads ``quality`` (``flow_chunk_causal``: the streaming DiT
+    Default: loaded as the server loads ``quality`` (``flow.chunk_causal``: the streaming DiT
     also serves the full-attention passes; the memory-mapped text table where the graph
     allows it). ``published_estimator``: full attention on the (split) published estimator,
     the chunk-causal flow derived on first use, so both paths meet upstream's references.
@@ -389,8 +389,9 @@ def parity_engine(parity: Parity, *, published_estimator: bool = False) -> Any:
     if key not in _ENGINES:
         from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
 
+        preset = SynthesisOptions().replace(flow={"chunk_causal": not published_estimator})
         options = EngineOptions(llm_precision="fp32", cache_dir=derived_cache_dir(parity),
-                                preset=SynthesisOptions(flow_chunk_causal=not published_estimator))
+                                preset=preset)
         _ENGINES[key] = CosyVoice3Engine.load(parity.model_dir, options)
     return _ENGINES[key]
 
@@ -405,17 +406,17 @@ def faded(reference: np.ndarray) -> np.ndarray:
 
 
 def quality_options(parity: Parity, **changes: Any) -> Any:
-    """The ``quality`` preset with the set's request seed, Euler steps and CFG rate.
+    """The ``quality`` preset with the set's request seed, Euler steps and CFG rate, then
+    ``changes`` (:meth:`SynthesisOptions.replace`).
 
-    ``vocoder_defer`` is off unless given: deferring follows the wall clock, so with it the
+    Vocoder deferral is off unless changed: deferring follows the wall clock, so with it the
     chunk bounds would depend on how fast the machine is (the audio does not)."""
     from wyoming_cosyvoice3.engine.options import PRESETS
 
-    changes.setdefault("vocoder_defer", False)
-    changes.setdefault("seed", parity.request_seed)
-    changes.setdefault("euler_steps", parity.euler_steps)
-    changes.setdefault("cfg_rate", parity.cfg_rate)
-    return PRESETS["quality"].replace(**changes)
+    base = PRESETS["quality"].replace(
+        seed=parity.request_seed, vocoder={"defer": False},
+        flow={"schedule": {"steps": parity.euler_steps, "cfg_rate": parity.cfg_rate}})
+    return base.replace(**changes)
 
 
 def flow_case_voice(flow_refs: Any, case: str) -> Any:

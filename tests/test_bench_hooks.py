@@ -89,7 +89,7 @@ def test_the_engine_is_loaded_for_the_preset_with_the_benchmark_observer(
     (options,) = loaded
     assert options.observer is hooks.observer
     assert options.observer is not None and options.observer.fixed_speech_tokens("ab") == 4
-    assert (options.preset.flow_precision, options.preset.flow_chunk_causal) == (
+    assert (options.preset.flow.precision, options.preset.flow.chunk_causal) == (
         precision, chunk_causal)
 
 
@@ -145,32 +145,35 @@ def test_bench_synthesis_options_change_the_preset(tmp_path: Path) -> None:
     from wyoming_cosyvoice3.engine.options import PRESETS
 
     balanced = PRESETS["balanced"]
-    assert (balanced.flow_chunk_causal, balanced.flow_left_context_tokens) == (True, 50)
+    assert (balanced.flow.chunk_causal, balanced.flow.left_context_tokens) == (True, 50)
     hooks, server_argv = serve.parse(
         ["--data-dir", str(tmp_path), "--preset", "balanced", "--bench-synthesis-options",
-         "flow_chunk_causal=false, flow_left_context_tokens=25,cfg_steps=none,speed=1.5"])
+         "flow_chunk_causal=false, flow_left_context_tokens=25,speed=1.5"])
     assert dict(hooks.synthesis_overrides) == {
-        "flow_chunk_causal": False, "flow_left_context_tokens": 25, "cfg_steps": None,
-        "speed": 1.5}
+        "flow": {"chunk_causal": False, "left_context_tokens": 25}, "speed": 1.5}
+    # a flat name of a recorded command line and the record path are the same field
     assert serve.synthesis_overrides("cfg_rate=0.5,language_hint=de") == {
-        "cfg_rate": 0.5, "language_hint": "de"}
+        "flow": {"schedule": {"cfg_rate": 0.5}}, "language_hint": "de"}
+    assert serve.synthesis_overrides("flow.schedule.cfg_rate=0.5,language_hint=de") == {
+        "flow": {"schedule": {"cfg_rate": 0.5}}, "language_hint": "de"}
     assert hooks.observer is None
     options = ServerRuntime(resolve_settings(server_argv, environ={}),
                             hooks=hooks).synthesis_options(seed=3)
-    assert options.flow_chunk_causal is False and options.flow_left_context_tokens == 25
-    assert options.euler_steps == balanced.euler_steps  # the rest is the preset's
+    assert options.flow.chunk_causal is False and options.flow.left_context_tokens == 25
+    assert options.flow.schedule == balanced.flow.schedule  # the rest is the preset's
     assert options.speed == 1.0  # --speed still decides the rate
     assert options.seed == 3
 
 
 @pytest.mark.parametrize("raw", ["no_such_field=1", "euler_steps", "euler_steps=0",
-                                 "flow_precision=int4"])
+                                 "flow_precision=int4", "flow.schedule=3", "cfg_steps=1"])
 def test_bad_bench_synthesis_options_are_refused(raw: str) -> None:
     with pytest.raises(SystemExit):
         serve.parse(["--data-dir", "/d", "--bench-synthesis-options", raw])
 
 
-@pytest.mark.parametrize("overrides", [{"no_such_field": 1}, {"euler_steps": 0}])
+@pytest.mark.parametrize("overrides", [{"no_such_field": 1}, {"euler_steps": 3},
+                                       {"flow": {"schedule": {"steps": 0}}}])
 def test_server_hooks_refuse_bad_overrides(overrides: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         ServerHooks(synthesis_overrides=overrides)

@@ -56,7 +56,8 @@ def _configs() -> dict[str, dict[str, Any]]:
                                "stream_vocoder": False}
     # full attention in every chunk: the split estimator (fp32), the whole graph in int8
     out["split-dit-fp32"] = {"preset": SynthesisOptions(), "llm_graph": "fused"}
-    out["int8-dit"] = {"preset": SynthesisOptions(flow_precision="int8"), "llm_graph": "fused",
+    out["int8-dit"] = {"preset": SynthesisOptions().replace(
+        flow={"precision": "int8"}), "llm_graph": "fused",
                        "split_estimator": False}
     return out
 

@@ -21,10 +21,10 @@ from decoding_support import FixedDecoding
 
 from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
-from wyoming_cosyvoice3.engine.flow.solver import EulerSchedule, cacheable_prompt_frames
+from wyoming_cosyvoice3.engine.flow.solver import cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import first_hop_tokens
 from wyoming_cosyvoice3.engine.graphs import ESTIMATOR, chunk_attention_bias
-from wyoming_cosyvoice3.engine.options import PRESETS
+from wyoming_cosyvoice3.engine.options import PRESETS, EulerSchedule
 
 
 def test_chunk_bias_is_upstreams_static_chunk_mask() -> None:
@@ -40,18 +40,18 @@ def test_chunk_bias_is_upstreams_static_chunk_mask() -> None:
 
 
 def test_first_hop_is_padded_to_the_25_token_grid() -> None:
-    quality = PRESETS["quality"]
+    quality = PRESETS["quality"].flow
     assert first_hop_tokens(quality, 50) == 25
     assert first_hop_tokens(quality, 37) == 38  # model.py prompt_token_pad = 13
     assert first_hop_tokens(quality, 125) == 25
     assert first_hop_tokens(quality, 126) == 49
-    balanced = PRESETS["balanced"]
+    balanced = PRESETS["balanced"].flow
     assert first_hop_tokens(balanced, 37) == balanced.first_hop_tokens
 
 
 def test_cache_geometry() -> None:
-    assert EulerSchedule(4, 0.7, 2).key == (1, 1, 0, 0)
-    assert EulerSchedule(3, 0.0, None).key == (0, 0, 0)
+    assert EulerSchedule(4, 0.7).key == (1, 1, 1, 1)
+    assert EulerSchedule(3, 0.0).key == (0, 0, 0)
     assert cacheable_prompt_frames(125) == 200  # 250 frames, the last 6 wait for new tokens
 
 
@@ -76,7 +76,8 @@ def test_quality_preset_falls_back_to_full_attention_with_one_warning(
     text = "The kitchen lights are on and the front door is locked."
     # vocoder deferral follows the wall clock (a slow run merges chunks); without it every
     # flow chunk gives one audio chunk
-    options = PRESETS["quality"].replace(euler_steps=2, vocoder_defer=False)
+    options = PRESETS["quality"].replace(flow={"schedule": {"steps": 2}},
+                                         vocoder={"defer": False})
     with caplog.at_level(logging.WARNING):
         engine.warm_up(voice, options)
         first = [c.samples for c in engine.synthesize(text, voice, options)]
@@ -86,7 +87,7 @@ def test_quality_preset_falls_back_to_full_attention_with_one_warning(
     assert engine.chunked.loaded() == {"fp32": False}
     assert len(first) >= 3  # padded first hop, then 50, then the final chunk
     plain = [c.samples for c in engine.synthesize(
-        text, voice, options.replace(flow_chunk_causal=False))]
+        text, voice, options.replace(flow={"chunk_causal": False}))]
     for a, b, c in zip(first, second, plain, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
@@ -107,8 +108,9 @@ def test_prompt_caches_in_memory_are_bounded() -> None:
                       np.zeros((20, 80), np.float32))
         for k in range(PROMPTS_IN_MEMORY + 1)
     ]
-    caches = [flow.prompt_cache(v, 2, 0.7, None) for v in voices]  # 10 tokens: nothing cached
+    two = EulerSchedule(2, 0.7)
+    caches = [flow.prompt_cache(v, two) for v in voices]  # 10 tokens: nothing cached
     assert all(c.frames == 0 and len(c.steps) == 2 for c in caches)
     assert len(flow._prompts) == PROMPTS_IN_MEMORY
-    assert flow.prompt_cache(voices[-1], 2, 0.7, None) is caches[-1]
-    assert flow.prompt_cache(voices[0], 2, 0.7, None) is not caches[0]  # evicted, rebuilt
+    assert flow.prompt_cache(voices[-1], two) is caches[-1]
+    assert flow.prompt_cache(voices[0], two) is not caches[0]  # evicted, rebuilt

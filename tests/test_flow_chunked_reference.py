@@ -41,10 +41,15 @@ import pytest
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
-from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, KvCache, cacheable_prompt_frames
+from wyoming_cosyvoice3.engine.flow.solver import (
+    ChunkedFlow,
+    FlowCall,
+    KvCache,
+    cacheable_prompt_frames,
+)
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.graphs import StreamingEstimator, _session
-from wyoming_cosyvoice3.engine.options import PRESETS, VoiceFeatures, VoicePrompt
+from wyoming_cosyvoice3.engine.options import PRESETS, EulerSchedule, VoiceFeatures, VoicePrompt
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"
 CHUNK = 50
@@ -59,7 +64,7 @@ the generated tokens (the encoder's pre-lookahead layer); 24 prompt frames remai
 CHUNK_ENDS = (38, 63, 113)
 """Generated tokens at each chunk's end: first hop 25 padded to the 25-token grid
 (37 + 38 = 75), then hops of 25 and 50: new frames [50, 150), [150, 200), [200, 300)."""
-STEPS, CFG_RATE, CFG_STEPS = 4, 0.7, 2
+STEPS, CFG_RATE = 4, 0.7
 LEFT_CONTEXT = 60
 """History frames kept in the bounded case (not a multiple of 50: the visible history starts
 inside a chunk; 60 < 100 so the second and third chunks really lose frames)."""
@@ -132,14 +137,13 @@ def reference_chunks(encode: Any, estimator: StreamingEstimator, voice: VoiceFea
         cond = np.zeros((80, end), dtype=np.float32)
         cond[:, :PROMPT_FRAMES] = voice.prompt_mel.T
         for k in range(STEPS):
-            guided = k < CFG_STEPS
-            rows = [(mu, cond, spks)] + ([(0 * mu, 0 * cond, 0 * spks)] if guided else [])
+            rows = [(mu, cond, spks), (0 * mu, 0 * cond, 0 * spks)]
             feeds = {"x": np.stack([x] * len(rows)),
                      "mu": np.stack([r[0] for r in rows]),
                      "cond": np.stack([r[1] for r in rows]),
                      "spks": np.stack([r[2] for r in rows])}
             v = estimator.run(feeds, float(t[k]), 0, bias, keep=False).velocity
-            vel = (1.0 + CFG_RATE) * v[0] - CFG_RATE * v[1] if guided else v[0]
+            vel = (1.0 + CFG_RATE) * v[0] - CFG_RATE * v[1]
             x = (x + (t[k + 1] - t[k]) * vel).astype(np.float32)
         out.append(x[:, done:end])
         done = first_new = end
@@ -215,10 +219,10 @@ def engine_chunks(engine: CosyVoice3Engine, estimator: StreamingEstimator,
     """The chunks as the pipeline asks for them: ``chunk_mel`` per chunk with one history."""
     voice, gen, noise = scene
     flow = ChunkedFlow(engine.flow, estimator, prompt_noise)
-    history = flow.new_history(STEPS, CFG_RATE, CFG_STEPS)
+    schedule = EulerSchedule(STEPS, CFG_RATE)
+    history = flow.new_history(schedule, left)
     mels = [flow.chunk_mel(np.concatenate([voice.speech_tokens, gen[: n + LOOKAHEAD]]), voice,
-                           noise, history, STEPS, CFG_RATE, CFG_STEPS, 2 * LOOKAHEAD,
-                           left_context_frames=left)
+                           noise, history, FlowCall(schedule), 2 * LOOKAHEAD)
             for n in CHUNK_ENDS]
     return mels, history
 
@@ -234,7 +238,7 @@ def _assert_chunks_equal(got: list[np.ndarray], ref: list[np.ndarray]) -> None:
 
 
 # -- tests ------------------------------------------------------------------------------------
-def test_scene_runs_uncached_prompt_tail_and_mixed_cfg() -> None:
+def test_scene_runs_uncached_prompt_tail() -> None:
     """The scene's premises: 37 prompt tokens leave 24 of the 74 prompt frames outside the
     prompt cache (the first chunk solves them), and chunk ends sit on the 50-frame grid as
     upstream's padded schedule puts them (else cached and uncached would legitimately
@@ -242,7 +246,6 @@ def test_scene_runs_uncached_prompt_tail_and_mixed_cfg() -> None:
     assert cacheable_prompt_frames(PROMPT_TOKENS) == PROMPT_CACHE_FRAMES == 50
     assert PROMPT_FRAMES - PROMPT_CACHE_FRAMES == 24
     assert all(2 * (PROMPT_TOKENS + n) % CHUNK == 0 for n in CHUNK_ENDS)
-    assert 0 < CFG_STEPS < STEPS
 
 
 def test_cached_chunks_equal_the_uncached_reference_with_the_whole_history(
@@ -251,14 +254,14 @@ def test_cached_chunks_equal_the_uncached_reference_with_the_whole_history(
 ) -> None:
     """(a) ``quality``'s form: the whole history cached. Each chunk's new mel frames equal
     upstream's uncached chunk-masked solve; the history holds every frame after the prompt
-    cache, per Euler step, with 2 CFG rows in the guided steps and 1 after."""
+    cache, per Euler step, with 2 CFG rows."""
     got, history = engine_chunks(engine, estimator, scene, None)
     _assert_chunks_equal(got, references[None])
     end = 2 * (PROMPT_TOKENS + CHUNK_ENDS[-1])
     assert history.frames == end - PROMPT_CACHE_FRAMES
     assert [s.frames for s in history.steps] == [end - PROMPT_CACHE_FRAMES] * STEPS
     assert [s.dropped for s in history.steps] == [0] * STEPS
-    assert [s.kv[0][0].shape[0] for s in history.steps if s.kv] == [2, 2, 1, 1]
+    assert [s.kv[0][0].shape[0] for s in history.steps if s.kv] == [2] * STEPS
 
 
 def test_cached_chunks_equal_the_uncached_reference_with_a_bounded_left_context(
@@ -287,12 +290,12 @@ def test_balanced_preset_streams_every_flow_call_chunk_causally(
 ) -> None:
     """``synthesize`` with the default preset ``balanced`` (LLM replaced by 120 fixed tokens)
     on tiny-dit: the int8 streaming DiT is loaded, and every flow call of the piece, the final
-    one too (``flow_final_chunk_causal``), goes through :meth:`ChunkedFlow.chunk_mel` with one
+    one too (``flow.final_chunk_causal``), goes through :meth:`ChunkedFlow.chunk_mel` with one
     history, the preset's last prompt tokens (103), a 100-frame (50-token) left context and the hop
     schedule 10, 20, 40, then the rest; no full-attention pass runs. The audio covers
     exactly the mel frames those calls returned (480 samples per frame)."""
     opts = PRESETS["balanced"]
-    assert opts.flow_precision == "int8" and opts.flow_final_chunk_causal
+    assert opts.flow.precision == "int8" and opts.flow.final_chunk_causal
     rng = np.random.default_rng(7)
     prompt_tokens, gen_count = 130, 120
     features = VoiceFeatures(
@@ -323,12 +326,12 @@ def test_balanced_preset_streams_every_flow_call_chunk_causally(
         return mel
 
     monkeypatch.setattr(flow, "chunk_mel", recording)
-    options = opts.replace(vocoder_defer=False)
+    options = opts.replace(vocoder={"defer": False})
     chunks = list(engine.synthesize("The kitchen lights are on.", voice, options))
 
     assert chunks and chunks[-1].is_last and all(c.piece_index == 0 for c in chunks)
     gen_ends = [13, 33, 73, 120]  # hops 10, 20, 40 (+3 lookahead each), then the final chunk
-    flow_prompt = opts.flow_prompt_tokens
+    flow_prompt = opts.flow.prompt_tokens
     assert flow_prompt == 103 < prompt_tokens
     assert [len(c["tokens"]) - flow_prompt for c in calls] == gen_ends
     for c, end in zip(calls, gen_ends, strict=True):
@@ -338,10 +341,11 @@ def test_balanced_preset_streams_every_flow_call_chunk_causally(
         np.testing.assert_array_equal(c["voice"].prompt_mel,
                                       features.prompt_mel[-2 * flow_prompt:])
         assert c["history"] is calls[0]["history"]
-        assert (c["steps"], c["cfg_rate"], c["cfg_steps"]) == (4, opts.cfg_rate, opts.cfg_steps)
+        assert c["call"].schedule == opts.flow.schedule
+        assert opts.flow.schedule.steps == 4
+        # the final chunk drops no lookahead frames, and so stores no keys/values
         assert c["drop_lookahead_frames"] == (0 if end == gen_count else 2 * LOOKAHEAD)
-        assert c["left_context_frames"] == 100
-        assert c["store_history"] is (end != gen_count)
+        assert c["history"].keep_frames == 100
     assert [c["frames"] for c in calls] == [20, 40, 80, 100]
     history = calls[0]["history"]
     assert max(s.frames for s in history.steps) == 100 and history.steps[0].dropped > 0

@@ -12,13 +12,15 @@ import pytest
 from wyoming_cosyvoice3.engine.dsp import GrowingNoise
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled, SynthesisFailed
 from wyoming_cosyvoice3.engine.flow.solver import (
+    Conditioning,
+    FlowCall,
     FlowRunner,
     cfg_combine,
     cosine_t_schedule,
     l2_normalise,
 )
 from wyoming_cosyvoice3.engine.flow.stream import SpeedResampler, resample_mel_linear
-from wyoming_cosyvoice3.engine.options import VoiceFeatures
+from wyoming_cosyvoice3.engine.options import EulerSchedule, VoiceFeatures
 
 BINS = 80
 
@@ -143,7 +145,7 @@ def test_one_euler_step_matches_hand_computation() -> None:
     f = 7
     x0, mu, cond = (rng.standard_normal((BINS, f)).astype(np.float32) for _ in range(3))
     spks = rng.standard_normal(BINS).astype(np.float32)
-    out = runner.solve(x0, mu, spks, cond, steps=1, cfg_rate=0.7)
+    out = runner.solve(x0, Conditioning(mu, spks, cond), FlowCall(EulerSchedule(1, 0.7)))
     # t0 = 0, dt = 1: conditional and unconditional (mu, spks, cond zeroed) velocities
     v_cond = 0.5 * x0 + 2.0 * mu - 0.25 * cond + 0.0 + spks[:, None]
     v_unc = 0.5 * x0
@@ -152,11 +154,12 @@ def test_one_euler_step_matches_hand_computation() -> None:
     assert est.batches == [2]
 
 
-def test_two_steps_use_schedule_and_cfg_steps() -> None:
+def test_two_steps_use_the_schedule_and_unguided_steps_run_batch_1() -> None:
     rng = np.random.default_rng(1)
     f = 5
     x0, mu, cond = (rng.standard_normal((BINS, f)).astype(np.float32) for _ in range(3))
     spks = rng.standard_normal(BINS).astype(np.float32)
+    given = Conditioning(mu, spks, cond)
     t = [0.0, 1.0 - math.sqrt(0.5), 1.0]
 
     def step(x, tk, dt, guided):
@@ -164,24 +167,24 @@ def test_two_steps_use_schedule_and_cfg_steps() -> None:
         v = 1.7 * vc - 0.7 * (0.5 * x + tk) if guided else vc
         return x + dt * v
 
-    x1 = step(x0, t[0], t[1] - t[0], True)
-    full = step(x1, t[1], t[2] - t[1], True)
-    mixed = step(x1, t[1], t[2] - t[1], False)
+    full = step(step(x0, t[0], t[1] - t[0], True), t[1], t[2] - t[1], True)
+    unguided = step(step(x0, t[0], t[1] - t[0], False), t[1], t[2] - t[1], False)
+    guided_call, unguided_call = FlowCall(EulerSchedule(2, 0.7)), FlowCall(EulerSchedule(2, 0.0))
 
     runner, est, _ = make_runner()
-    assert np.allclose(runner.solve(x0, mu, spks, cond, 2, 0.7), full, atol=1e-5)
+    assert np.allclose(runner.solve(x0, given, guided_call), full, atol=1e-5)
     est.batches.clear()
-    assert np.allclose(runner.solve(x0, mu, spks, cond, 2, 0.7, cfg_steps=1), mixed, atol=1e-5)
-    assert est.batches == [2, 1]
+    assert np.allclose(runner.solve(x0, given, unguided_call), unguided, atol=1e-5)
+    assert est.batches == [1, 1]  # CFG rate 0: no unconditional row
 
     # a graph with a fixed batch of 2 gives the same result, always with batch 2
     runner2, est2, _ = make_runner(batch=2)
-    assert np.allclose(runner2.solve(x0, mu, spks, cond, 2, 0.7, cfg_steps=1), mixed, atol=1e-5)
+    assert np.allclose(runner2.solve(x0, given, unguided_call), unguided, atol=1e-5)
     assert est2.batches == [2, 2]
     # a graph that claims a dynamic batch but rejects 1 falls back once and stays on 2
     runner3, est3, _ = make_runner(reject_batch1=True)
-    assert np.allclose(runner3.solve(x0, mu, spks, cond, 2, 0.7, cfg_steps=1), mixed, atol=1e-5)
-    runner3.solve(x0, mu, spks, cond, 2, 0.7, cfg_steps=0)
+    assert np.allclose(runner3.solve(x0, given, unguided_call), unguided, atol=1e-5)
+    runner3.solve(x0, given, unguided_call)
     assert est3.batches == [2, 2, 2, 2]
 
 
@@ -195,7 +198,8 @@ def test_should_stop_checked_before_every_euler_step() -> None:
 
     x = np.zeros((BINS, 3), dtype=np.float32)
     with pytest.raises(SynthesisCancelled):
-        runner.solve(x, x, np.zeros(BINS, np.float32), x, 10, 0.7, should_stop=stop_after_three)
+        runner.solve(x, Conditioning(x, np.zeros(BINS, np.float32), x),
+                     FlowCall(EulerSchedule(10, 0.7), should_stop=stop_after_three))
     assert len(est.batches) == 3
 
 
@@ -206,7 +210,8 @@ def test_mel_for_tokens_prompt_noise_and_lookahead() -> None:
     buf = noise.take(200).T
     gen = np.arange(100, 120, dtype=np.int64)
     tokens = np.concatenate([voice.speech_tokens, gen])
-    mel = runner.mel_for_tokens(tokens, voice, buf, steps=3, drop_lookahead_frames=6)
+    three = FlowCall(EulerSchedule(3))
+    mel = runner.mel_for_tokens(tokens, voice, buf, three, drop_lookahead_frames=6)
     assert mel.shape == (BINS, 2 * 20 - 6)
     # the encoder got the L2-normalised embedding
     assert np.isclose(np.linalg.norm(enc.last_embedding), 1.0, atol=1e-6)
@@ -235,12 +240,12 @@ def test_mel_for_tokens_prompt_noise_and_lookahead() -> None:
     start = 6
     part = np.concatenate([voice.speech_tokens, gen[start:]])
     mel_part = runner.mel_for_tokens(
-        part, voice, buf, steps=3, drop_lookahead_frames=6, generated_offset_tokens=start
+        part, voice, buf, three, drop_lookahead_frames=6, generated_offset_tokens=start
     )
     assert np.allclose(mel_part, mel[:, 2 * start :], atol=1e-6)
 
     with pytest.raises(SynthesisFailed):
-        runner.mel_for_tokens(tokens, voice, buf[:, :20], steps=1)
+        runner.mel_for_tokens(tokens, voice, buf[:, :20], FlowCall(EulerSchedule(1)))
 
 
 def test_growing_noise_prefix_is_stable() -> None:

@@ -11,8 +11,15 @@ import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.dsp import GrowingNoise
-from wyoming_cosyvoice3.engine.flow.stream import MelStream, MelStreamOptions
-from wyoming_cosyvoice3.engine.options import StageTimes, SynthesisOptions, VoiceFeatures
+from wyoming_cosyvoice3.engine.flow.solver import FlowCall
+from wyoming_cosyvoice3.engine.flow.stream import FlowRequest, MelStream
+from wyoming_cosyvoice3.engine.options import (
+    EulerSchedule,
+    FlowFallback,
+    FlowPreset,
+    StageTimes,
+    VoiceFeatures,
+)
 
 PROMPT_TOKENS = 7
 LOOKAHEAD = C.PRE_LOOKAHEAD_TOKENS
@@ -30,8 +37,8 @@ class FakeRunner:
         self.calls: list[dict[str, Any]] = []
 
     def mel_for_tokens(self, tokens: np.ndarray, voice: VoiceFeatures, noise: np.ndarray,
-                       **kwargs: Any) -> np.ndarray:
-        self.calls.append(dict(kwargs, tokens=tokens, noise=noise))
+                       call: FlowCall, **kwargs: Any) -> np.ndarray:
+        self.calls.append(dict(kwargs, tokens=tokens, noise=noise, call=call))
         frames = 2 * (len(tokens) - PROMPT_TOKENS) - kwargs["drop_lookahead_frames"]
         return np.zeros((C.MEL_BINS, frames), np.float32)
 
@@ -41,16 +48,17 @@ class FakeChunked:
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
-        self.histories: list[dict[str, int]] = []
+        self.histories: list[dict[str, Any]] = []
 
-    def new_history(self, steps: int, cfg_rate: float, cfg_steps: int | None) -> dict[str, int]:
-        self.histories.append({"frames": 0})
+    def new_history(self, schedule: EulerSchedule, keep_frames: int | None = None
+                    ) -> dict[str, Any]:
+        self.histories.append({"frames": 0, "keep": keep_frames})
         return self.histories[-1]
 
     def chunk_mel(self, tokens: np.ndarray, voice: VoiceFeatures, noise: np.ndarray,
-                  history: dict[str, int], *args: Any, **kwargs: Any) -> np.ndarray:
-        self.calls.append({"tokens": tokens, "history": history, "args": args, **kwargs})
-        frames = 2 * (len(tokens) - PROMPT_TOKENS) - args[3] - history["frames"]
+                  history: dict[str, Any], call: FlowCall, drop: int) -> np.ndarray:
+        self.calls.append({"tokens": tokens, "history": history, "call": call, "drop": drop})
+        frames = 2 * (len(tokens) - PROMPT_TOKENS) - drop - history["frames"]
         history["frames"] += frames
         return np.zeros((C.MEL_BINS, frames), np.float32)
 
@@ -66,10 +74,12 @@ class FakeFlows:
         return self.chunked
 
 
-def _stream(flows: FakeFlows, skip: int = 0, **options: Any) -> MelStream:
-    opts = MelStreamOptions.of(SynthesisOptions(**options))
+def _stream(flows: FakeFlows, voice: VoiceFeatures = VOICE, streaming: bool = True,
+            **flow: Any) -> MelStream:
     noise = GrowingNoise(np.random.default_rng(1), C.MEL_BINS, "normal", 64)
-    return MelStream(flows, VOICE, opts, noise, skip)  # type: ignore[arg-type]
+    request = FlowRequest(flows, FlowPreset(**flow), voice, noise,  # type: ignore[arg-type]
+                          streaming)
+    return request.piece(middle=False)
 
 
 def _run(stream: MelStream, n_tokens: int) -> list[tuple[int, int, int]]:
@@ -88,8 +98,8 @@ def _run(stream: MelStream, n_tokens: int) -> list[tuple[int, int, int]]:
 
 def test_the_flow_form_is_chosen_once_per_piece() -> None:
     flows = FakeFlows(available=True)
-    stream = _stream(flows, flow_chunk_causal=True, flow_final_chunk_causal=True,
-                     flow_precision="int8", first_hop_tokens=5)
+    stream = _stream(flows, chunk_causal=True, final_chunk_causal=True,
+                     precision="int8", first_hop_tokens=5)
     _run(stream, 40)
     assert flows.asked == ["int8"]
     assert flows.chunked is not None and len(flows.chunked.calls) == 4
@@ -102,7 +112,7 @@ def test_the_flow_form_is_chosen_once_per_piece() -> None:
 @pytest.mark.parametrize("causal", [False, True])
 def test_hops_double_up_to_the_maximum_and_the_last_chunk_takes_the_rest(causal: bool) -> None:
     flows = FakeFlows(available=True)
-    stream = _stream(flows, flow_chunk_causal=causal, flow_final_chunk_causal=causal,
+    stream = _stream(flows, chunk_causal=causal, final_chunk_causal=causal,
                      first_hop_tokens=4, max_hop_tokens=12)
     chunks = _run(stream, 50)
     # hops 4, 8, 12, 12 (+3 lookahead each: the chunk runs once hop + 3 tokens are in)
@@ -125,25 +135,26 @@ def test_first_hop_on_the_chunk_grid() -> None:
 
 def test_left_context_cuts_full_attention_tokens_and_bounds_the_chunk_causal_history() -> None:
     full = FakeFlows(available=False)
-    chunks = _run(_stream(full, flow_left_context_tokens=6, first_hop_tokens=4), 40)
+    chunks = _run(_stream(full, left_context_tokens=6, first_hop_tokens=4), 40)
     starts = [c["generated_offset_tokens"] for c in full.runner.calls]
     assert starts == [max(0, offset - 6) for offset, _, _ in chunks]
     for call, (_, end, _) in zip(full.runner.calls, chunks, strict=True):
         assert len(call["tokens"]) == PROMPT_TOKENS + end + (
             0 if end == 40 else LOOKAHEAD) - call["generated_offset_tokens"]
     causal = FakeFlows(available=True)
-    _run(_stream(causal, flow_chunk_causal=True, flow_final_chunk_causal=True,
-                 flow_left_context_tokens=6, first_hop_tokens=4), 40)
+    _run(_stream(causal, chunk_causal=True, final_chunk_causal=True,
+                 left_context_tokens=6, first_hop_tokens=4), 40)
     assert causal.chunked is not None
     for call in causal.chunked.calls:
         assert len(call["tokens"]) >= PROMPT_TOKENS and call["tokens"][PROMPT_TOKENS] == 100
-        assert call["args"][5] == 12  # left context frames
-        assert call["store_history"] is (call["args"][3] > 0)  # not on the final chunk
+        assert call["history"]["keep"] == 12  # left context frames
+    drops = [call["drop"] for call in causal.chunked.calls]
+    assert drops == [2 * LOOKAHEAD] * (len(drops) - 1) + [0]  # the final chunk drops none
 
 
 def test_a_full_attention_final_chunk_frees_the_history_first() -> None:
     flows = FakeFlows(available=True)
-    stream = _stream(flows, flow_chunk_causal=True, flow_final_chunk_causal=False,
+    stream = _stream(flows, chunk_causal=True, final_chunk_causal=False,
                      first_hop_tokens=4)
     seen: list[object] = []
     real = flows.runner.mel_for_tokens
@@ -159,10 +170,15 @@ def test_a_full_attention_final_chunk_frees_the_history_first() -> None:
 
 
 def test_each_chunk_reads_the_noise_columns_of_the_whole_prompt() -> None:
-    """With ``noise_skip_frames`` (the prompt frames a shorter flow prompt cut), frame i of
-    the flow reads request noise column skip + i."""
+    """With a shorter flow prompt (``prompt_tokens``: 5 of 12 prompt tokens, 10 frames cut),
+    frame i of the flow reads request noise column 10 + i."""
     flows = FakeFlows(available=False)
-    stream = _stream(flows, skip=10, first_hop_tokens=4)
+    whole = VoiceFeatures(
+        speech_tokens=np.arange(PROMPT_TOKENS + 5, dtype=np.int64),
+        speaker_embedding=np.ones(192, np.float32),
+        prompt_mel=np.zeros((2 * (PROMPT_TOKENS + 5), C.MEL_BINS), np.float32),
+    )
+    stream = _stream(flows, whole, prompt_tokens=PROMPT_TOKENS, first_hop_tokens=4)
     _run(stream, 12)
     reference = GrowingNoise(np.random.default_rng(1), C.MEL_BINS, "normal", 64)
     for call in flows.runner.calls:
@@ -170,3 +186,26 @@ def test_each_chunk_reads_the_noise_columns_of_the_whole_prompt() -> None:
         np.testing.assert_array_equal(call["noise"], reference.take(10 + n)[10:].T)
         assert n == 2 * PROMPT_TOKENS + 2 * (len(call["tokens"]) - PROMPT_TOKENS)
 
+
+
+def test_a_chunk_causal_preset_without_the_streaming_dit_runs_its_fallback() -> None:
+    """The flow decides the fallback itself: no chunk-causal flow of the precision, so the
+    request runs full attention with the fallback's history bound."""
+    flows = FakeFlows(available=False)
+    stream = _stream(flows, chunk_causal=True, final_chunk_causal=True, left_context_tokens=50,
+                     fallback=FlowFallback(left_context_tokens=6), first_hop_tokens=4)
+    assert stream.preset.chunk_causal is False and stream.preset.left_context_tokens == 6
+    chunks = _run(stream, 40)
+    starts = [c["generated_offset_tokens"] for c in flows.runner.calls]
+    assert starts == [max(0, offset - 6) for offset, _, _ in chunks]
+    assert flows.asked == ["fp32"]
+
+
+def test_a_middle_piece_runs_whole_when_the_preset_says_so() -> None:
+    noise = GrowingNoise(np.random.default_rng(1), C.MEL_BINS, "normal", 64)
+    for whole in (False, True):
+        preset = FlowPreset(first_hop_tokens=4, whole_middle_pieces=whole)
+        request = FlowRequest(FakeFlows(available=False), preset, VOICE,  # type: ignore[arg-type]
+                              noise, True)
+        assert request.piece(middle=False).streaming
+        assert request.piece(middle=True).streaming is not whole

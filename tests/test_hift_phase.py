@@ -204,8 +204,8 @@ def _engine_audio(model_dir: Path, cache: Path, phase_vocoder: bool,
     voice = engine.prepare_voice(model_dir / "voices" / "en-male.wav", "A test voice.")
     audio = []
     for window in windows:
-        request = SynthesisOptions(seed=3, first_hop_tokens=5, max_hop_tokens=20,
-                                   vocoder_window_frames=window, vocoder_defer=False)
+        request = SynthesisOptions(seed=3, vocoder_window_frames=window).replace(
+            flow={"first_hop_tokens": 5, "max_hop_tokens": 20}, vocoder={"defer": False})
         chunks = engine.synthesize("The lights in the kitchen are off now.", voice, request)
         audio.append(np.concatenate([c.samples for c in chunks]))
     return audio
@@ -251,7 +251,7 @@ def test_cases_c14_c15_with_the_phase_carried(
 
     voice = carrying_engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav",
                                           "A test voice.")
-    base = PRESETS[preset].replace(streaming=streaming, vocoder_defer=False, seed=2)
+    base = PRESETS[preset].replace(streaming=streaming, seed=2, vocoder={"defer": False})
     text = "The lights in the kitchen are off now, and the door is locked."
     normal = list(carrying_engine.synthesize(text, voice, base))
     normal_samples = sum(len(c.samples) for c in normal)

@@ -376,8 +376,8 @@ def _engine_run(
 
     monkeypatch.setattr(VocoderStream, "push", push)
     voice = engine.prepare_voice(model_dir / "voices" / "en-male.wav", "A test voice.")
-    request = SynthesisOptions(seed=3, first_hop_tokens=5, max_hop_tokens=20,
-                               vocoder_window_frames=0, vocoder_defer=False)
+    request = SynthesisOptions(seed=3, vocoder_window_frames=0).replace(
+        flow={"first_hop_tokens": 5, "max_hop_tokens": 20}, vocoder={"defer": False})
     chunks = list(engine.synthesize("The lights in the kitchen are off.", voice, request))
     assert len(streams) == 1  # one text piece
     return (np.concatenate([c.samples for c in chunks]), log, np.concatenate(mels, axis=1),

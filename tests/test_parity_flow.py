@@ -27,7 +27,8 @@ from parity_support import (
 )
 
 from wyoming_cosyvoice3.engine import SynthesisOptions, VoiceFeatures, VoicePrompt
-from wyoming_cosyvoice3.engine.options import SynthesisResult
+from wyoming_cosyvoice3.engine.flow.solver import FlowCall
+from wyoming_cosyvoice3.engine.options import EulerSchedule, SynthesisResult
 from wyoming_cosyvoice3.engine.pipeline import RequestState
 from wyoming_cosyvoice3.engine.vocoder.hift import VocoderStream
 
@@ -56,8 +57,8 @@ def _voice(parity: Parity, case: str) -> VoicePrompt:
     return VoicePrompt(features=features, name=f"parity-{case}")
 
 
-def _flow_settings(parity: Parity) -> dict[str, Any]:
-    return {"euler_steps": parity.euler_steps, "cfg_rate": parity.cfg_rate}
+def _flow_call(parity: Parity) -> FlowCall:
+    return FlowCall(EulerSchedule(parity.euler_steps, parity.cfg_rate))
 
 
 def _options(parity: Parity, **changes: Any) -> SynthesisOptions:
@@ -103,7 +104,7 @@ def test_parity_noise_buffers_are_the_requests_own(parity: Parity) -> None:
 
 
 def test_parity_full_attention_runs_through_the_streaming_dit(engine: Any) -> None:
-    """The engine is loaded as the server loads ``quality`` (``flow_chunk_causal``): the
+    """The engine is loaded as the server loads ``quality`` (``flow.chunk_causal``): the
     one-shot and full-attention tests below run the derived streaming DiT, and no published
     estimator is open (test_parity_flow_chunked.py covers the split published one)."""
     from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
@@ -120,10 +121,7 @@ def test_parity_oneshot_flow_mel(parity: Parity, engine: Any, case: str) -> None
         [voice.speech_tokens, parity.array(FLOW, f"{case}_gen_tokens").astype(np.int64)]
     )
     noise = parity.array(FLOW, "flow_noise").astype(np.float32)
-    settings = _flow_settings(parity)
-    mel = engine.flow.mel_for_tokens(
-        tokens, voice, noise, steps=settings["euler_steps"], cfg_rate=settings["cfg_rate"]
-    )
+    mel = engine.flow.mel_for_tokens(tokens, voice, noise, _flow_call(parity))
     assert_close(
         mel, parity.array(FLOW, f"{case}_oneshot_mel"), parity.tolerance("mel"), f"{case} mel"
     )
@@ -196,7 +194,7 @@ def test_parity_stream_full_attention_upstream_schedule(
     schedule = parity.flow_cases[case]["stream_full"]
     voice = _voice(parity, case).features
     gen = parity.array(FLOW, f"{case}_gen_tokens").astype(np.int64)
-    settings = _flow_settings(parity)
+    call = _flow_call(parity)
     req = _request(parity)
     vocoder = VocoderStream(engine.hift, req.vocoder_noise)
     prompt_frames = int(voice.prompt_mel.shape[0])
@@ -211,8 +209,7 @@ def test_parity_stream_full_attention_upstream_schedule(
             np.concatenate([voice.speech_tokens, gen[:n_tokens]]),
             voice,
             noise,
-            steps=settings["euler_steps"],
-            cfg_rate=settings["cfg_rate"],
+            call,
             drop_lookahead_frames=drop,
         )
         assert mel.shape[1] == mel_end, f"flow call on {n_tokens} tokens: frames"
@@ -242,12 +239,12 @@ def test_parity_stream_full_attention_quality_schedule(
 ) -> None:
     """``synthesize`` with the ``quality`` preset's schedule (upstream's: first chunk padded
     to the 25-token grid, then 25 -> 50 -> 100) but full attention in every chunk
-    (``flow_chunk_causal=False``) streams variant (a): upstream's chunks and audio with the
+    (``flow.chunk_causal`` False) streams variant (a): upstream's chunks and audio with the
     DiT forced to full attention, what the exported estimator computes. The preset itself
     (chunk-causal, variant b) is tested in test_parity_flow_chunked.py.
     """
     _with_tokens(engine, monkeypatch, parity.array(FLOW, f"{case}_gen_tokens"))
-    options = _options(parity, flow_chunk_causal=False)
+    options = _options(parity, flow={"chunk_causal": False})
     chunks = _synthesize(engine, _voice(parity, case), options)
     bounds = np.cumsum([len(c) for c in chunks])
     assert_identical(bounds, parity.array(FLOW, f"{case}_stream_full_bounds"), f"{case} bounds")

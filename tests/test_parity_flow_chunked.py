@@ -41,11 +41,16 @@ from parity_support import (
 from wyoming_cosyvoice3.engine.derive.flow.dit_structure import StructureError, read_dit
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
-from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, cacheable_prompt_frames
+from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, FlowCall, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.graphs import StreamingEstimator, _session
 from wyoming_cosyvoice3.engine.graphs import chunk_attention_bias as chunk_bias
-from wyoming_cosyvoice3.engine.options import SynthesisOptions, SynthesisResult, VoicePrompt
+from wyoming_cosyvoice3.engine.options import (
+    EulerSchedule,
+    SynthesisOptions,
+    SynthesisResult,
+    VoicePrompt,
+)
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine, RequestState
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"
@@ -215,18 +220,19 @@ def test_parity_chunkmask_mel_per_chunk(
     noise = np.asarray(flow_refs["flow_noise"], dtype=np.float32)
     calls = parity.flow_case(case)["stream_chunkmask"]["flow_calls"]
     drop = parity.token_mel_ratio(case) * parity.lookahead_tokens(case)
-    history = chunked.new_history(steps, cfg, None)
+    schedule = EulerSchedule(steps, cfg)
+    history = chunked.new_history(schedule)
     ref = np.asarray(flow_refs[f"{case}_stream_chunkmask_mel"])
     done = 0
     for n_tokens, finalize, streaming, frames_after in calls:
         tokens = np.concatenate([voice.speech_tokens, gen[:n_tokens]])
         if finalize:
             assert not streaming  # upstream's last chunk: full attention
-            mel = engine.flow.mel_for_tokens(tokens, voice, noise, steps=steps,
-                                             cfg_rate=cfg)[:, done:]
+            mel = engine.flow.mel_for_tokens(tokens, voice, noise,
+                                             FlowCall(schedule))[:, done:]
         else:
             assert streaming
-            mel = chunked.chunk_mel(tokens, voice, noise, history, steps, cfg, None, drop)
+            mel = chunked.chunk_mel(tokens, voice, noise, history, FlowCall(schedule), drop)
         assert done + mel.shape[1] == frames_after
         assert_close(mel, ref[:, done:frames_after], parity.tolerance("mel"),
                      f"{case} chunk-masked mel, chunk ending at frame {frames_after}")
@@ -254,11 +260,11 @@ def test_parity_prompt_cache_on_disk_gives_the_same_chunk(
     noise = np.asarray(flow_refs["flow_noise"], dtype=np.float32)
     drop = parity.token_mel_ratio(case) * parity.lookahead_tokens(case)
     steps, cfg = parity.euler_steps, parity.cfg_rate
-    guided = steps // 2
+    schedule = EulerSchedule(steps, cfg)
 
     def first_chunk(flow: ChunkedFlow) -> np.ndarray:
-        history = flow.new_history(steps, cfg, guided)
-        return flow.chunk_mel(tokens, voice, noise, history, steps, cfg, guided, drop)
+        history = flow.new_history(schedule)
+        return flow.chunk_mel(tokens, voice, noise, history, FlowCall(schedule), drop)
 
     def make() -> ChunkedFlow:
         est = StreamingEstimator(_session(main), None, time_graph)
@@ -272,9 +278,9 @@ def test_parity_prompt_cache_on_disk_gives_the_same_chunk(
     reread = first_chunk(reader)
     assert [start for start, _ in solves] == [parity.cacheable_prompt_frames(case)]  # no prompt
     np.testing.assert_array_equal(reread, written)
-    cache = reader.prompt_cache(voice, steps, cfg, guided)
+    cache = reader.prompt_cache(voice, schedule)
     assert cache.frames == parity.cacheable_prompt_frames(case)
-    rows = [_cfg_rows(parity)] * guided + [1] * (steps - guided)  # CFG rows per Euler step
+    rows = [_cfg_rows(parity)] * steps  # CFG rows per Euler step
     assert [s.kv[0][0].shape[0] for s in cache.steps if s.kv] == rows
     assert {s.kv[0][0].shape[2] for s in cache.steps if s.kv} == {cache.frames}
     files[0].write_bytes(b"not an npz")
@@ -295,10 +301,10 @@ def _count_solves(flow: ChunkedFlow,
     calls: list[tuple[int, np.ndarray]] = []
     solve = flow._solve
 
-    def recording(x0: np.ndarray, mu: np.ndarray, cond: np.ndarray, spks: np.ndarray,
-                  start: int, *args: Any, **kwargs: Any) -> np.ndarray:
+    def recording(x0: np.ndarray, given: Any, start: int, *args: Any,
+                  **kwargs: Any) -> np.ndarray:
         calls.append((int(start), np.array(x0, copy=True)))
-        return solve(x0, mu, cond, spks, start, *args, **kwargs)
+        return solve(x0, given, start, *args, **kwargs)
 
     if monkeypatch is None:
         flow._solve = recording  # type: ignore[method-assign]
@@ -402,12 +408,12 @@ def test_parity_quality_preset_pads_the_first_hop_to_the_chunk_grid(parity: Pari
     for case, info in parity.flow_cases.items():
         grid = int(parity.dit["static_chunk_size"]) // parity.token_mel_ratio(case)
         first_call_tokens = info["stream_chunkmask"]["flow_calls"][0][0]
-        hop = first_hop_tokens(quality, info["prompt_tokens"])
+        hop = first_hop_tokens(quality.flow, info["prompt_tokens"])
         assert hop == grid + info["prompt_token_pad"], case
         assert hop + parity.lookahead_tokens(case) == first_call_tokens, case
-        unpadded = first_hop_tokens(quality.replace(first_hop_on_chunk_grid=False),
-                                    info["prompt_tokens"])
-        assert unpadded == quality.first_hop_tokens == grid, case
+        unpadded = first_hop_tokens(
+            quality.replace(flow={"first_hop_on_chunk_grid": False}).flow, info["prompt_tokens"])
+        assert unpadded == quality.flow.first_hop_tokens == grid, case
 
 
 def test_parity_warm_up_builds_the_voice_prompt_cache(
@@ -440,8 +446,7 @@ def test_parity_warm_up_builds_the_voice_prompt_cache(
     assert solves[0][1].shape[1] == cached
     assert runs == [0] * parity.euler_steps  # one estimator run per Euler step
     runs.clear()
-    cache = flow.prompt_cache(voice.features, quality.euler_steps, quality.cfg_rate,
-                              quality.cfg_steps)
+    cache = flow.prompt_cache(voice.features, quality.flow.schedule)
     assert runs == [] and len(solves) == 1  # from memory, not recomputed
     assert cache.frames == cached and len(cache.steps) == parity.euler_steps
     dit = parity.dit

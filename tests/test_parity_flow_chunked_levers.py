@@ -1,8 +1,8 @@
 """The lossy levers of the chunk-causal flow, on the upstream-exported parity model.
 
-* ``flow_left_context_tokens`` with ``flow_chunk_causal``: the history cache stores only the
+* ``flow.left_context_tokens`` with ``flow.chunk_causal``: the history cache stores only the
   frames a later chunk can attend, and dropping the older ones changes no output.
-* ``flow_final_chunk_causal``: the final chunk runs on its new frames only (the cache) instead
+* ``flow.final_chunk_causal``: the final chunk runs on its new frames only (the cache) instead
   of upstream's full-attention pass; the streamed chunks before it are unchanged.
 
 The fixture set is the one ``parity_support`` selects (skipped without it, failed in CI); the
@@ -30,14 +30,14 @@ from parity_support import (
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
 from wyoming_cosyvoice3.engine.flow import solver
-from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, StepKv
+from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, FlowCall, StepKv
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
 from wyoming_cosyvoice3.engine.graphs import (
     StreamingEstimator,
     _session,
     chunk_attention_bias,
 )
-from wyoming_cosyvoice3.engine.options import VoiceFeatures, VoicePrompt
+from wyoming_cosyvoice3.engine.options import EulerSchedule, VoiceFeatures, VoicePrompt
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"
@@ -78,22 +78,20 @@ _voice = flow_case_voice
 def _stream(parity: Parity, case: str, flow: ChunkedFlow, voice: VoiceFeatures,
             gen: np.ndarray, hops: list[int], left_frames: int | None
             ) -> tuple[list[np.ndarray], list[int], int]:
-    """Non-final chunks of ``hops`` tokens (the set's Euler steps and CFG rate, CFG in the
-    first half of the steps); returns the mel of each chunk, the stored history frames after
-    each, and the frames seen."""
+    """Non-final chunks of ``hops`` tokens (the set's Euler steps and CFG rate); returns the
+    mel of each chunk, the stored history frames after each, and the frames seen."""
     steps, cfg = parity.euler_steps, parity.cfg_rate
-    guided = steps // 2
     ratio, lookahead = parity.token_mel_ratio(case), parity.lookahead_tokens(case)
     drop = ratio * lookahead
     noise = prompt_noise(ratio * (len(voice.speech_tokens) + len(gen)))
-    history = flow.new_history(steps, cfg, guided)
+    schedule = EulerSchedule(steps, cfg)
+    history = flow.new_history(schedule, left_frames)
     mels, stored = [], []
     end = 0
     for hop in hops:
         end += hop
         tokens = np.concatenate([voice.speech_tokens, gen[: end + lookahead]])
-        mels.append(flow.chunk_mel(tokens, voice, noise, history, steps, cfg, guided, drop,
-                                   left_context_frames=left_frames))
+        mels.append(flow.chunk_mel(tokens, voice, noise, history, FlowCall(schedule), drop))
         stored.append(max(s.frames for s in history.steps))
     return mels, stored, history.frames
 
@@ -168,11 +166,11 @@ def test_final_chunk_causal_changes_only_the_final_chunk(
     original = real.chunk_mel
 
     def counting(*args: Any, **kwargs: Any) -> np.ndarray:
-        calls.append(int(args[7] if len(args) > 7 else kwargs["drop_lookahead_frames"]))
+        calls.append(int(args[5] if len(args) > 5 else kwargs["drop_lookahead_frames"]))
         return original(*args, **kwargs)
 
     monkeypatch.setattr(real, "chunk_mel", counting)
-    options = exact_options.replace(flow_final_chunk_causal=True)
+    options = exact_options.replace(flow={"final_chunk_causal": True})
     lever = [c.samples for c in engine.synthesize("Hello.", voice, options)]
     assert [len(c) for c in lever] == [len(c) for c in exact]
     drop = parity.token_mel_ratio(case) * parity.lookahead_tokens(case)
@@ -197,7 +195,7 @@ def test_chunk_causal_stream_scales_with_speed(
     gen = [int(t) for t in flow_refs[f"{case}_gen_tokens"]]
     monkeypatch.setattr(engine.llm, "decode", lambda *_a, **_k: iter(gen))
     voice = VoicePrompt(features=_voice(flow_refs, case), name="levers-speed")
-    base = quality_options(parity, flow_final_chunk_causal=True)
+    base = quality_options(parity, flow={"final_chunk_causal": True})
     normal = sum(len(c.samples) for c in engine.synthesize("Hello.", voice, base))
     chunks = list(engine.synthesize("Hello.", voice, base.replace(speed=speed)))
     scaled = sum(len(c.samples) for c in chunks)

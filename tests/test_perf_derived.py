@@ -137,7 +137,8 @@ def test_estimator_without_per_frame_matmuls_stays_fp32(
     # a convolutional estimator: nothing to quantise -> one warning, fp32 graph
     onnx.save(convolutional_estimator(), str(tiny_model_copy / EST))
     opts = EngineOptions(  # the other derived forms are not this test's subject
-        threads=1, cache_dir=tmp_path, preset=SynthesisOptions(flow_precision="int8"),
+        threads=1, cache_dir=tmp_path, preset=SynthesisOptions().replace(
+            flow={"precision": "int8"}),
         split_estimator=False, phase_vocoder=False, stream_vocoder=False,
     )
     for _ in range(2):  # the second load reads the failure marker: again one warning
@@ -256,7 +257,8 @@ def test_int8_failure_falls_back_to_the_fp32_estimator(
 
     monkeypatch.setattr(quantize, "ensure_int8_estimator", fail)
     opts = EngineOptions(  # the other derived forms are not this test's subject
-        threads=1, cache_dir=tmp_path, preset=SynthesisOptions(flow_precision="int8"),
+        threads=1, cache_dir=tmp_path, preset=SynthesisOptions().replace(
+            flow={"precision": "int8"}),
         split_estimator=False, phase_vocoder=False, stream_vocoder=False,
     )
     model = CosyVoice3Model.load(tiny_model_dir, opts)

@@ -4,7 +4,6 @@ the plain path, each approximating lever does what its option says (no timing as
 from __future__ import annotations
 
 import itertools
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import (
     CosyVoice3Engine,
     EngineOptions,
-    SynthesisCancelled,
     SynthesisOptions,
     VoicePrompt,
 )
@@ -38,16 +36,12 @@ def voice(engine: CosyVoice3Engine, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def audio(engine: CosyVoice3Engine, voice: VoicePrompt, **opts: Any) -> np.ndarray:
-    chunks = list(engine.synthesize(TEXT, voice, SynthesisOptions(**opts)))
+    chunks = list(engine.synthesize(TEXT, voice, SynthesisOptions().replace(**opts)))
     assert chunks and chunks[-1].is_last
     return np.concatenate([c.samples for c in chunks])
 
 
-def llm_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "cosyvoice3-llm"]
-
-
-# -- flow_prompt_tokens ---------------------------------------------------------------------
+# -- flow.prompt_tokens ---------------------------------------------------------------------
 
 
 def test_flow_prompt_features_keeps_the_last_tokens_and_their_frames() -> None:
@@ -67,7 +61,7 @@ def test_balanced_caches_its_whole_flow_prompt() -> None:
     """``balanced``'s flow prompt length leaves no prompt frame to run again in each piece:
     the frames before the 3 lookahead tokens (2 mel frames per token, spec section 2d) fill
     whole 50-frame chunks of upstream's static chunk mask, and all of them are cached."""
-    prompt_tokens = PRESETS["balanced"].flow_prompt_tokens
+    prompt_tokens = PRESETS["balanced"].flow.prompt_tokens
     independent_frames = 2 * (prompt_tokens - 3)
     assert independent_frames % 50 == 0
     assert cacheable_prompt_frames(prompt_tokens) == independent_frames == 200
@@ -93,7 +87,7 @@ def test_flow_sees_only_the_trimmed_prompt_and_llm_the_whole(
     monkeypatch.setattr(engine.flow, "mel_for_tokens", spy_flow)
     monkeypatch.setattr(engine.llm, "decode", spy_decode)
     all_tokens = np.asarray(voice.features.speech_tokens)
-    audio(engine, voice, flow_prompt_tokens=5, max_decode_tokens=40)
+    audio(engine, voice, flow={"prompt_tokens": 5}, max_decode_tokens=40)
     assert seen_flow and seen_llm
     for tokens in seen_flow:
         np.testing.assert_array_equal(tokens, all_tokens[-5:])
@@ -136,60 +130,17 @@ def test_prefix_cache_state_is_not_changed_by_requests(engine: CosyVoice3Engine)
     assert again is not None and again.past_len == 3 and fork.past_len == 4
 
 
-# -- overlapped decoding (producer thread) --------------------------------------------------
-
-
-@pytest.mark.parametrize("speed", [1.0, 1.3])
-def test_overlapped_decoding_gives_identical_audio(
-    engine: CosyVoice3Engine, voice: VoicePrompt, speed: float
-) -> None:
-    # vocoder deferral follows the wall clock, which overlapping changes; where it cuts the
-    # mel moves the samples by float rounding (2.9e-7 seen in CI), so it is off here
-    opts = {"seed": 3, "speed": speed, "first_hop_tokens": 5, "max_decode_tokens": 60,
-            "vocoder_defer": False}
-    sequential = audio(engine, voice, **opts)
-    overlapped = audio(engine, voice, overlap_decoding=True, **opts)
-    assert len(sequential) > 0
-    np.testing.assert_array_equal(sequential, overlapped)
-    assert not llm_threads()
-
-
-def test_overlapped_decoding_stops_when_cancelled(
-    engine: CosyVoice3Engine, voice: VoicePrompt
-) -> None:
-    chunks = 0
-
-    def should_stop() -> bool:
-        return chunks >= 1
-
-    opts = SynthesisOptions(overlap_decoding=True, first_hop_tokens=3, max_decode_tokens=200)
-    with pytest.raises(SynthesisCancelled):
-        for _ in engine.synthesize(TEXT, voice, opts, should_stop=should_stop):
-            chunks += 1
-    assert chunks >= 1
-    assert not llm_threads()
-
-
-def test_overlapped_decoding_thread_ends_when_consumer_stops_early(
-    engine: CosyVoice3Engine, voice: VoicePrompt
-) -> None:
-    opts = SynthesisOptions(overlap_decoding=True, first_hop_tokens=3, max_decode_tokens=200)
-    stream = engine.synthesize(TEXT, voice, opts)
-    next(stream)
-    stream.close()  # type: ignore[attr-defined]
-    assert not llm_threads()
-
-
 # -- presets --------------------------------------------------------------------------------
 
 
 def test_quality_preset_is_spec_exact() -> None:
     q = PRESETS["quality"]
-    assert (q.euler_steps, q.cfg_rate, q.cfg_steps) == (10, 0.7, None)
-    assert (q.flow_precision, q.flow_left_context_tokens, q.flow_prompt_tokens) == ("fp32", 0, 0)
+    assert (q.flow.schedule.steps, q.flow.schedule.cfg_rate) == (10, 0.7)
+    assert (q.flow.precision, q.flow.left_context_tokens, q.flow.prompt_tokens) == ("fp32", 0, 0)
     # upstream's PyTorch streaming: chunk mask, schedule 25 (+ grid padding) -> 50 -> 100
-    assert (q.flow_chunk_causal, q.first_hop_on_chunk_grid) == (True, True)
-    assert (q.first_hop_tokens, q.max_hop_tokens, q.vocoder_window_frames) == (25, 100, 0)
+    assert (q.flow.chunk_causal, q.flow.first_hop_on_chunk_grid) == (True, True)
+    assert (q.flow.first_hop_tokens, q.flow.max_hop_tokens) == (25, 100)
+    assert q.vocoder_window_frames == 0
 
 
 @pytest.fixture(scope="module")
@@ -212,9 +163,9 @@ def test_every_preset_validates_and_synthesises(
     opts = PRESETS[name].replace(max_decode_tokens=30)
     opts.validate()
     assert len(audio(dit_engine, voice, **_fields(opts))) > 0
-    estimator = dit_engine.model.estimator_for(opts.flow_precision)
+    estimator = dit_engine.model.estimator_for(opts.flow.precision)
     assert isinstance(estimator, SplitEstimator)  # no fallback to the whole graph
-    assert ("int8main" in estimator.path.name) is (opts.flow_precision == "int8")
+    assert ("int8main" in estimator.path.name) is (opts.flow.precision == "int8")
 
 
 def _fields(opts: SynthesisOptions) -> dict[str, Any]:
@@ -347,7 +298,8 @@ def test_trimmed_flow_prompt_reads_the_same_noise_columns(
 
     monkeypatch.setattr(engine.flow, "mel_for_tokens", spy)
     audio(engine, voice, streaming=False, max_decode_tokens=30, seed=5)
-    audio(engine, voice, streaming=False, max_decode_tokens=30, seed=5, flow_prompt_tokens=4)
+    audio(engine, voice, streaming=False, max_decode_tokens=30, seed=5,
+          flow={"prompt_tokens": 4})
     (full_p, full_noise), (trim_p, trim_noise) = seen
     assert trim_p == 8 and full_p > trim_p
     # prompt frames: the last 8 of the whole prompt's columns; generated: identical columns

@@ -101,7 +101,7 @@ def test_engine_with_split_estimator_gives_the_same_audio(
     assert isinstance(split.model.estimator, SplitEstimator)
     clip = write_clip(tmp_path / "ref.wav", seconds=3.0)
     voice = plain.prepare_voice(clip, transcript="This is a reference clip.")
-    opts = SynthesisOptions(seed=4, max_decode_tokens=40, first_hop_tokens=5)
+    opts = SynthesisOptions(seed=4, max_decode_tokens=40).replace(flow={"first_hop_tokens": 5})
     a = np.concatenate([c.samples for c in plain.synthesize("Lights on now.", voice, opts)])
     b = np.concatenate([c.samples for c in split.synthesize("Lights on now.", voice, opts)])
     assert len(a) > 0
@@ -123,6 +123,6 @@ def test_warm_up_precomputes_the_time_conditioning_of_every_preset(
     runs = estimator.time_runs
     assert runs >= 1
     for preset in PRESETS.values():
-        opts = preset.replace(flow_precision="fp32", max_decode_tokens=12)
+        opts = preset.replace(max_decode_tokens=12, flow={"precision": "fp32"})
         assert list(engine.synthesize("Lights on.", voice, opts))
     assert estimator.time_runs == runs

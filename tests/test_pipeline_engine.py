@@ -77,7 +77,7 @@ class Recorder:
 
 
 def run(engine: CosyVoice3Engine, text: str, voice: VoicePrompt, **opts: Any) -> list[AudioChunk]:
-    return list(engine.synthesize(text, voice, SynthesisOptions(**opts)))
+    return list(engine.synthesize(text, voice, SynthesisOptions().replace(**opts)))
 
 
 def audio(chunks: list[AudioChunk]) -> np.ndarray:
@@ -140,9 +140,9 @@ def test_seed_reproduces_audio(engine, voice) -> None:
     # vocoder deferral follows the wall clock and moves the samples by float rounding
     # (where it cuts the mel): off, so that the seed alone decides
     text = "Good morning, the coffee is ready."
-    a = audio(run(engine, text, voice, seed=3, vocoder_defer=False))
-    b = audio(run(engine, text, voice, seed=3, vocoder_defer=False))
-    c = audio(run(engine, text, voice, seed=4, vocoder_defer=False))
+    a = audio(run(engine, text, voice, seed=3, vocoder={"defer": False}))
+    b = audio(run(engine, text, voice, seed=3, vocoder={"defer": False}))
+    c = audio(run(engine, text, voice, seed=4, vocoder={"defer": False}))
     assert len(a) > 0 and np.array_equal(a, b)
     assert len(a) != len(c) or not np.array_equal(a, c)
 
@@ -207,8 +207,8 @@ def test_int16_output_and_bounded_options(engine, voice) -> None:
     a, b = audio(f32), audio(i16)
     assert b.dtype == np.int16 and len(a) == len(b)
     assert np.array_equal(b, np.round(a * 32767.0).astype(np.int16))
-    # bounded flow history and CFG in the first steps only: same length, different numbers
-    fast = audio(run(engine, MEDIUM_TEXT, voice, seed=9, flow_left_context_tokens=10, cfg_steps=3))
+    # bounded flow history: same length, different numbers
+    fast = audio(run(engine, MEDIUM_TEXT, voice, seed=9, flow={"left_context_tokens": 10}))
     full = audio(run(engine, MEDIUM_TEXT, voice, seed=9))
     assert len(fast) == len(full) and not np.array_equal(fast, full)
 
@@ -222,7 +222,7 @@ def test_warm_up(engine, voice, monkeypatch) -> None:
     """Warm-up runs every graph once on a short text (at most 50 LLM tokens), leaves the
     voice's prefix KV in the cache, and does not change what a request then produces."""
     engine.llm.prefix_cache.clear()
-    before = audio(run(engine, MEDIUM_TEXT, voice, seed=4, vocoder_defer=False))
+    before = audio(run(engine, MEDIUM_TEXT, voice, seed=4, vocoder={"defer": False}))
     engine.llm.prefix_cache.clear()
     rec = Recorder(engine, monkeypatch)
     engine.warm_up(voice)
@@ -230,7 +230,7 @@ def test_warm_up(engine, voice, monkeypatch) -> None:
     assert len(rec.pieces) == 1 and 2 <= len(rec.pieces[0]) <= 50
     assert len(engine.llm.prefix_cache) == 1
     monkeypatch.undo()
-    after = audio(run(engine, MEDIUM_TEXT, voice, seed=4, vocoder_defer=False))
+    after = audio(run(engine, MEDIUM_TEXT, voice, seed=4, vocoder={"defer": False}))
     assert len(engine.llm.prefix_cache) == 1  # the request found the warmed prefix
     np.testing.assert_array_equal(after, before)
 
@@ -295,8 +295,8 @@ def test_vocoder_defer_is_exact_and_runs_fewer_frames(engine, voice, monkeypatch
         monkeypatch.setattr(RequestState, "lead_s",
                             lambda self: 60.0 if real_lead(self) != 0.0 else 0.0)
         result = SynthesisResult()
-        opts = SynthesisOptions(seed=4, first_hop_tokens=5, max_hop_tokens=10,
-                                vocoder_defer=defer)
+        opts = SynthesisOptions(seed=4).replace(
+            flow={"first_hop_tokens": 5, "max_hop_tokens": 10}, vocoder={"defer": defer})
         with fixed_decoding(engine, 0.8):
             chunks = list(engine.synthesize(LONG_TEXT, voice, opts, result=result))
         runs[defer] = (audio(chunks), rec.calls.count("hift"), rec.calls.count("flow_encoder"),
@@ -358,8 +358,8 @@ def test_planned_pieces_are_the_pieces_synthesis_speaks(engine, voice, monkeypat
 def test_each_chunk_announces_the_audio_of_its_pieces_next_chunk(engine, voice) -> None:
     """``AudioChunk.next_chunk_s`` is the piece's next hop in seconds (hops 5, 10, 20 tokens
     at 25 tokens per second, halved again at speed 2), 0 on a piece's last chunk."""
-    opts = SynthesisOptions(seed=4, first_hop_tokens=5, max_hop_tokens=20, vocoder_defer=False,
-                            max_piece_tokens=12)
+    opts = SynthesisOptions(seed=4, max_piece_tokens=12).replace(
+        flow={"first_hop_tokens": 5, "max_hop_tokens": 20}, vocoder={"defer": False})
     text = "The kitchen lights are on now. The front door is locked for the night."
     with fixed_decoding(engine, 1.5):
         chunks = list(engine.synthesize(text, voice, opts))
@@ -377,11 +377,11 @@ def test_each_chunk_announces_the_audio_of_its_pieces_next_chunk(engine, voice) 
 
 
 def test_whole_middle_pieces_run_in_one_chunk_each(engine, voice) -> None:
-    """``whole_middle_pieces``: the first and the last piece stream exactly as before, each
+    """``flow.whole_middle_pieces``: the first and the last piece stream exactly as before, each
     middle piece comes as one chunk that equals the piece of a request made without
     streaming (the same tokens through one flow and vocoder call)."""
-    opts = SynthesisOptions(seed=4, first_hop_tokens=5, max_hop_tokens=20, vocoder_defer=False,
-                            max_piece_tokens=12)
+    opts = SynthesisOptions(seed=4, max_piece_tokens=12).replace(
+        flow={"first_hop_tokens": 5, "max_hop_tokens": 20}, vocoder={"defer": False})
     text = ("The kitchen lights are on now. The front door is locked for the night. "
             "The heating is set to twenty degrees. Good night.")
 
@@ -394,7 +394,7 @@ def test_whole_middle_pieces_run_in_one_chunk_each(engine, voice) -> None:
     with fixed_decoding(engine, 1.5):
         streamed = by_piece(list(engine.synthesize(text, voice, opts)))
         whole = by_piece(list(engine.synthesize(text, voice,
-                                                opts.replace(whole_middle_pieces=True))))
+                                                opts.replace(flow={"whole_middle_pieces": True}))))
         one_shot = by_piece(list(engine.synthesize(text, voice, opts.replace(streaming=False))))
     last = len(streamed) - 1
     assert last >= 2 and sorted(whole) == sorted(streamed) == sorted(one_shot)

@@ -4,11 +4,17 @@ expected values are read from the README, the values under test from ``PRESET_ST
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from wyoming_cosyvoice3.engine.options import PRESET_LLM_GRAPHS, PRESET_STAGES, PRESETS
+from wyoming_cosyvoice3.engine.options import (
+    PRESET_LLM_GRAPHS,
+    PRESET_STAGES,
+    PRESETS,
+    SynthesisOptions,
+)
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -53,10 +59,10 @@ def test_the_table_states_each_stage_of_the_preset(name: str) -> None:
     assert named == list(preset.llm.decode_graphs)  # the default graph first
     assert PRESET_LLM_GRAPHS[name] == preset.llm.graph == named[0]
     assert rows["flow DiT precision"].split()[0] == flow.precision
-    assert int(rows["Euler steps"]) == flow.euler_steps
+    assert int(rows["Euler steps"]) == flow.schedule.steps
     rate, _, steps = rows["CFG"].partition(" in ")
-    assert float(rate) == flow.cfg_rate
-    assert (steps == "every step") == (flow.cfg_steps is None)
+    assert float(rate) == flow.schedule.cfg_rate
+    assert steps == "every step"
     attention = rows["flow attention"]
     assert ("chunk-causal" in attention or "chunk mask" in attention) == flow.chunk_causal
     assert ("final chunk too" in attention) == flow.final_chunk_causal
@@ -71,30 +77,22 @@ def test_the_table_states_each_stage_of_the_preset(name: str) -> None:
     vocoder = rows["vocoder if the streamed form cannot be derived"]
     window = re.search(r"(\d+)-frame window", vocoder)
     assert (int(window.group(1)) if window else 0) == preset.vocoder.window_frames
-    fallback = PRESETS[name].fallback()
+    fallback = flow.full_attention()
     no_dit = rows["if the streaming DiT cannot be derived (one warning)"]
     assert (tokens(no_dit, "prompt"), tokens(no_dit, "history")) == (
-        fallback.flow_prompt_tokens, fallback.flow_left_context_tokens)
+        fallback.prompt_tokens, fallback.left_context_tokens)
 
 
 @pytest.mark.parametrize("name", sorted(PRESET_STAGES))
 def test_the_request_options_carry_the_stage_records(name: str) -> None:
-    """``PRESETS`` is the same preset as request options: every stage field lands in the
-    option of the same meaning, the other options keep their defaults."""
+    """``PRESETS`` is the same preset as request options: the stage records are the preset's,
+    the caller's fields keep their defaults."""
     preset, options = PRESET_STAGES[name], PRESETS[name]
-    flow = preset.flow
-    assert (options.flow_precision, options.euler_steps, options.cfg_rate, options.cfg_steps) == (
-        flow.precision, flow.euler_steps, flow.cfg_rate, flow.cfg_steps)
-    assert (options.flow_chunk_causal, options.flow_final_chunk_causal) == (
-        flow.chunk_causal, flow.final_chunk_causal)
-    assert (options.flow_prompt_tokens, options.flow_left_context_tokens) == (
-        flow.prompt_tokens, flow.left_context_tokens)
-    assert (options.fallback_prompt_tokens, options.fallback_left_context_tokens) == (
-        flow.fallback_prompt_tokens, flow.fallback_left_context_tokens)
-    assert (options.first_hop_tokens, options.first_hop_on_chunk_grid) == (
-        flow.first_hop_tokens, flow.first_hop_on_chunk_grid)
-    assert options.whole_middle_pieces == flow.whole_middle_pieces
+    assert (options.llm, options.flow, options.vocoder) == (
+        preset.llm, preset.flow, preset.vocoder)
     assert options.vocoder_window_frames == preset.vocoder.window_frames
-    assert (options.speed, options.seed, options.max_hop_tokens, options.streaming) == (
-        1.0, 0, 100, True)
+    callers = {f.name: getattr(options, f.name) for f in fields(options)
+               if f.name not in ("llm", "flow", "vocoder", "vocoder_window_frames")}
+    defaults = SynthesisOptions()
+    assert callers == {name: getattr(defaults, name) for name in callers}
     options.validate()

@@ -199,7 +199,8 @@ async def test_auto_chooses_before_loading_logs_one_line_and_shows_it(
                 1 / (0.9 * KEEPS_UP_RTF * (1 + PREDICTION_ERROR)), rel=1e-6)
             # the settings name an LLM graph (published): it wins over the machine's choice
             assert runtime.llm_plan is not None and runtime.llm_plan.decode == "published"
-            assert runtime.synthesis_options().euler_steps == PRESETS["fast"].euler_steps == 2
+            steps = runtime.synthesis_options().flow.schedule.steps
+            assert steps == PRESETS["fast"].flow.schedule.steps == 2
             async with client(server) as cl:
                 await cl.write_event(Synthesize(text="The door is locked.").event())
                 response = await collect(cl, "audio-stop")

@@ -34,7 +34,7 @@ async def test_default_preset_runs_the_int8_streaming_dit_end_to_end(
     # (test_server_auto_preset.py); this test runs balanced on any machine
     assert settings.preset == "balanced" and Settings.preset == "auto"
     balanced = PRESETS["balanced"]
-    assert balanced.flow_precision == "int8" and balanced.flow_chunk_causal
+    assert balanced.flow.precision == "int8" and balanced.flow.chunk_causal
     with caplog.at_level(logging.INFO):
         async with running_server(settings) as server:
             engine: Any = server.runtime.engine
@@ -80,7 +80,7 @@ async def test_default_preset_runs_the_int8_streaming_dit_end_to_end(
         check_audio_format(response)
         assert not response.errors and len(response.samples) > 24000 // 4
     # 4 Euler steps per flow call of the preset, each through the int8 streaming DiT
-    assert used_by_one_shot >= balanced.euler_steps
+    assert used_by_one_shot >= balanced.flow.schedule.steps
     assert len(calls) > used_by_one_shot
     # every derived graph of the preset was made and used: not one fallback warning
     problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

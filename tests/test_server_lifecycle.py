@@ -218,8 +218,8 @@ async def test_warm_up_uses_the_preset(tiny_model_dir: Path, tiny_engine_cache: 
         (spy,) = holder
         options = spy.warm_up_options
         assert options is not None
-        assert options.euler_steps == PRESETS["fast"].euler_steps == 2
-        assert options.flow_precision == PRESETS["fast"].flow_precision
+        assert options.flow.schedule.steps == PRESETS["fast"].flow.schedule.steps == 2
+        assert options.flow.precision == PRESETS["fast"].flow.precision
 
 
 class GatedWarmUp(FaultyEngine):

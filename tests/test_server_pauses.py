@@ -694,7 +694,7 @@ class RecordingPacedEngine(PiecePacedEngine):
     def synthesize(self, text, voice, options=None, should_stop=None, result=None):  # type: ignore[no-untyped-def]
         assert options is not None
         self.max_piece_tokens.append(options.max_piece_tokens)
-        self.whole_middle_pieces.append(options.whole_middle_pieces)
+        self.whole_middle_pieces.append(options.flow.whole_middle_pieces)
         return super().synthesize(text, voice, options, should_stop, result)
 
 

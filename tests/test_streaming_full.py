@@ -1,6 +1,6 @@
 """One DiT graph for chunk-causal streaming and full attention (one graph's memory, not two).
 
-With a ``flow_chunk_causal`` ``EngineOptions.preset`` the engine opens the derived streaming
+With a ``flow.chunk_causal`` ``EngineOptions.preset`` the engine opens the derived streaming
 DiT at start and runs the full-attention passes (final chunks, one-shot requests) through it, so the
 published estimator of that precision is never loaded. The tiny model's DiT is upstream's
 architecture, so the streaming derivation works on it; a convolutional estimator
@@ -36,7 +36,7 @@ def _engine(model_dir: Path, cache: Path, one_graph: bool,
             split_estimator: bool = True) -> CosyVoice3Engine:
     return CosyVoice3Engine.load(model_dir, EngineOptions(
         threads=1, llm_precision="fp32", cache_dir=cache, split_estimator=split_estimator,
-        preset=SynthesisOptions(flow_chunk_causal=one_graph)))
+        preset=SynthesisOptions().replace(flow={"chunk_causal": one_graph})))
 
 
 @pytest.fixture
@@ -57,8 +57,8 @@ def engines(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path
 
 def _audio(engine: CosyVoice3Engine, model_dir: Path, streaming: bool) -> list[np.ndarray]:
     voice = engine.prepare_voice(model_dir / "voices" / "en-male.wav", "A test voice.")
-    options = PRESETS["quality"].replace(euler_steps=3, streaming=streaming, vocoder_defer=False,
-                                         seed=3)
+    options = PRESETS["quality"].replace(
+        streaming=streaming, seed=3, flow={"schedule": {"steps": 3}}, vocoder={"defer": False})
     with fixed_decoding(engine, 2.0):
         return [c.samples for c in engine.synthesize(TEXT, voice, options)]
 
@@ -124,7 +124,7 @@ def test_one_graph_gives_the_two_graph_mel_and_the_same_mel_the_same_audio(
     mel_two, ref = _run(two, tiny_dit_model_dir, streaming, monkeypatch)
     assert len(got) == len(ref) >= (3 if streaming else 1)
     assert len(mel_one) == len(mel_two) == (len(ref) if streaming else 1)
-    cfg = PRESETS["quality"].cfg_rate
+    cfg = PRESETS["quality"].flow.schedule.cfg_rate
     for a, b in zip(mel_one, mel_two, strict=True):
         assert a.shape == b.shape and a.shape[1] > 0
         bound = (1 + 2 * cfg) * FP32_TOL * max(1.0, float(np.abs(b).max()))
@@ -179,7 +179,7 @@ def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
 ) -> None:
     """Without the streaming DiT, ``balanced`` runs full attention with its fallback bounds
     (25 prompt tokens, 10 of history) instead of the 100 / 50 it caches when chunk-causal."""
-    from wyoming_cosyvoice3.engine import pipeline
+    from wyoming_cosyvoice3.engine.flow import stream
     from wyoming_cosyvoice3.engine.flow.stream import MelStream
 
     engine = _engine(conv_dit_copy, tmp_path / "cache", True, split_estimator=False)
@@ -187,7 +187,7 @@ def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
     prompts: list[int] = []
     starts: list[int] = []
     offsets: list[int] = []
-    real_features, real_mel = pipeline.flow_prompt_features, engine.flow.mel_for_tokens
+    real_features, real_mel = stream.flow_prompt_features, engine.flow.mel_for_tokens
     real_next_mel = MelStream.next_mel
 
     def features(voice: object, tokens: int) -> object:
@@ -202,11 +202,11 @@ def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
         offsets.append(self.offset_tokens)
         return real_next_mel(self, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "flow_prompt_features", features)
+    monkeypatch.setattr(stream, "flow_prompt_features", features)
     monkeypatch.setattr(engine.flow, "mel_for_tokens", mel)
     monkeypatch.setattr(MelStream, "next_mel", next_mel)
     voice = engine.prepare_voice(conv_dit_copy / "voices" / "en-male.wav", "A test voice.")
-    options = PRESETS["balanced"].replace(vocoder_defer=False)
+    options = PRESETS["balanced"].replace(vocoder={"defer": False})
     with fixed_decoding(engine, 4.0):
         chunks = list(engine.synthesize(TEXT, voice, options))
     assert chunks and chunks[-1].is_last
@@ -215,8 +215,9 @@ def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
     assert len(pairs) >= 3 and pairs[0] == (0, 0)
     assert all(start == max(0, offset - 10) for start, offset in pairs)
     assert any(start > 0 for start, _ in pairs)  # history really was cut
-    assert PRESETS["balanced"].fallback().flow_chunk_causal is False
-    assert PRESETS["quality"].fallback() == PRESETS["quality"].replace(flow_chunk_causal=False)
+    assert PRESETS["balanced"].flow.full_attention().chunk_causal is False
+    quality = PRESETS["quality"]
+    assert quality.flow.full_attention() == quality.replace(flow={"chunk_causal": False}).flow
 
 
 def test_bench_dit_forms_compares_the_two_forms(tiny_dit_model_dir: Path,
@@ -242,7 +243,7 @@ def int8_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> CosyVoice
     """The engine of today's ``balanced`` and ``fast`` (int8 streaming DiT, chunk-causal)."""
     return CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
         threads=1, cache_dir=tiny_dit_cache_dir, observer=FixedDecoding(2.0),
-        preset=SynthesisOptions(flow_precision="int8", flow_chunk_causal=True)))
+        preset=SynthesisOptions().replace(flow={"precision": "int8", "chunk_causal": True})))
 
 
 @pytest.mark.parametrize("preset", ["balanced", "fast"])
@@ -257,7 +258,7 @@ def test_case_c5_chunk_causal_presets_keep_their_caches_bounded(
     from wyoming_cosyvoice3.engine.flow.solver import cacheable_prompt_frames
 
     opts = PRESETS[preset]
-    assert opts.flow_chunk_causal and opts.flow_final_chunk_causal
+    assert opts.flow.chunk_causal and opts.flow.final_chunk_causal
     engine = int8_engine
     voice = engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav", "A test voice.")
     flow = engine.chunked.get("int8")
@@ -277,15 +278,15 @@ def test_case_c5_chunk_causal_presets_keep_their_caches_bounded(
     monkeypatch.setattr(flow, "chunk_mel", recording)
     text = ("The kitchen lights are on and the front door is locked and the heating is set "
             "to twenty one degrees for the rest of the evening in every room of the house")
-    options = opts.replace(vocoder_defer=False)
+    options = opts.replace(vocoder={"defer": False})
     chunks = list(engine.synthesize(text, voice, options))
-    bound = C.TOKEN_MEL_RATIO * opts.flow_left_context_tokens
+    bound = C.TOKEN_MEL_RATIO * opts.flow.left_context_tokens
     assert len(chunks) >= 5 and chunks[-1].is_last
     assert max(seen) > 2 * bound  # the piece is long enough for the bound to act
     assert 0 < max(stored) <= bound
     prompt = next(iter(flow._prompts.values()))
     assert prompt.frames == cacheable_prompt_frames(
-        min(len(voice.features.speech_tokens), opts.flow_prompt_tokens))
+        min(len(voice.features.speech_tokens), opts.flow.prompt_tokens))
 
 
 @pytest.mark.parametrize("preset", ["balanced", "fast"])
@@ -296,8 +297,8 @@ def test_whole_middle_pieces_equal_the_one_shot_pieces_chunk_causally(
     holds pieces) must run that same flow, so it is sample-equal to the piece of a one-shot
     request (test_pipeline_engine.py checks the full-attention presets)."""
     opts = PRESETS[preset]
-    assert opts.flow_chunk_causal and opts.flow_final_chunk_causal
-    opts = opts.replace(seed=4, vocoder_defer=False, max_piece_tokens=12)
+    assert opts.flow.chunk_causal and opts.flow.final_chunk_causal
+    opts = opts.replace(seed=4, max_piece_tokens=12, vocoder={"defer": False})
     engine = int8_engine
     voice = engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav", "A test voice.")
     text = ("The kitchen lights are on now. The front door is locked for the night. "
@@ -309,8 +310,8 @@ def test_whole_middle_pieces_equal_the_one_shot_pieces_chunk_causally(
             pieces.setdefault(c.piece_index, []).append(c)
         return pieces
 
-    whole = by_piece(opts.replace(whole_middle_pieces=True))
-    one_shot = by_piece(opts.replace(streaming=False, whole_middle_pieces=False))
+    whole = by_piece(opts.replace(flow={"whole_middle_pieces": True}))
+    one_shot = by_piece(opts.replace(streaming=False, flow={"whole_middle_pieces": False}))
     last = len(whole) - 1
     assert last >= 2 and sorted(whole) == sorted(one_shot)
     for index in range(1, last):
@@ -375,7 +376,7 @@ def test_quality_frees_the_history_before_its_full_attention_final_chunk(
     monkeypatch.setattr(flow, "chunk_mel", recording)
     monkeypatch.setattr(engine.flow, "mel_for_tokens", final)
     voice = engine.prepare_voice(tiny_dit_model_dir / "voices" / "en-male.wav", "A test voice.")
-    options = PRESETS["quality"].replace(euler_steps=2, vocoder_defer=False)
+    options = PRESETS["quality"].replace(flow={"schedule": {"steps": 2}}, vocoder={"defer": False})
     with fixed_decoding(engine, 3.0):
         assert list(engine.synthesize(TEXT, voice, options))[-1].is_last
     assert histories and alive_at_final == [False]

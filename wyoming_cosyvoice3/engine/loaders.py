@@ -27,7 +27,7 @@ LLM stage
 Flow stage, per DiT precision p ("fp32" or "int8")
 
 * ``streaming`` (chunk-causal chunks; asked for at load when ``EngineOptions.preset`` is
-  ``flow_chunk_causal``, else by the first chunk-causal request):
+  ``flow.chunk_causal``, else by the first chunk-causal request):
 
   1. chunk-causal streaming DiT -- a ``cache_dir`` -- flow/streaming_estimator (stream2main or
      stream2int8main, stream1time);
@@ -35,8 +35,8 @@ Flow stage, per DiT precision p ("fp32" or "int8")
 
 * ``estimator`` (full-attention passes):
 
-  1. the streaming DiT run with full attention -- the preset is ``flow_chunk_causal``, p is
-     its ``flow_precision`` and the streaming DiT loaded -- (the streaming form above);
+  1. the streaming DiT run with full attention -- the preset is ``flow.chunk_causal``, p is
+     its ``flow.precision`` and the streaming DiT loaded -- (the streaming form above);
   2. split time / per-frame pair, the per-frame part int8 for int8 -- ``split_estimator``
      (auto) -- flow/estimator_split (main or int8main, time);
   3. the whole graph in int8 -- p is "int8" -- flow/quantize (int8r2);
@@ -126,8 +126,8 @@ def estimator_forms(
 
     return [
         Form("full-attention streaming DiT", derived=False,
-             wanted=(streaming is not None and options.preset.flow_chunk_causal
-                     and precision == options.preset.flow_precision),
+             wanted=(streaming is not None and options.preset.flow.chunk_causal
+                     and precision == options.preset.flow.precision),
              open=lambda _cache: FullAttentionDiT(streaming)),
         Form("split DiT estimator", open=split,
              wanted=_wanted(options.split_estimator, options),
@@ -175,7 +175,7 @@ def open_streaming(model_dir: Path, options: EngineOptions, precision: str,
                              "EngineOptions.cache_dir; server: --cache-dir)")
     est = load_streaming_estimator(model_dir, cache_dir, precision, options.threads,
                                    options.providers, options.spin_wait)
-    steps = sorted({p.euler_steps for p in PRESETS.values()} | {C.DEFAULT_EULER_STEPS})
+    steps = sorted({p.flow.schedule.steps for p in PRESETS.values()} | {C.DEFAULT_EULER_STEPS})
     est.precompute([float(t) for n in steps for t in cosine_t_schedule(n)[:-1]])
     return est
 

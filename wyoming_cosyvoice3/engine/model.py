@@ -187,7 +187,7 @@ class CosyVoice3Model:
     """Tokenizer, graphs and dimensions of one model directory (shared, read-only).
 
     Graph sessions are thread-safe for ``run``; per-request state never lives here.
-    ``estimator`` is the DiT estimator of ``options.preset.flow_precision``; the other
+    ``estimator`` is the DiT estimator of ``options.preset.flow.precision``; the other
     precision is loaded on first use by :meth:`estimator_for`. ``text_embedding`` is a
     memory-mapped :class:`~.derive.llm.embedding_table.TableEmbedding` when
     ``options.mmap_embeddings`` and the graph is a plain lookup, else the graph.
@@ -240,7 +240,7 @@ class CosyVoice3Model:
         self._voice_lock = threading.Lock()
         self._voice_encoders: tuple[Graph, Graph] | None = None
         self._graphs: dict[tuple[str, str], Estimator | StreamingEstimator | None] = {
-            ("estimator", options.preset.flow_precision): self.estimator,
+            ("estimator", options.preset.flow.precision): self.estimator,
             **{("streaming", p): est for p, est in (streaming or {}).items()},
         }
         """The one cache of per-precision DiT graphs: (role, precision) -> the loaded form;
@@ -280,9 +280,9 @@ class CosyVoice3Model:
         # that windows need) is derived only without it, and hift.onnx loads on first use
         hift, hift_phase_period = (load_hift(model_dir, options) if hift_stream is None
                                    else (None, None))
-        precision = options.preset.flow_precision
+        precision = options.preset.flow.precision
         streaming: dict[str, StreamingEstimator | None] = {}
-        if options.preset.flow_chunk_causal:
+        if options.preset.flow.chunk_causal:
             streaming[precision] = load_streaming_or_none(model_dir, options, precision)
         # one DiT graph serves chunks and full attention when the streaming DiT loaded
         estimator = load_estimator(model_dir, options, precision, streaming.get(precision))

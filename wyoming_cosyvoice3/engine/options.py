@@ -1,8 +1,10 @@
 """What the engine is given and what it gives back.
 
 * Options: :class:`EngineOptions` (how the model's graphs are loaded, fixed for the engine's
-  life), :class:`SynthesisOptions` (how one request runs) and the named presets, one record
-  per stage each (:data:`PRESET_STAGES`; as request options: :data:`PRESETS`).
+  life), :class:`SynthesisOptions` (how one request runs: the caller's fields and one record
+  per stage, :class:`LlmPreset`, :class:`FlowPreset` with its :class:`EulerSchedule` and
+  :class:`FlowFallback`, :class:`VocoderPreset`) and the named presets
+  (:data:`PRESET_STAGES`; as request options: :data:`PRESETS`).
 * Records passed between the stages and returned to callers: voice features and prompts, the
   LLM prompt of a piece, audio chunks, a request's result and stage times.
 * :class:`EngineObserver`: how a caller (the benchmark, a profiler, a test) watches what the
@@ -19,7 +21,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -35,75 +37,202 @@ LOSSLESS_LLM_GRAPHS: tuple[LlmGraph, ...] = ("fused", "fused-b8")
 FlowPrecision = Literal["fp32", "int8"]
 LLM_FILES: dict[str, str] = {"fp32": "llm.onnx", "int8": "llm_int8.onnx", "q4": "llm_q4.onnx"}
 """LLM graph file per precision (model card of the ONNX export)."""
+_Record = TypeVar("_Record")
+
+
+@dataclass(frozen=True)
+class EulerSchedule:
+    """How one flow pass integrates (flow_matching.py ``solve_euler``).
+
+    Attributes:
+        steps: Euler steps n (``n_timesteps``; upstream 10). Range 1..50.
+        cfg_rate: classifier-free guidance rate (``inference_cfg_rate``; upstream 0.7), run in
+            every step; 0 runs no unconditional row at all. Range 0..2.
+    """
+
+    steps: int = C.DEFAULT_EULER_STEPS
+    cfg_rate: float = C.DEFAULT_CFG_RATE
+
+    @property
+    def guided(self) -> tuple[bool, ...]:
+        """Per step, whether it runs CFG (two rows): every step, none when ``cfg_rate`` is 0
+        (``(1 + 0) v_cond - 0 v_uncond == v_cond``)."""
+        return (self.cfg_rate != 0.0,) * self.steps
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        """Which steps use CFG (1) or not (0): the part of a cached key/value set that
+        depends on the schedule (its batch per step)."""
+        return tuple(int(g) for g in self.guided)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the field when a value is out of range."""
+        if not 1 <= self.steps <= 50:
+            raise ValueError(f"euler steps must be within 1..50, got {self.steps}")
+        if not 0.0 <= self.cfg_rate <= 2.0:
+            raise ValueError(f"cfg_rate must be within 0..2, got {self.cfg_rate}")
+
+
+@dataclass(frozen=True)
+class FlowFallback:
+    """The flow's context bounds while a chunk-causal preset runs full attention (the
+    streaming DiT could not be derived from the model: one warning at start). Full attention
+    runs the prompt and the history again in every chunk, so context that is cheap when
+    cached is several times the work there; a lossy preset names smaller bounds for that case.
+
+    Attributes:
+        prompt_tokens: replaces :attr:`FlowPreset.prompt_tokens`; None = the same.
+        left_context_tokens: replaces :attr:`FlowPreset.left_context_tokens`; None = the same.
+    """
+
+    prompt_tokens: int | None = None
+    left_context_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class FlowPreset:
+    """The flow stage of a preset (and of a request). The defaults are upstream's values,
+    streamed under full attention.
+
+    Attributes:
+        precision: DiT estimator weights: ``fp32`` (spec-exact) or ``int8`` (dynamic
+            per-channel MatMul quantisation, see :mod:`.derive.flow.quantize`).
+        schedule: Euler steps and CFG rate.
+        chunk_causal: non-final streamed chunks run the DiT under upstream's static 50-frame
+            chunk mask (dit.py ``streaming=True``) with the prompt's and the earlier chunks'
+            keys/values cached, so a chunk costs only its own frames; the final chunk keeps
+            full attention (upstream ``finalize=True``). Uses a streaming estimator derived
+            once from the model (falls back to full attention and :attr:`fallback`, with one
+            warning). ``left_context_tokens`` then bounds the cached history instead (attended
+            and stored).
+        final_chunk_causal: with ``chunk_causal``, the final chunk (and a one-shot piece) also
+            runs chunk-causal on its new frames only, instead of upstream's full attention
+            over the prompt and the whole piece (``finalize=True``): its cost no longer grows
+            with the prompt and the piece. Lossy: the cached keys/values of the earlier frames
+            were made under the chunk mask and never see the final frames (BENCHMARKS.md
+            "Levers" gives the measured deviation).
+        prompt_tokens: when > 0, the flow sees only the last this-many prompt tokens and
+            their 2x mel frames (the LLM still gets the whole prompt); 0 = whole prompt.
+        left_context_tokens: when > 0, later chunks run the flow on the prompt plus only this
+            many generated tokens before the new chunk (bounded cost); 0 keeps the whole
+            history (spec-exact).
+        fallback: the context bounds while the streaming DiT is not available.
+        first_hop_tokens: speech tokens in the first streamed chunk (upstream 25; smaller is
+            faster first audio: the exported estimator uses full attention, so any size works).
+        first_hop_on_chunk_grid: pad the first hop so that prompt + first hop end on the
+            25-token (50-frame) chunk grid, as upstream does (model.py ``prompt_token_pad``);
+            needed for exact chunk-causal streaming.
+        max_hop_tokens: the hop doubles after each chunk up to this many tokens (upstream 100).
+        whole_middle_pieces: the pieces between a request's first and last run the flow and
+            the vocoder once each, when the LLM has ended them, instead of in streamed chunks
+            (streaming still holds for the first and the last piece). Every flow chunk costs
+            a fixed part on top of its frames (4 Euler steps of about 40 ms at ``balanced`` on
+            the 2-core reference machine, BENCHMARKS.md "What a listener hears"), and on a
+            machine slower than playback the server holds such a piece until most of it is
+            made anyway (:mod:`wyoming_cosyvoice3.server.preroll`), so its chunks only cost
+            time. Exact in the sense of upstream's ``stream=False``: the piece's audio is what
+            a one-shot request gives for it. The server keeps it only while it bounds pieces
+            for slower-than-playback synthesis: on a faster machine a middle piece streamed
+            keeps playback going.
+    """
+
+    precision: FlowPrecision = "fp32"
+    schedule: EulerSchedule = EulerSchedule()
+    chunk_causal: bool = False
+    final_chunk_causal: bool = False
+    prompt_tokens: int = 0
+    left_context_tokens: int = 0
+    fallback: FlowFallback = FlowFallback()
+    first_hop_tokens: int = 15
+    first_hop_on_chunk_grid: bool = False
+    max_hop_tokens: int = 100
+    whole_middle_pieces: bool = False
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the field when a value is out of range."""
+        self.schedule.validate()
+        if self.precision not in ("fp32", "int8"):
+            raise ValueError(f"flow precision must be fp32 or int8, got {self.precision!r}")
+        if not 1 <= self.first_hop_tokens <= self.max_hop_tokens:
+            raise ValueError("first_hop_tokens must be >= 1 and <= max_hop_tokens")
+        if min(self.prompt_tokens, self.left_context_tokens) < 0:
+            raise ValueError("flow prompt_tokens and left_context_tokens must be >= 0")
+        fallback = self.fallback
+        if min(fallback.prompt_tokens or 0, fallback.left_context_tokens or 0) < 0:
+            raise ValueError("flow fallback prompt_tokens and left_context_tokens must be >= 0")
+
+    def full_attention(self) -> FlowPreset:
+        """This preset as it runs without the streaming DiT: not chunk-causal, and the
+        :attr:`fallback` bounds (when set) instead of the prompt and history bounds."""
+        prompt, left = self.fallback.prompt_tokens, self.fallback.left_context_tokens
+        return dataclasses.replace(
+            self,
+            chunk_causal=False,
+            final_chunk_causal=False,
+            prompt_tokens=self.prompt_tokens if prompt is None else prompt,
+            left_context_tokens=self.left_context_tokens if left is None else left,
+        )
+
+
+@dataclass(frozen=True)
+class LlmPreset:
+    """The LLM stage of a preset.
+
+    Attributes:
+        graph: the LLM graph loaded when ``--llm-graph`` is ``preset`` (the server's default)
+            and the machine was not measured: a load-time choice, so a request asking for
+            another preset keeps the loaded one.
+        decode_graphs: the graphs the machine probe chooses the decoding graph among
+            (:func:`.machine.choose_llm_graphs`; the fastest on this CPU); prefills always
+            take a lossless graph (:data:`LOSSLESS_LLM_GRAPHS`).
+    """
+
+    graph: LlmGraph
+    decode_graphs: tuple[LlmGraph, ...] = LOSSLESS_LLM_GRAPHS
+
+
+@dataclass(frozen=True)
+class VocoderPreset:
+    """The vocoder stage of a preset.
+
+    Attributes:
+        window_frames: left context of a vocoder call when the streamed vocoder cannot be
+            derived, 0 = the whole utterance (``vocoder_window_frames``; the streamed vocoder
+            runs each mel frame once and ignores it).
+        defer: let the vocoder skip a non-final flow chunk while the audio already emitted
+            lasts until its next call (fewer calls, fewer re-run frames; see
+            :func:`.vocoder.hift.may_defer`). Exact with ``window_frames`` 0 (the samples do
+            not depend on how the mel is cut); with a window it moves the seams (which only
+            matters without the phase-carrying vocoder).
+    """
+
+    window_frames: int
+    defer: bool = True
+
+
+def _replaced(record: _Record, changes: Mapping[str, object]) -> _Record:
+    """``record`` with ``changes`` applied; a change to a field that holds a record may be
+    a mapping of that record's fields (``{"schedule": {"steps": 4}}``)."""
+    merged: dict[str, object] = {}
+    for name, value in changes.items():
+        current = getattr(record, name, None)
+        if isinstance(value, Mapping) and dataclasses.is_dataclass(current):
+            value = _replaced(current, value)
+        merged[name] = value
+    return dataclasses.replace(record, **merged)  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)
 class SynthesisOptions:
-    """How one request runs. Defaults are the spec-exact upstream values.
+    """How one request runs: what the caller sets, and the preset's stage records. The
+    defaults are the spec-exact upstream values.
 
     Attributes:
         speed: speaking rate; the mel is linearly resampled to ``int(frames / speed)``
             frames (cosyvoice/flow/flow.py inference with ``speed``). Range 0.5..2.0.
         seed: seed of the request's ``numpy.random.Generator`` (sampling and noise); the same
             seed, text and voice give the same audio.
-        euler_steps: Euler steps of the flow ODE (flow_matching.py ``n_timesteps``, 10).
-        cfg_rate: classifier-free guidance rate (flow_matching.py ``inference_cfg_rate``, 0.7).
         streaming: emit audio in chunks while the LLM decodes (True) or once per text piece.
-        first_hop_tokens: speech tokens in the first streamed chunk (upstream 25; smaller is
-            faster first audio: the exported estimator uses full attention, so any size works).
-        first_hop_on_chunk_grid: pad the first hop so that prompt + first hop end on the
-            25-token (50-frame) chunk grid, as upstream does (model.py ``prompt_token_pad``);
-            needed for exact chunk-causal streaming.
-        flow_chunk_causal: non-final streamed chunks run the DiT under upstream's static
-            50-frame chunk mask (dit.py ``streaming=True``) with the prompt's and the earlier
-            chunks' keys/values cached, so a chunk costs only its own frames; the final chunk
-            keeps full attention (upstream ``finalize=True``). Uses a streaming estimator
-            derived once from the model (falls back to full attention with one warning).
-            ``flow_left_context_tokens`` then bounds the cached history instead (attended and
-            stored).
-        flow_final_chunk_causal: with ``flow_chunk_causal``, the final chunk (and a one-shot
-            piece) also runs chunk-causal on its new frames only, instead of upstream's full
-            attention over the prompt and the whole piece (``finalize=True``): its cost no
-            longer grows with the prompt and the piece. Lossy: the cached keys/values of the
-            earlier frames were made under the chunk mask and never see the final frames
-            (BENCHMARKS.md "Levers" gives the measured deviation).
-        max_hop_tokens: the hop doubles after each chunk up to this many tokens (upstream 100).
-        flow_left_context_tokens: when > 0, later chunks run the flow on the prompt plus only
-            this many generated tokens before the new chunk (bounded cost); 0 keeps the whole
-            history (spec-exact).
-        cfg_steps: run CFG in the first ``cfg_steps`` Euler steps only; ``None`` = all steps.
-            The other steps run at batch 1 (half the DiT work) on the derived graphs (the
-            streaming DiT, which also serves full attention under ``flow_chunk_causal``); the
-            published estimator has batch 2 fixed (export_onnx.py ``dynamic_axes`` name only
-            ``seq_len``), so there it saves nothing.
-        flow_precision: DiT estimator weights: ``fp32`` (spec-exact) or ``int8`` (dynamic
-            per-channel MatMul quantisation, see :mod:`.derive.flow.quantize`).
-        flow_prompt_tokens: when > 0, the flow sees only the last this-many prompt tokens and
-            their 2x mel frames (the LLM still gets the whole prompt); 0 = whole prompt.
-        fallback_prompt_tokens, fallback_left_context_tokens: when not None, they replace
-            ``flow_prompt_tokens`` and ``flow_left_context_tokens`` for a ``flow_chunk_causal``
-            request while the streaming DiT is not available (it could not be derived from the
-            model: one warning at start). Full attention runs the prompt and the history
-            again in every chunk, so context that is cheap when cached is several times the
-            work there; a lossy preset names smaller bounds for that case (:meth:`fallback`).
-        overlap_decoding: decode LLM tokens in a per-request producer thread while the flow
-            and vocoder work (same audio as sequential decoding for the same seed).
-        vocoder_window_frames: when > 0, each vocoder call sees only this many already-emitted
-            mel frames of left context (linear instead of quadratic cost; see :mod:`.vocoder`);
-            0 = all mel of the utterance (spec-exact). With the phase-carrying vocoder
-            (``EngineOptions.phase_vocoder``) the window's frames get their harmonic phase from
-            earlier calls, so the audio equals the exact path's up to float rounding once the
-            window covers the generator's receptive field (16 frames on the upstream-exported
-            parity model); with hift.onnx as published the phase restarts at each window and
-            the seams are cross-faded.
-        vocoder_defer: let the vocoder skip a non-final flow chunk while the audio already
-            emitted lasts until its next call (fewer calls, fewer re-run frames; see
-            :func:`.vocoder.hift.may_defer`). Exact with ``vocoder_window_frames`` 0 (the samples do
-            not depend on how the mel is cut); with a window it moves the seams (which only
-            matters without the phase-carrying vocoder).
-        max_decode_tokens: hard cap on decoded speech tokens per piece, on top of 20x text.
-        max_request_s: wall-clock limit of one request; exceeded raises SynthesisTimeout.
-        output_dtype: ``float32`` samples in [-1, 1] or ``int16`` PCM.
         language_hint: the language the text is most likely in (e.g. the voice's "en"):
             the text normaliser uses it only when the text itself gives no cue, so that a
             streamed sentence such as "Kitchen, 21 °C." reads its numbers as the whole
@@ -113,17 +242,6 @@ class SynthesisOptions:
             sentence's language (:func:`.text.normalize.normalize_text`); False keeps every
             digit as written, for a voice that reads digits better itself (the server's
             ``--keep-digits``).
-        whole_middle_pieces: the pieces between a request's first and last run the flow
-            and the vocoder once each, when the LLM has ended them, instead of in streamed
-            chunks (``streaming`` still holds for the first and the last piece). Every flow
-            chunk costs a fixed part on top of its frames (4 Euler steps of about 40 ms at
-            ``balanced`` on the 2-core reference machine, BENCHMARKS.md "What a listener
-            hears"), and on a machine slower than playback the server holds such a piece
-            until most of it is made anyway (:mod:`wyoming_cosyvoice3.server.preroll`), so
-            its chunks only cost time. Exact in the sense of upstream's ``stream=False``: the
-            piece's audio is what a one-shot request gives for it. The server asks for it
-            only while it bounds pieces for slower-than-playback synthesis: on a faster
-            machine a middle piece streamed keeps playback going.
         max_piece_tokens: upper size of a text piece in LLM text tokens (upstream
             ``split_paragraph`` ``token_max_n`` = 80, which packs several sentences into one
             LLM pass). A smaller bound gives a piece per sentence (a long sentence is cut at
@@ -131,54 +249,44 @@ class SynthesisOptions:
             it (:meth:`.text.frontend.TextFrontend.split_pieces`): the server asks for this
             when synthesis runs slower than playback, so that each piece's audio can be held
             until it plays through without a pause inside it.
+        max_decode_tokens: hard cap on decoded speech tokens per piece, on top of 20x text.
+        max_request_s: wall-clock limit of one request; exceeded raises SynthesisTimeout.
+        output_dtype: ``float32`` samples in [-1, 1] or ``int16`` PCM.
+        llm: the preset's LLM record (a load-time choice: :attr:`EngineOptions.preset`).
+        flow: the preset's flow record; the flow stage decides from it, per request, whether
+            the chunk-causal form runs (:meth:`FlowPreset.full_attention` otherwise).
+        vocoder: the preset's vocoder record.
+        vocoder_window_frames: when > 0, each vocoder call sees only this many already-emitted
+            mel frames of left context (linear instead of quadratic cost; see :mod:`.vocoder`);
+            0 = all mel of the utterance (spec-exact). With the phase-carrying vocoder
+            (``EngineOptions.phase_vocoder``) the window's frames get their harmonic phase from
+            earlier calls, so the audio equals the exact path's up to float rounding once the
+            window covers the generator's receptive field (16 frames on the upstream-exported
+            parity model); with hift.onnx as published the phase restarts at each window and
+            the seams are cross-faded.
     """
 
     speed: float = 1.0
     seed: int = 0
-    euler_steps: int = C.DEFAULT_EULER_STEPS
-    cfg_rate: float = C.DEFAULT_CFG_RATE
     streaming: bool = True
-    first_hop_tokens: int = 15
-    first_hop_on_chunk_grid: bool = False
-    flow_chunk_causal: bool = False
-    flow_final_chunk_causal: bool = False
-    max_hop_tokens: int = 100
-    flow_left_context_tokens: int = 0
-    cfg_steps: int | None = None
-    flow_precision: FlowPrecision = "fp32"
-    flow_prompt_tokens: int = 0
-    fallback_prompt_tokens: int | None = None
-    fallback_left_context_tokens: int | None = None
-    overlap_decoding: bool = False
-    vocoder_window_frames: int = 0
-    vocoder_defer: bool = True
-    max_decode_tokens: int = 3000
-    max_request_s: float = 300.0
-    output_dtype: Literal["float32", "int16"] = "float32"
     language_hint: str | None = None
     read_numbers: bool = True
     max_piece_tokens: int = C.DEFAULT_MAX_PIECE_TOKENS
-    whole_middle_pieces: bool = False
+    max_decode_tokens: int = 3000
+    max_request_s: float = 300.0
+    output_dtype: Literal["float32", "int16"] = "float32"
+    llm: LlmPreset = LlmPreset(graph="published")
+    flow: FlowPreset = FlowPreset()
+    vocoder: VocoderPreset = VocoderPreset(window_frames=0)
+    vocoder_window_frames: int = 0
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value is out of range."""
         if not 0.5 <= self.speed <= 2.0:
             raise ValueError(f"speed must be within 0.5..2.0, got {self.speed}")
-        if not 1 <= self.euler_steps <= 50:
-            raise ValueError(f"euler_steps must be within 1..50, got {self.euler_steps}")
-        if not 0.0 <= self.cfg_rate <= 2.0:
-            raise ValueError(f"cfg_rate must be within 0..2, got {self.cfg_rate}")
-        if not 1 <= self.first_hop_tokens <= self.max_hop_tokens:
-            raise ValueError("first_hop_tokens must be >= 1 and <= max_hop_tokens")
-        if self.flow_left_context_tokens < 0:
-            raise ValueError("flow_left_context_tokens must be >= 0")
-        if self.flow_prompt_tokens < 0 or self.vocoder_window_frames < 0:
-            raise ValueError("flow_prompt_tokens and vocoder_window_frames must be >= 0")
-        if min(self.fallback_prompt_tokens or 0, self.fallback_left_context_tokens or 0) < 0:
-            raise ValueError("fallback_prompt_tokens and fallback_left_context_tokens "
-                             "must be >= 0")
-        if self.flow_precision not in ("fp32", "int8"):
-            raise ValueError(f"flow_precision must be fp32 or int8, got {self.flow_precision!r}")
+        self.flow.validate()
+        if self.vocoder_window_frames < 0:
+            raise ValueError("vocoder_window_frames must be >= 0")
         if self.max_decode_tokens < 1 or self.max_request_s <= 0:
             raise ValueError("max_decode_tokens and max_request_s must be positive")
         if self.max_piece_tokens < 1:
@@ -186,21 +294,10 @@ class SynthesisOptions:
         if self.output_dtype not in ("float32", "int16"):
             raise ValueError(f"output_dtype must be float32 or int16, got {self.output_dtype!r}")
 
-    def fallback(self) -> SynthesisOptions:
-        """These options for the full-attention flow, used when ``flow_chunk_causal`` is
-        asked for but the streaming DiT is not available: not chunk-causal, and the
-        ``fallback_*`` bounds (when set) instead of the flow's prompt and history bounds."""
-        prompt, left = self.fallback_prompt_tokens, self.fallback_left_context_tokens
-        return self.replace(
-            flow_chunk_causal=False,
-            flow_final_chunk_causal=False,
-            flow_prompt_tokens=self.flow_prompt_tokens if prompt is None else prompt,
-            flow_left_context_tokens=self.flow_left_context_tokens if left is None else left,
-        )
-
     def replace(self, **changes: object) -> SynthesisOptions:
-        """Return a copy with ``changes`` applied."""
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        """Return a copy with ``changes`` applied; a stage record may be changed in part by a
+        mapping of its fields, e.g. ``replace(flow={"schedule": {"steps": 4}})``."""
+        return _replaced(self, changes)
 
 
 @dataclass(frozen=True)
@@ -230,8 +327,8 @@ class EngineOptions:
             its own copy of the weights (0.36 GB at full size).
         preset: the synthesis options most requests will run with (the server's preset).
             The graphs they need are opened at start: the DiT estimator of its
-            ``flow_precision`` (a request asking for the other precision loads that on first
-            use), and for a ``flow_chunk_causal`` preset (e.g. ``quality``) the streaming DiT
+            ``flow.precision`` (a request asking for the other precision loads that on first
+            use), and for a ``flow.chunk_causal`` preset (e.g. ``quality``) the streaming DiT
             of that precision, derived once into ``cache_dir``. The streaming DiT then also
             serves that precision's full-attention passes (final chunks, one-shot requests;
             :mod:`.derive.flow.full_attention`: equal to the published estimator up to float
@@ -242,7 +339,7 @@ class EngineOptions:
             (one per physical core).
         spin_wait: let idle onnxruntime worker threads spin before sleeping
             (``session.intra_op.allow_spinning``): lowest latency for one busy session, but
-            spinning threads steal the core from a concurrent session (overlapped decoding).
+            spinning threads steal the core from a concurrent session.
         providers: onnxruntime execution providers in order of preference; the CPU provider
             is always appended as the fallback.
         cache_dir: where derived files go. ``None``: a bare engine; the four forms below
@@ -316,77 +413,6 @@ class EngineOptions:
 
 
 @dataclass(frozen=True)
-class LlmPreset:
-    """The LLM stage of a preset.
-
-    Attributes:
-        graph: the LLM graph loaded when ``--llm-graph`` is ``preset`` (the server's default)
-            and the machine was not measured: a load-time choice, so a request asking for
-            another preset keeps the loaded one.
-        decode_graphs: the graphs the machine probe chooses the decoding graph among
-            (:func:`.machine.choose_llm_graphs`; the fastest on this CPU); prefills always
-            take a lossless graph (:data:`LOSSLESS_LLM_GRAPHS`).
-    """
-
-    graph: LlmGraph
-    decode_graphs: tuple[LlmGraph, ...] = LOSSLESS_LLM_GRAPHS
-
-
-@dataclass(frozen=True)
-class FlowPreset:
-    """The flow stage of a preset; each field sets the :class:`SynthesisOptions` field named in
-    brackets, which says what it does.
-
-    Attributes:
-        precision: DiT weights (``flow_precision``).
-        euler_steps: Euler steps (``euler_steps``).
-        cfg_rate: guidance rate (``cfg_rate``).
-        cfg_steps: the Euler steps that run CFG, None = all (``cfg_steps``).
-        chunk_causal: streamed chunks under the chunk mask (``flow_chunk_causal``).
-        final_chunk_causal: the final chunk too (``flow_final_chunk_causal``).
-        prompt_tokens: prompt tokens the flow sees, 0 = all (``flow_prompt_tokens``).
-        left_context_tokens: generated tokens of history, 0 = all
-            (``flow_left_context_tokens``).
-        fallback_prompt_tokens: ``prompt_tokens`` while the streaming DiT is not available,
-            None = the same (``fallback_prompt_tokens``).
-        fallback_left_context_tokens: ``left_context_tokens`` then
-            (``fallback_left_context_tokens``).
-        first_hop_tokens: speech tokens in the first chunk (``first_hop_tokens``).
-        first_hop_on_chunk_grid: the first chunk padded to the chunk grid
-            (``first_hop_on_chunk_grid``).
-        whole_middle_pieces: a request's middle pieces in one chunk each, when the server
-            bounds pieces for slower-than-playback synthesis (``whole_middle_pieces``).
-    """
-
-    precision: FlowPrecision
-    euler_steps: int
-    cfg_rate: float
-    cfg_steps: int | None
-    chunk_causal: bool
-    final_chunk_causal: bool
-    prompt_tokens: int
-    left_context_tokens: int
-    fallback_prompt_tokens: int | None
-    fallback_left_context_tokens: int | None
-    first_hop_tokens: int
-    first_hop_on_chunk_grid: bool
-    whole_middle_pieces: bool
-
-
-@dataclass(frozen=True)
-class VocoderPreset:
-    """The vocoder stage of a preset.
-
-    Attributes:
-        window_frames: left context of a vocoder call when the streamed vocoder cannot be
-            derived, 0 = the whole utterance (``vocoder_window_frames``; the streamed vocoder
-            runs each mel frame once and ignores it).
-    """
-
-    window_frames: int
-
-
-@dataclass(frozen=True)
 class Preset:
     """A named preset: one record per stage. The README's presets table shows the values with
     what each costs and how far it moves from the exact path; BENCHMARKS.md has the
@@ -397,24 +423,9 @@ class Preset:
     vocoder: VocoderPreset
 
     def options(self) -> SynthesisOptions:
-        """The request options of this preset (every other field at its default)."""
-        flow = self.flow
-        return SynthesisOptions(
-            flow_precision=flow.precision,
-            euler_steps=flow.euler_steps,
-            cfg_rate=flow.cfg_rate,
-            cfg_steps=flow.cfg_steps,
-            flow_chunk_causal=flow.chunk_causal,
-            flow_final_chunk_causal=flow.final_chunk_causal,
-            flow_prompt_tokens=flow.prompt_tokens,
-            flow_left_context_tokens=flow.left_context_tokens,
-            fallback_prompt_tokens=flow.fallback_prompt_tokens,
-            fallback_left_context_tokens=flow.fallback_left_context_tokens,
-            first_hop_tokens=flow.first_hop_tokens,
-            first_hop_on_chunk_grid=flow.first_hop_on_chunk_grid,
-            whole_middle_pieces=flow.whole_middle_pieces,
-            vocoder_window_frames=self.vocoder.window_frames,
-        )
+        """The request options of this preset (every caller field at its default)."""
+        return SynthesisOptions(llm=self.llm, flow=self.flow, vocoder=self.vocoder,
+                                vocoder_window_frames=self.vocoder.window_frames)
 
 
 PRESET_STAGES: dict[str, Preset] = {
@@ -422,10 +433,9 @@ PRESET_STAGES: dict[str, Preset] = {
     "quality": Preset(
         llm=LlmPreset(graph="fused"),
         flow=FlowPreset(
-            precision="fp32", euler_steps=C.DEFAULT_EULER_STEPS, cfg_rate=C.DEFAULT_CFG_RATE,
-            cfg_steps=None, chunk_causal=True, final_chunk_causal=False,
-            prompt_tokens=0, left_context_tokens=0,
-            fallback_prompt_tokens=None, fallback_left_context_tokens=None,
+            precision="fp32", schedule=EulerSchedule(C.DEFAULT_EULER_STEPS, C.DEFAULT_CFG_RATE),
+            chunk_causal=True, final_chunk_causal=False,
+            prompt_tokens=0, left_context_tokens=0, fallback=FlowFallback(),
             first_hop_tokens=25, first_hop_on_chunk_grid=True, whole_middle_pieces=False,
         ),
         vocoder=VocoderPreset(window_frames=0),
@@ -438,10 +448,10 @@ PRESET_STAGES: dict[str, Preset] = {
     "balanced": Preset(
         llm=LlmPreset(graph="fused"),
         flow=FlowPreset(
-            precision="int8", euler_steps=4, cfg_rate=C.DEFAULT_CFG_RATE,
-            cfg_steps=None, chunk_causal=True, final_chunk_causal=True,
+            precision="int8", schedule=EulerSchedule(4, C.DEFAULT_CFG_RATE),
+            chunk_causal=True, final_chunk_causal=True,
             prompt_tokens=103, left_context_tokens=50,
-            fallback_prompt_tokens=25, fallback_left_context_tokens=10,
+            fallback=FlowFallback(prompt_tokens=25, left_context_tokens=10),
             first_hop_tokens=10, first_hop_on_chunk_grid=False, whole_middle_pieces=True,
         ),
         vocoder=VocoderPreset(window_frames=24),
@@ -450,10 +460,9 @@ PRESET_STAGES: dict[str, Preset] = {
     "fast": Preset(
         llm=LlmPreset(graph="fused-q4", decode_graphs=("fused-q4", *LOSSLESS_LLM_GRAPHS)),
         flow=FlowPreset(
-            precision="int8", euler_steps=2, cfg_rate=C.DEFAULT_CFG_RATE,
-            cfg_steps=None, chunk_causal=True, final_chunk_causal=True,
-            prompt_tokens=15, left_context_tokens=5,
-            fallback_prompt_tokens=None, fallback_left_context_tokens=None,
+            precision="int8", schedule=EulerSchedule(2, C.DEFAULT_CFG_RATE),
+            chunk_causal=True, final_chunk_causal=True,
+            prompt_tokens=15, left_context_tokens=5, fallback=FlowFallback(),
             first_hop_tokens=8, first_hop_on_chunk_grid=False, whole_middle_pieces=True,
         ),
         vocoder=VocoderPreset(window_frames=16),

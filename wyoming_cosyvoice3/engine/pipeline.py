@@ -1,8 +1,9 @@
 """The public engine: text + voice -> streamed 24 kHz audio (spec sections 4-7).
 
 The pipeline only wires the stages: text -> pieces and LLM prompts (:mod:`.text`) -> speech
-tokens (:func:`.llm.decoder.request_tokens`) -> per piece, the silent-run filter and a mel stream
-(:class:`.flow.stream.MelStream`: chunk schedule, chunk-causal or full-attention flow) -> the
+tokens (:func:`.llm.decoder.token_stream`) -> per piece, the silent-run filter and a mel stream
+(:class:`.flow.stream.MelStream`, opened from the request's :class:`.flow.stream.FlowRequest`,
+which decides the flow's form, prompt and noise) -> the
 speed resampler and the streaming vocoder (:mod:`.vocoder`) -> the samples that became final
 are yielded.
 
@@ -15,7 +16,6 @@ helpers are shared and may serve several threads at once.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -30,15 +30,9 @@ from . import graphs
 from .dsp import GrowingNoise, request_streams
 from .errors import SynthesisTimeout
 from .flow.solver import FlowRunner
-from .flow.stream import (
-    ChunkedFlows,
-    MelStream,
-    MelStreamOptions,
-    SpeedResampler,
-    flow_prompt_features,
-)
+from .flow.stream import ChunkedFlows, FlowRequest, MelStream, SpeedResampler
 from .graphs import return_freed_memory
-from .llm.decoder import LlmDecoder, SilentRunFilter, request_tokens
+from .llm.decoder import LlmDecoder, SilentRunFilter, token_stream
 from .model import CosyVoice3Model
 from .options import (
     AudioChunk,
@@ -148,11 +142,11 @@ class PieceState:
 
     def defer_vocoder(self, req: RequestState, new_frames: int, final: bool) -> bool:
         """Whether the vocoder leaves this chunk's ``new_frames`` mel frames for its next
-        call (``SynthesisOptions.vocoder_defer``, :func:`.vocoder.hift.may_defer`); also
+        call (``VocoderPreset.defer``, :func:`.vocoder.hift.may_defer`); also
         starts timing the next chunk."""
         now = req.now()
         since, self.last_chunk_s = now - self.last_chunk_s, now
-        if final or not req.options.vocoder_defer:
+        if final or not req.options.vocoder.defer:
             return False
         times = req.times
         per_frame = times.vocoder_s / times.vocoder_frames if times.vocoder_frames else None
@@ -234,17 +228,18 @@ class CosyVoice3Engine:
         derived, once) here instead of in the first request, the voice's prefix KV is cached,
         and a split estimator's time conditioning is computed for the Euler schedules of
         every preset (about 1 MB per time point), so no request loads the time graph. With
-        ``flow_chunk_causal`` the voice's prompt key/value cache is computed here too.
+        ``flow.chunk_causal`` the voice's prompt key/value cache is computed here too.
         """
         from .derive.flow.estimator_split import SplitEstimator
         from .flow.solver import cosine_t_schedule
         from .options import PRESETS
 
         started = time.perf_counter()
-        base = options or SynthesisOptions(flow_precision=self.options.preset.flow_precision)
-        estimator = self.model.estimator_for(base.flow_precision)
+        base = options or SynthesisOptions().replace(
+            flow={"precision": self.options.preset.flow.precision})
+        estimator = self.model.estimator_for(base.flow.precision)
         if isinstance(estimator, SplitEstimator):
-            steps = {base.euler_steps, *(p.euler_steps for p in PRESETS.values())}
+            steps = {base.flow.schedule.steps, *(p.flow.schedule.steps for p in PRESETS.values())}
             estimator.precompute(
                 [
                     np.full(2, t, dtype=np.float32)
@@ -252,10 +247,7 @@ class CosyVoice3Engine:
                     for t in cosine_t_schedule(n)[:-1]
                 ]
             )
-        chunked = self.chunked.get(base.flow_precision) if base.flow_chunk_causal else None
-        if chunked is not None:  # the voice's prompt keys/values (then cached on disk)
-            features = flow_prompt_features(voice.features, base.flow_prompt_tokens)
-            chunked.prompt_cache(features, base.euler_steps, base.cfg_rate, base.cfg_steps)
+        self.chunked.warm_up(base.flow, voice.features)  # then cached on disk
         warm = base.replace(max_decode_tokens=min(base.max_decode_tokens, 50))
         for _ in self.synthesize(WARM_UP_TEXT, voice, warm):
             pass
@@ -328,8 +320,6 @@ class CosyVoice3Engine:
         should_stop: ShouldStop | None,
         result: SynthesisResult,
     ) -> Iterator[AudioChunk]:
-        if options.flow_chunk_causal and self.chunked.get(options.flow_precision) is None:
-            options = options.fallback()  # no streaming DiT (the model warned once)
         req = RequestState.create(options, should_stop, result)
         try:
             yield from self._run(text, voice, req)
@@ -374,37 +364,25 @@ class CosyVoice3Engine:
         observer = self.options.observer
         fixed_tokens = [None if observer is None else observer.fixed_speech_tokens(p)
                         for p in pieces]
-        flow_voice = flow_prompt_features(voice.features, req.options.flow_prompt_tokens)
-        # the trimmed prompt's frames and every generated frame read the noise columns they
-        # read with the whole prompt
-        noise_skip_frames = int(voice.features.prompt_mel.shape[0]) - int(
-            flow_voice.prompt_mel.shape[0]
-        )
-        flow_options = MelStreamOptions.of(req.options)
-        middle_options = (dataclasses.replace(flow_options, streaming=False)
-                          if req.options.whole_middle_pieces else flow_options)
-        with request_tokens(self.llm, prompts, fixed_tokens, req) as stream:
-            piece: PieceState | None = None
-            for index, token in stream:
-                if piece is None:
-                    middle = 0 < index < len(pieces) - 1
-                    mel = MelStream(self.chunked, flow_voice,
-                                    middle_options if middle else flow_options,
-                                    req.flow_noise, noise_skip_frames)
-                    piece = self._new_piece(index, req, mel)
-                    logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
-                if token is not None:
-                    samples = self._accept(piece, token, req)
-                    final = False
-                    next_s = piece.mel.hop_tokens / C.SPEECH_TOKEN_RATE_HZ / req.options.speed
-                else:  # end of the piece: flush every remaining token
-                    samples = self._flush(piece, req)
-                    final, piece, next_s = True, None, 0.0
-                if samples is not None:
-                    is_last = final and index == len(pieces) - 1
-                    chunk = self._chunk(samples, req, index, is_last, next_s, final)
-                    if chunk is not None:
-                        yield chunk
+        flow = FlowRequest(self.chunked, req.options.flow, voice.features, req.flow_noise,
+                           req.options.streaming)
+        piece: PieceState | None = None
+        for index, token in token_stream(self.llm, prompts, fixed_tokens, req):
+            if piece is None:
+                piece = self._new_piece(index, req, flow.piece(0 < index < len(pieces) - 1))
+                logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
+            if token is not None:
+                samples = self._accept(piece, token, req)
+                final = False
+                next_s = piece.mel.hop_tokens / C.SPEECH_TOKEN_RATE_HZ / req.options.speed
+            else:  # end of the piece: flush every remaining token
+                samples = self._flush(piece, req)
+                final, piece, next_s = True, None, 0.0
+            if samples is not None:
+                is_last = final and index == len(pieces) - 1
+                chunk = self._chunk(samples, req, index, is_last, next_s, final)
+                if chunk is not None:
+                    yield chunk
         if req.chunks_out and not req.last_sent:
             # the last piece produced no audio: close the stream with an empty last chunk
             yield self._make_chunk(np.zeros(0, dtype=np.float32), req, len(pieces) - 1, True,

@@ -43,7 +43,9 @@ class ServerHooks:
             (the engine then pays one ``is None`` test per callback).
         synthesis_overrides: fields of :class:`~..engine.options.SynthesisOptions` replaced in
             the preset's options, for loading and every request, before the server's own
-            ``--speed``, seed and time limit are applied; e.g. ``{"euler_steps": 3}``.
+            ``--speed``, seed and time limit are applied (:meth:`SynthesisOptions.replace
+            <..engine.options.SynthesisOptions.replace>`); e.g.
+            ``{"flow": {"schedule": {"steps": 3}}}``.
         engine_overrides: fields of :class:`~..engine.options.EngineOptions` (those in
             :data:`ENGINE_OVERRIDABLE`) replaced in the options the engine is loaded with,
             after the server's own flags; e.g. ``{"stream_vocoder": False}`` to measure an

@@ -182,10 +182,10 @@ async def speak(
             options = options.replace(max_piece_tokens=max_tokens)
         # pieces bounded: synthesis is (or may be) slower than playback, so a middle piece is
         # held until most of it is made, and streaming it in chunks would only cost time
-        whole_middle = options.whole_middle_pieces and max_tokens is not None
+        whole_middle = options.flow.whole_middle_pieces and max_tokens is not None
         gate.begin_text(expected,
-                        options.max_hop_tokens / SPEECH_TOKEN_RATE_HZ / options.speed)
-    options = options.replace(whole_middle_pieces=whole_middle)
+                        options.flow.max_hop_tokens / SPEECH_TOKEN_RATE_HZ / options.speed)
+    options = options.replace(flow={"whole_middle_pieces": whole_middle})
     try:
         try:
             stats.compute_s += await runtime.run_synthesis(text, slot.prompt, options, stop,

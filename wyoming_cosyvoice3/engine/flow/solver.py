@@ -59,7 +59,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -67,7 +67,7 @@ import numpy.typing as npt
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed
 from ..graphs import CHUNK_FRAMES, Graph, chunk_attention_bias
-from ..options import ShouldStop, StageTimes, VoiceFeatures
+from ..options import EulerSchedule, ShouldStop, StageTimes, VoiceFeatures
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +114,33 @@ def _static_batch(estimator: Any) -> int | None:
     except (KeyError, IndexError, AttributeError):
         return None
     return dim if isinstance(dim, int) and dim > 0 else None
+
+
+class Conditioning(NamedTuple):
+    """What one flow pass is conditioned on: ``mu`` float32 [80, F] (the encoder's output),
+    ``spks`` float32 [80] (the projected speaker embedding) and ``cond`` float32 [80, F] (the
+    prompt mel in the prompt's frames, zeros after)."""
+
+    mu: FloatArray
+    spks: FloatArray
+    cond: FloatArray
+
+
+@dataclass(frozen=True)
+class FlowCall:
+    """How one flow call runs, beside its inputs.
+
+    Attributes:
+        schedule: Euler steps and CFG rate.
+        precision: estimator precision ("fp32", "int8"); None = the one loaded at start.
+        should_stop: checked before the encoder and every Euler step.
+        times: ``flow_s`` and ``flow_calls`` are added to.
+    """
+
+    schedule: EulerSchedule = field(default_factory=EulerSchedule)
+    precision: str | None = None
+    should_stop: ShouldStop | None = None
+    times: StageTimes | None = None
 
 
 class FlowGraphs(Protocol):
@@ -191,18 +218,12 @@ class FlowRunner:
         return mu, spks
 
     def _velocity_rows(
-        self,
-        x: FloatArray,
-        mu: FloatArray,
-        spks: FloatArray,
-        cond: FloatArray,
-        t: float,
-        guided: bool,
-        estimator: Any,
+        self, x: FloatArray, given: Conditioning, t: float, guided: bool, estimator: Any
     ) -> FloatArray:
         """One Euler step's estimator rows, float32 [B, 80, F]: B = 2 (conditional,
         unconditional) when ``guided``; unguided steps run batch 1 when the graph takes it,
         else batch 2 with both rows conditional."""
+        mu, spks, cond = given
         n_frames = x.shape[1]
         batch1 = self._batch1_state(estimator)
         if not guided and batch1 is not False:
@@ -237,57 +258,37 @@ class FlowRunner:
         return v2.astype(np.float32, copy=False)
 
     # -- solver -----------------------------------------------------------------------------
-    def solve(
-        self,
-        x0: FloatArray,
-        mu: FloatArray,
-        spks: FloatArray,
-        cond: FloatArray,
-        steps: int,
-        cfg_rate: float,
-        cfg_steps: int | None = None,
-        should_stop: ShouldStop | None = None,
-        precision: str | None = None,
-    ) -> FloatArray:
+    def solve(self, x0: FloatArray, given: Conditioning, call: FlowCall) -> FloatArray:
         """Euler ODE solve from noise to mel with the full-attention estimator
         (flow_matching.py ``solve_euler``; the loop is :func:`solve_euler`).
 
         Args:
             x0: float32 [80, F], the start noise.
-            mu: float32 [80, F]; spks: float32 [80]; cond: float32 [80, F].
-            steps: Euler steps n; cfg_rate: CFG rate.
-            cfg_steps: CFG only in the first ``cfg_steps`` steps (None = all).
-            should_stop: checked before every Euler step.
-            precision: estimator precision ("fp32", "int8"); None = the one loaded at start.
+            given: mu, spks and cond of the F frames.
+            call: the Euler schedule, the estimator precision and the cancellation check
+                (before every Euler step).
 
         Returns:
             float32 [80, F], the mel at t = 1.
 
         Raises:
-            SynthesisCancelled: ``should_stop()`` returned True.
+            SynthesisCancelled: ``call.should_stop()`` returned True.
         """
-        estimator = self.estimator_for(precision)
+        estimator = self.estimator_for(call.precision)
 
         def rows(x: FloatArray, _k: int, t: float, guided: bool) -> FloatArray:
-            return self._velocity_rows(x, mu, spks, cond, t, guided, estimator)
+            return self._velocity_rows(x, given, t, guided, estimator)
 
-        schedule = EulerSchedule(steps, cfg_rate, cfg_steps)
-        return solve_euler(x0, schedule, rows, should_stop)
+        return solve_euler(x0, call.schedule, rows, call.should_stop)
 
     def mel_for_tokens(
         self,
         tokens: npt.NDArray[np.int64],
         voice: VoiceFeatures,
         noise: FloatArray,
-        steps: int = C.DEFAULT_EULER_STEPS,
-        cfg_rate: float = C.DEFAULT_CFG_RATE,
-        cfg_steps: int | None = None,
+        call: FlowCall,
         drop_lookahead_frames: int = 0,
-        should_stop: ShouldStop | None = None,
-        times: StageTimes | None = None,
-        *,
         generated_offset_tokens: int = 0,
-        precision: str | None = None,
     ) -> FloatArray:
         """Mel frames for the generated tokens (flow.py ``CausalMaskedDiffWithDiT.inference``).
 
@@ -298,15 +299,14 @@ class FlowRunner:
             noise: float32 [80, N], the request's fixed N(0,1) buffer, N >= 2T. Frame i of the
                 flow input reads noise column i for the prompt and column
                 ``2P + 2 * generated_offset_tokens + j`` for generated frame j.
-            steps, cfg_rate, cfg_steps: see :meth:`solve`.
+            call: the Euler schedule, the estimator precision, the cancellation check (before
+                the encoder and before every Euler step) and the stage times (``flow_s`` and
+                ``flow_calls`` are added to).
             drop_lookahead_frames: mu frames dropped at the end (6 = 2 x 3 lookahead tokens in
                 streamed chunks, 0 on the final chunk): the exported encoder is the "finalize"
                 form, so the last tokens' frames lack their right context.
-            should_stop: checked before the encoder and before every Euler step.
-            times: ``flow_s`` and ``flow_calls`` are added to.
             generated_offset_tokens: index (in the whole generated sequence) of the first
                 generated token in ``tokens``; > 0 with a bounded left context.
-            precision: estimator precision ("fp32", "int8"); None = the one loaded at start.
 
         Returns:
             float32 [80, 2T - 2P - drop_lookahead_frames].
@@ -316,7 +316,7 @@ class FlowRunner:
             SynthesisFailed: a graph failed or the noise buffer is too short.
         """
         start = time.perf_counter()
-        if should_stop is not None and should_stop():
+        if call.should_stop is not None and call.should_stop():
             raise SynthesisCancelled("synthesis cancelled before the flow")
         prompt_tokens = np.asarray(voice.speech_tokens, dtype=np.int64).reshape(-1)
         prompt_frames = int(voice.prompt_mel.shape[0])
@@ -338,11 +338,11 @@ class FlowRunner:
         ).astype(np.float32)
         cond = np.zeros_like(mu)
         cond[:, :prompt_frames] = np.asarray(voice.prompt_mel, dtype=np.float32).T
-        mel = self.solve(x0, mu, spks, cond, steps, cfg_rate, cfg_steps, should_stop, precision)
+        mel = self.solve(x0, Conditioning(mu, spks, cond), call)
         elapsed = time.perf_counter() - start
-        if times is not None:
-            times.flow_s += elapsed
-            times.flow_calls += 1
+        if call.times is not None:
+            call.times.flow_s += elapsed
+            call.times.flow_calls += 1
         logger.debug(
             "flow: %d tokens -> %d frames (%d new) in %.3f s",
             len(tokens),
@@ -410,41 +410,6 @@ def cfg_combine(v_cond: FloatArray, v_uncond: FloatArray, rate: float) -> FloatA
     return np.asarray(out, dtype=np.float32)
 
 
-@dataclass(frozen=True)
-class EulerSchedule:
-    """How one flow pass integrates: Euler steps and where CFG runs.
-
-    Attributes:
-        steps: Euler steps n (>= 1; upstream 10, ``constants.DEFAULT_EULER_STEPS``).
-        cfg_rate: CFG rate (upstream 0.7); 0 means no unconditional row is run at all.
-        cfg_steps: CFG only in the first ``cfg_steps`` steps (None = every step).
-    """
-
-    steps: int
-    cfg_rate: float
-    cfg_steps: int | None = None
-
-    @property
-    def t_span(self) -> npt.NDArray[np.float32]:
-        """float32 [steps + 1], the cosine time points from 0 to 1."""
-        return cosine_t_schedule(self.steps)
-
-    @property
-    def guided(self) -> tuple[bool, ...]:
-        """Per step, whether it runs CFG (two rows): the first ``cfg_steps`` steps, none when
-        ``cfg_rate`` is 0 (``(1 + 0) v_cond - 0 v_uncond == v_cond``)."""
-        n_guided = self.steps if self.cfg_steps is None else max(0, min(self.cfg_steps, self.steps))
-        if self.cfg_rate == 0.0:
-            n_guided = 0
-        return tuple(k < n_guided for k in range(self.steps))
-
-    @property
-    def key(self) -> tuple[int, ...]:
-        """Which steps use CFG (1) or not (0): the part of a cached key/value set that
-        depends on the schedule (its batch per step)."""
-        return tuple(int(g) for g in self.guided)
-
-
 def solve_euler(
     x0: FloatArray,
     schedule: EulerSchedule,
@@ -465,7 +430,7 @@ def solve_euler(
     Raises:
         SynthesisCancelled: ``should_stop()`` returned True.
     """
-    t_span = schedule.t_span
+    t_span = cosine_t_schedule(schedule.steps)
     x = np.array(x0, dtype=np.float32, copy=True)
     for k, guided in enumerate(schedule.guided):
         if should_stop is not None and should_stop():
@@ -528,9 +493,16 @@ class StepKv:
 
 @dataclass
 class KvCache:
-    """Per Euler step :class:`StepKv` (prompt cache of a voice, or a piece's history)."""
+    """Per Euler step :class:`StepKv` (prompt cache of a voice, or a piece's history).
+
+    Attributes:
+        steps: one :class:`StepKv` per Euler step.
+        keep_frames: a piece's history under a bounded left context stores (and its chunks
+            attend to) at most this many frames; None = all.
+    """
 
     steps: list[StepKv] = field(default_factory=list)
+    keep_frames: int | None = None
 
     @property
     def frames(self) -> int:
@@ -582,17 +554,17 @@ class ChunkedFlow:
         self._prompts: OrderedDict[tuple[Any, ...], KvCache] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _disk_path(self, digest: str, schedule: tuple[int, ...], cfg_rate: float) -> Path | None:
+    def _disk_path(self, digest: str, guided: tuple[int, ...], cfg_rate: float) -> Path | None:
         if self.disk_dir is None:
             return None
-        sched = "".join(str(g) for g in schedule)
+        sched = "".join(str(g) for g in guided)
         return self.disk_dir / f"{DISK_PREFIX}-{digest}-{sched}-{cfg_rate:g}-{self.disk_tag}.npz"
 
     # -- caches -----------------------------------------------------------------------------
-    def prompt_cache(self, voice: VoiceFeatures, steps: int, cfg_rate: float,
-                     cfg_steps: int | None, should_stop: ShouldStop | None = None) -> KvCache:
+    def prompt_cache(self, voice: VoiceFeatures, schedule: EulerSchedule,
+                     should_stop: ShouldStop | None = None) -> KvCache:
         """The voice's prompt cache for this Euler schedule (computed once, kept in memory)."""
-        key = (features_digest(voice), EulerSchedule(steps, cfg_rate, cfg_steps).key, cfg_rate)
+        key = (features_digest(voice), schedule.key, schedule.cfg_rate)
         with self._lock:
             hit = self._prompts.get(key)
             if hit is not None:
@@ -601,20 +573,21 @@ class ChunkedFlow:
             return hit
         path = self._disk_path(*key)
         if path is not None and path.is_file():
-            loaded = load_kv_cache(path, steps)
+            loaded = load_kv_cache(path, schedule.steps)
             if loaded is not None:
                 self._remember(key, loaded)
                 return loaded
         prompt_tokens = np.asarray(voice.speech_tokens, dtype=np.int64).reshape(-1)
         frames = cacheable_prompt_frames(len(prompt_tokens))
-        cache = self.new_history(steps, cfg_rate, cfg_steps)
+        cache = self.new_history(schedule)
         if frames > 0:
             mu, spks = self.runner.encode(prompt_tokens, voice.speaker_embedding)
             cond = np.asarray(voice.prompt_mel, dtype=np.float32)[:frames].T
-            self._solve(self.prompt_noise(frames), mu[:, :frames], np.ascontiguousarray(cond), spks,
-                        0, steps, cfg_rate, cfg_steps, None, cache, should_stop)
-        logger.info("flow prompt cache: %d frames, %d Euler steps, %.1f MB", frames, steps,
-                    cache.nbytes / 1e6)
+            chunk = Conditioning(mu[:, :frames], spks, np.ascontiguousarray(cond))
+            self._solve(self.prompt_noise(frames), chunk, 0, (None, cache),
+                        FlowCall(schedule, should_stop=should_stop))
+        logger.info("flow prompt cache: %d frames, %d Euler steps, %.1f MB", frames,
+                    schedule.steps, cache.nbytes / 1e6)
         if path is not None:
             for stale in path.parent.glob(f"flowkv-{key[0]}-*.npz"):  # layout 1
                 stale.unlink(missing_ok=True)
@@ -631,32 +604,29 @@ class ChunkedFlow:
             while len(self._prompts) > PROMPTS_IN_MEMORY:
                 self._prompts.popitem(last=False)
 
-    def new_history(self, steps: int, cfg_rate: float, cfg_steps: int | None) -> KvCache:
-        """An empty history cache for one piece (batch per step from the CFG schedule)."""
-        return KvCache([StepKv() for _ in range(steps)])
+    def new_history(self, schedule: EulerSchedule, keep_frames: int | None = None) -> KvCache:
+        """An empty history cache for one piece, storing at most ``keep_frames`` frames
+        (None = all)."""
+        return KvCache([StepKv() for _ in range(schedule.steps)], keep_frames)
 
     # -- solver -----------------------------------------------------------------------------
     def _solve(
         self,
         x0: FloatArray,
-        mu: FloatArray,
-        cond: FloatArray,
-        spks: FloatArray,
+        given: Conditioning,
         start: int,
-        steps: int,
-        cfg_rate: float,
-        cfg_steps: int | None,
-        prompt: KvCache | None,
-        history: KvCache,
-        should_stop: ShouldStop | None,
-        left_context_frames: int | None = None,
+        caches: tuple[KvCache | None, KvCache],
+        call: FlowCall,
         store: bool = True,
     ) -> FloatArray:
-        """Euler/CFG solve of new frames ``start ..`` (float32 [80, n] each); appends their
-        keys/values to ``history`` (unless ``store`` is False: a piece's final chunk), keeping
-        at most ``left_context_frames`` when given. flow_matching.py ``solve_euler`` with
-        cached attention; the loop is :func:`solve_euler`, the estimator call is the
-        streaming graph's on the new frames."""
+        """Euler/CFG solve of new frames ``start ..`` (``x0`` and ``given`` float32 [80, n]
+        each); ``caches`` = (the prompt cache or None, the history). Appends the new frames'
+        keys/values to the history (unless ``store`` is False: a piece's final chunk), keeping
+        at most its ``keep_frames``. flow_matching.py ``solve_euler`` with cached attention;
+        the loop is :func:`solve_euler`, the estimator call is the streaming graph's on the
+        new frames."""
+        mu, spks, cond = given
+        prompt, history = caches
         n = x0.shape[1]
         zeros, zspk = np.zeros_like(mu), np.zeros_like(spks)
 
@@ -676,11 +646,11 @@ class ChunkedFlow:
             out = self.estimator.run(frames, t, start, chunk_attention_bias(start, n, cached),
                                      conv, kv_prompt, kv_hist, keep=store)
             if store:
-                hist.append(out.new, (out.conv1_next, out.conv2_next), left_context_frames)
+                hist.append(out.new, (out.conv1_next, out.conv2_next), history.keep_frames)
             velocity: FloatArray = out.velocity
             return velocity
 
-        return solve_euler(x0, EulerSchedule(steps, cfg_rate, cfg_steps), rows, should_stop)
+        return solve_euler(x0, call.schedule, rows, call.should_stop)
 
     def chunk_mel(
         self,
@@ -688,16 +658,10 @@ class ChunkedFlow:
         voice: VoiceFeatures,
         noise: FloatArray,
         history: KvCache,
-        steps: int,
-        cfg_rate: float,
-        cfg_steps: int | None,
+        call: FlowCall,
         drop_lookahead_frames: int,
-        should_stop: ShouldStop | None = None,
-        left_context_frames: int | None = None,
-        times: StageTimes | None = None,
-        store_history: bool = True,
     ) -> FloatArray:
-        """Mel of one non-final chunk under upstream's chunk mask (``streaming=True``).
+        """Mel of one chunk under upstream's chunk mask (``streaming=True``).
 
         Args:
             tokens: int64 [T] = the voice's P prompt tokens ++ all generated tokens so far
@@ -705,17 +669,19 @@ class ChunkedFlow:
                 cache and ``history``.
             voice: the flow's voice features; noise: float32 [80, >= 2T], the request's noise
                 (column i = frame i; prompt frames use ``prompt_noise`` instead).
-            history: this piece's history cache (appended to).
-            drop_lookahead_frames: mu frames dropped at the end (6 = 2 x 3 lookahead tokens).
-            left_context_frames: attend to at most this many history frames (None = all).
-            times: ``flow_s`` and ``flow_calls`` are added to (prompt cache work included).
-            store_history: False for a piece's final chunk (its keys/values are not needed).
+            history: this piece's history cache (appended to; its ``keep_frames`` bounds the
+                attended history).
+            call: the Euler schedule, the cancellation check and the stage times (``flow_s``
+                and ``flow_calls`` are added to, prompt cache work included).
+            drop_lookahead_frames: mu frames dropped at the end (6 = 2 x 3 lookahead tokens);
+                0 marks a piece's final chunk, whose keys/values are never attended, so they
+                are not stored.
 
         Returns:
             float32 [80, new generated frames].
         """
         began = time.perf_counter()
-        prompt = self.prompt_cache(voice, steps, cfg_rate, cfg_steps, should_stop)
+        prompt = self.prompt_cache(voice, call.schedule, call.should_stop)
         prompt_frames = int(voice.prompt_mel.shape[0])
         mu, spks = self.runner.encode(tokens, voice.speaker_embedding)
         end = mu.shape[1] - drop_lookahead_frames
@@ -728,12 +694,12 @@ class ChunkedFlow:
             x0[:, : prompt_frames - start] = self.prompt_noise(prompt_frames)[:, start:]
             cond[:, : prompt_frames - start] = np.asarray(
                 voice.prompt_mel, dtype=np.float32)[start:].T
-        x = self._solve(x0, np.ascontiguousarray(mu[:, start:end]), cond, spks, start, steps,
-                        cfg_rate, cfg_steps, prompt, history, should_stop, left_context_frames,
-                        store_history)
-        if times is not None:
-            times.flow_s += time.perf_counter() - began
-            times.flow_calls += 1
+        given = Conditioning(np.ascontiguousarray(mu[:, start:end]), spks, cond)
+        x = self._solve(x0, given, start, (prompt, history), call,
+                        store=drop_lookahead_frames > 0)
+        if call.times is not None:
+            call.times.flow_s += time.perf_counter() - began
+            call.times.flow_calls += 1
         logger.debug("chunked flow: frames %d..%d (%d cached) in %.3f s", start, end,
                      start, time.perf_counter() - began)
         return np.ascontiguousarray(x[:, max(0, prompt_frames - start):])

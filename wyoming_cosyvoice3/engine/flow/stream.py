@@ -13,11 +13,16 @@ dropped; the hop doubles after every chunk up to ``max_hop_tokens`` (``token_hop
 ``stream_scale_factor``, ``token_max_hop_len``); the piece's last chunk covers every remaining
 token.
 
-The streaming estimator of a precision is derived from the model directory once
-(``derive/flow/streaming_estimator.py``) and opened by the model, at start when the
-preset record ``EngineOptions.preset`` has ``flow_chunk_causal``, else on first use; when
-that fails (a graph without upstream's DiT structure, such as the tiny test model; out of
-memory; a failed validation) the model logs one warning and the piece runs full attention.
+A request's flow is a :class:`FlowRequest`, opened from the request's
+:class:`~..options.FlowPreset`: it decides once which form runs, trims the voice's prompt to
+what the flow sees (``FlowPreset.prompt_tokens``) and keeps the request's noise aligned with
+the whole prompt; each piece then opens its :class:`MelStream` from it. The streaming
+estimator of a precision is derived from the model directory once
+(``derive/flow/streaming_estimator.py``) and opened by the model, at start when the preset
+record ``EngineOptions.preset`` has ``flow.chunk_causal``, else on first use; when that fails
+(a graph without upstream's DiT structure, such as the tiny test model; out of memory; a
+failed validation) the model logs one warning and the request runs full attention with the
+preset's fallback bounds (:meth:`~..options.FlowPreset.full_attention`).
 
 The piece's mel frames are then resampled for ``speed`` (:class:`SpeedResampler`; source:
 cosyvoice/cli/model.py ``CosyVoice3Model.token2wav``, ``F.interpolate(mode="linear")`` to
@@ -29,8 +34,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,8 +42,8 @@ import numpy.typing as npt
 from .. import constants as C
 from ..dsp import GrowingNoise, request_streams
 from ..graphs import CHUNK_FRAMES
-from ..options import EngineOptions, ShouldStop, StageTimes, SynthesisOptions, VoiceFeatures
-from .solver import ChunkedFlow, EulerSchedule, FlowRunner, KvCache
+from ..options import EngineOptions, FlowPreset, ShouldStop, StageTimes, VoiceFeatures
+from .solver import ChunkedFlow, FlowCall, FlowRunner, KvCache
 
 logger = logging.getLogger(__name__)
 
@@ -59,18 +63,7 @@ def prompt_noise(frames: int) -> FloatArray:
     return np.ascontiguousarray(noise.take(frames).T)
 
 
-class HopOptions(Protocol):
-    """The options the first hop depends on (:class:`~..options.SynthesisOptions` or
-    :class:`MelStreamOptions`)."""
-
-    @property
-    def first_hop_tokens(self) -> int: ...
-
-    @property
-    def first_hop_on_chunk_grid(self) -> bool: ...
-
-
-def first_hop_tokens(options: HopOptions, prompt_tokens: int) -> int:
+def first_hop_tokens(options: FlowPreset, prompt_tokens: int) -> int:
     """Tokens of a piece's first streamed chunk.
 
     With ``first_hop_on_chunk_grid`` the hop is padded so that prompt + first hop end on the
@@ -84,7 +77,7 @@ def first_hop_tokens(options: HopOptions, prompt_tokens: int) -> int:
 
 
 def flow_prompt_features(features: VoiceFeatures, prompt_tokens: int) -> VoiceFeatures:
-    """The voice features the flow sees with ``SynthesisOptions.flow_prompt_tokens``.
+    """The voice features the flow sees with ``FlowPreset.prompt_tokens``.
 
     ``prompt_tokens`` <= 0 or >= the voice's L tokens: ``features`` unchanged (spec-exact).
     Otherwise the last ``prompt_tokens`` speech tokens and the last ``2 * prompt_tokens``
@@ -139,61 +132,61 @@ class ChunkedFlows:
         with self._lock:
             return {k: v is not None for k, v in self._flows.items()}
 
+    def warm_up(self, preset: FlowPreset, features: VoiceFeatures) -> None:
+        """Compute (or read from disk) the voice's prompt keys/values for a chunk-causal
+        ``preset``, so that the first request does not."""
+        chunked = self.get(preset.precision) if preset.chunk_causal else None
+        if chunked is not None:
+            chunked.prompt_cache(flow_prompt_features(features, preset.prompt_tokens),
+                                 preset.schedule)
 
-@dataclass(frozen=True)
-class MelStreamOptions:
-    """What the flow of one piece needs from the request's options.
+
+class FlowRequest:
+    """The flow of one request: the preset it runs, the voice as the flow sees it and the
+    request's noise, shared by its pieces' :class:`MelStream`.
+
+    Args:
+        flows: the engine's flows.
+        preset: the request's flow record. When it asks for the chunk-causal flow and the
+            streaming DiT of its precision is not available (the model warned once), the
+            request runs :meth:`~..options.FlowPreset.full_attention` instead.
+        features: the voice's whole features (trimmed here to ``preset.prompt_tokens``).
+        noise: the request's flow noise (N(0,1), 80 bins per frame).
+        streaming: pieces emit chunks while tokens arrive (False: one chunk per piece).
 
     Attributes:
-        precision: DiT precision ("fp32", "int8").
-        schedule: Euler steps and CFG (``euler_steps``, ``cfg_rate``, ``cfg_steps``).
-        streaming: emit chunks while tokens arrive (False: one chunk at the piece's end).
-        chunk_causal: run the chunk-causal flow when its estimator is available.
-        final_chunk_causal: the piece's last chunk too (else it runs full attention).
-        left_context_tokens: generated tokens before a chunk the flow attends to (0 = all).
-        first_hop_tokens, first_hop_on_chunk_grid: the first chunk's tokens
-            (:func:`first_hop_tokens`).
-        max_hop_tokens: the hop doubles after every chunk up to this.
+        preset: the flow record that runs (the fallback applied).
+        voice: the flow's voice features (:func:`flow_prompt_features` applied).
+        noise_skip_frames: noise frames before the flow's prompt (the prompt frames the
+            trimming cut): every frame reads the noise column it reads with the whole prompt.
     """
 
-    precision: str
-    schedule: EulerSchedule
-    streaming: bool
-    chunk_causal: bool
-    final_chunk_causal: bool
-    left_context_tokens: int
-    first_hop_tokens: int
-    first_hop_on_chunk_grid: bool
-    max_hop_tokens: int
+    def __init__(self, flows: ChunkedFlows, preset: FlowPreset, features: VoiceFeatures,
+                 noise: GrowingNoise, streaming: bool) -> None:
+        self.chunked = flows.get(preset.precision) if preset.chunk_causal else None
+        if preset.chunk_causal and self.chunked is None:
+            preset = preset.full_attention()
+        self.preset = preset
+        self.runner = flows.runner
+        self.voice = flow_prompt_features(features, self.preset.prompt_tokens)
+        self.noise = noise
+        self.noise_skip_frames = int(features.prompt_mel.shape[0]) - int(
+            self.voice.prompt_mel.shape[0])
+        self.streaming = streaming
 
-    @classmethod
-    def of(cls, options: SynthesisOptions) -> MelStreamOptions:
-        """The flow's part of validated request ``options`` (fallback already applied)."""
-        return cls(
-            precision=options.flow_precision,
-            schedule=EulerSchedule(options.euler_steps, options.cfg_rate, options.cfg_steps),
-            streaming=options.streaming,
-            chunk_causal=options.flow_chunk_causal,
-            final_chunk_causal=options.flow_final_chunk_causal,
-            left_context_tokens=options.flow_left_context_tokens,
-            first_hop_tokens=options.first_hop_tokens,
-            first_hop_on_chunk_grid=options.first_hop_on_chunk_grid,
-            max_hop_tokens=options.max_hop_tokens,
-        )
+    def piece(self, middle: bool) -> MelStream:
+        """The flow of the next piece; a ``middle`` piece (neither the request's first nor
+        its last) runs in one chunk when the preset has ``whole_middle_pieces``."""
+        whole = middle and self.preset.whole_middle_pieces
+        return MelStream(self, self.streaming and not whole)
 
 
 class MelStream:
     """The flow of one text piece: fed speech tokens, asked for each chunk's new mel frames.
 
     Args:
-        flows: the engine's flows (the chunk-causal one of ``options.precision`` is looked up
-            once, here).
-        voice: the flow's voice features (:func:`flow_prompt_features` applied).
-        options: the piece's flow options.
-        noise: the request's flow noise (N(0,1), 80 bins per frame).
-        noise_skip_frames: noise frames before the flow's prompt (the prompt frames that
-            ``flow_prompt_features`` cut): every frame reads the noise column it reads with
-            the whole prompt.
+        flow: the request's flow (preset, the flow's voice, noise; :meth:`FlowRequest.piece`).
+        streaming: emit chunks while tokens arrive (False: one chunk at the piece's end).
 
     Attributes:
         tokens: the piece's speech tokens so far.
@@ -201,34 +194,24 @@ class MelStream:
         hop_tokens: tokens of the next streamed chunk.
     """
 
-    def __init__(
-        self,
-        flows: ChunkedFlows,
-        voice: VoiceFeatures,
-        options: MelStreamOptions,
-        noise: GrowingNoise,
-        noise_skip_frames: int,
-    ) -> None:
-        self.options = options
-        self._runner = flows.runner
-        self._chunked = flows.get(options.precision) if options.chunk_causal else None
-        self._voice = voice
-        self._prompt_tokens = np.asarray(voice.speech_tokens, dtype=np.int64).reshape(-1)
-        self._noise = noise
-        self._noise_skip_frames = noise_skip_frames
+    def __init__(self, flow: FlowRequest, streaming: bool) -> None:
+        self.preset = preset = flow.preset
+        self.streaming = streaming
+        self._flow = flow
+        self._prompt_tokens = np.asarray(flow.voice.speech_tokens, dtype=np.int64).reshape(-1)
         self._history: KvCache | None = None
         self.tokens: list[int] = []
         self.offset_tokens = 0
-        self.hop_tokens = first_hop_tokens(options, len(self._prompt_tokens))
+        self.hop_tokens = first_hop_tokens(preset, len(self._prompt_tokens))
         # the hop before the first chunk's grid padding doubles (model.py token_hop_len)
-        self._base_hop_tokens = options.first_hop_tokens
+        self._base_hop_tokens = preset.first_hop_tokens
 
     def push(self, token: int) -> bool:
         """Append a speech token; True when a streamed chunk is due (``hop`` tokens and the
         3 lookahead tokens after them are in)."""
         self.tokens.append(token)
         pending = len(self.tokens) - self.offset_tokens
-        return self.options.streaming and pending >= self.hop_tokens + C.PRE_LOOKAHEAD_TOKENS
+        return self.streaming and pending >= self.hop_tokens + C.PRE_LOOKAHEAD_TOKENS
 
     def next_mel(self, final: bool, should_stop: ShouldStop, times: StageTimes) -> FloatArray:
         """The next chunk's new mel frames, then the offset and the hop move on.
@@ -247,7 +230,7 @@ class MelStream:
             SynthesisCancelled: ``should_stop()`` returned True.
             SynthesisFailed: a graph failed.
         """
-        opts = self.options
+        preset, flow = self.preset, self._flow
         offset = self.offset_tokens
         if final:
             end, drop, advance = len(self.tokens), 0, len(self.tokens) - offset
@@ -255,91 +238,35 @@ class MelStream:
             end = offset + self.hop_tokens + C.PRE_LOOKAHEAD_TOKENS
             drop = C.TOKEN_MEL_RATIO * C.PRE_LOOKAHEAD_TOKENS
             advance = self.hop_tokens
-        chunked = self._chunked if not final or opts.final_chunk_causal else None
-        left = opts.left_context_tokens
+        chunked = flow.chunked if not final or preset.final_chunk_causal else None
+        left = preset.left_context_tokens
         start = max(0, offset - left) if left > 0 and chunked is None else 0
         flow_tokens = np.concatenate(
             [self._prompt_tokens, np.asarray(self.tokens[start:end], dtype=np.int64)]
         )
-        skip = self._noise_skip_frames
-        noise_frames = skip + int(self._voice.prompt_mel.shape[0]) + C.TOKEN_MEL_RATIO * end
-        noise = self._noise.take(noise_frames)[skip:].T
+        skip = flow.noise_skip_frames
+        noise_frames = skip + int(flow.voice.prompt_mel.shape[0]) + C.TOKEN_MEL_RATIO * end
+        noise = flow.noise.take(noise_frames)[skip:].T
+        call = FlowCall(preset.schedule, preset.precision, should_stop, times)
         if chunked is not None:  # chunk mask; prompt and history keys/values cached
-            mel = self._chunk_causal(chunked, flow_tokens, noise, drop, should_stop, times)
+            if self._history is None:
+                keep = C.TOKEN_MEL_RATIO * left if left > 0 else None
+                self._history = chunked.new_history(preset.schedule, keep)
+            mel = chunked.chunk_mel(flow_tokens, flow.voice, noise, self._history, call, drop)
         else:
             # a full-attention pass never reads the chunk-causal history: free it first (up
             # to 3.6 MB per generated frame for quality's final chunk, which is the largest
             # pass of the piece)
             self._history = None
-            mel = self._full_attention(flow_tokens, noise, drop, start, offset, should_stop, times)
+            mel = flow.runner.mel_for_tokens(flow_tokens, flow.voice, noise, call,
+                                             drop_lookahead_frames=drop,
+                                             generated_offset_tokens=start)
+            # the frames before ``offset`` were returned by earlier chunks
+            mel = np.asarray(mel[:, C.TOKEN_MEL_RATIO * (offset - start):], dtype=np.float32)
         self.offset_tokens = offset + advance
-        self._base_hop_tokens = min(opts.max_hop_tokens, self._base_hop_tokens * 2)
+        self._base_hop_tokens = min(preset.max_hop_tokens, self._base_hop_tokens * 2)
         self.hop_tokens = self._base_hop_tokens
         return mel
-
-    def _chunk_causal(
-        self,
-        flow: ChunkedFlow,
-        tokens: npt.NDArray[np.int64],
-        noise: FloatArray,
-        drop_frames: int,
-        should_stop: ShouldStop,
-        times: StageTimes,
-    ) -> FloatArray:
-        """New mel frames [80, n] under the chunk mask.
-
-        ``tokens`` = the flow prompt tokens ++ every token of the piece so far (3 lookahead
-        tokens included in a non-final chunk, whose ``drop_frames`` = 6 mu frames are dropped;
-        0 for a final chunk under ``final_chunk_causal``); ``noise`` float32 [80, N], column =
-        frame. The history cache is created on the first chunk; ``left_context_tokens`` > 0
-        bounds the attended and stored history.
-        """
-        sched, left = self.options.schedule, self.options.left_context_tokens
-        if self._history is None:
-            self._history = flow.new_history(sched.steps, sched.cfg_rate, sched.cfg_steps)
-        return flow.chunk_mel(
-            tokens,
-            self._voice,
-            noise,
-            self._history,
-            sched.steps,
-            sched.cfg_rate,
-            sched.cfg_steps,
-            drop_frames,
-            should_stop,
-            C.TOKEN_MEL_RATIO * left if left > 0 else None,
-            times,
-            store_history=drop_frames > 0,  # a final chunk's keys/values are never attended
-        )
-
-    def _full_attention(
-        self,
-        tokens: npt.NDArray[np.int64],
-        noise: FloatArray,
-        drop_frames: int,
-        start: int,
-        offset: int,
-        should_stop: ShouldStop,
-        times: StageTimes,
-    ) -> FloatArray:
-        """New mel frames [80, 2 x (offset..end tokens)] with the exported (full-attention)
-        estimator: the flow runs on prompt ++ tokens ``start..end`` (``start`` > 0 with a
-        bounded left context) and the frames before ``offset`` are dropped."""
-        sched = self.options.schedule
-        mel = self._runner.mel_for_tokens(
-            tokens,
-            self._voice,
-            noise,
-            steps=sched.steps,
-            cfg_rate=sched.cfg_rate,
-            cfg_steps=sched.cfg_steps,
-            drop_lookahead_frames=drop_frames,
-            should_stop=should_stop,
-            times=times,
-            generated_offset_tokens=start,
-            precision=self.options.precision,
-        )
-        return np.asarray(mel[:, C.TOKEN_MEL_RATIO * (offset - start) :], dtype=np.float32)
 
 
 # -- speed resampling -------------------------------------------------------------------------

@@ -36,13 +36,9 @@ from wyoming_cosyvoice3.engine.options import (
 )
 from wyoming_cosyvoice3.engine.text.pieces import PlannedPiece
 from wyoming_cosyvoice3.server.cli import RunningServer
+from wyoming_cosyvoice3.server.engine_port import Engine, EngineFactory, default_engine_factory
 from wyoming_cosyvoice3.server.hooks import ServerHooks
-from wyoming_cosyvoice3.server.runtime import (
-    Engine,
-    EngineFactory,
-    ServerRuntime,
-    default_engine_factory,
-)
+from wyoming_cosyvoice3.server.runtime import ServerRuntime
 from wyoming_cosyvoice3.server.settings import Settings
 
 READ_TIMEOUT_S = 60.0
@@ -93,7 +89,7 @@ async def running_server(
     await server.start()
     try:
         if wait_ready:
-            ok = await asyncio.to_thread(server.runtime.ready_event.wait, READ_TIMEOUT_S)
+            ok = await asyncio.to_thread(server.runtime.loader.ready_event.wait, READ_TIMEOUT_S)
             assert ok, "the model did not load"
         yield server
     finally:
@@ -475,7 +471,7 @@ def loaded_engine_options(settings: Settings, model_dir: Path,
                             model_locator=lambda settings, stopping: model_dir)
     try:
         runtime.start_loading()
-        assert runtime.ready_event.wait(30)
+        assert runtime.loader.ready_event.wait(30)
     finally:
         runtime.shutdown()
     return loaded

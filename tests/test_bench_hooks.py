@@ -61,7 +61,8 @@ def test_bench_flags_become_hooks_and_the_rest_goes_to_the_server(tmp_path: Path
     runtime = ServerRuntime(settings, hooks=hooks)
     assert runtime.observer is hooks.observer
     # the request options are the preset's, as without the benchmark
-    assert runtime.synthesis_options(seed=3) == ServerRuntime(settings).synthesis_options(seed=3)
+    plain = ServerRuntime(settings).loader.synthesis_options(seed=3)
+    assert runtime.loader.synthesis_options(seed=3) == plain
     assert serve.parse(["--data-dir", "/d"])[0] == ServerHooks()
     rate_only = serve.parse(["--data-dir", "/d", "--bench-tokens-per-char", "0.5"])[0].observer
     assert isinstance(rate_only, FixedDecoding) and not isinstance(rate_only, StatsRecorder)
@@ -158,7 +159,7 @@ def test_bench_synthesis_options_change_the_preset(tmp_path: Path) -> None:
         "flow": {"schedule": {"cfg_rate": 0.5}}, "language_hint": "de"}
     assert hooks.observer is None
     options = ServerRuntime(resolve_settings(server_argv, environ={}),
-                            hooks=hooks).synthesis_options(seed=3)
+                            hooks=hooks).loader.synthesis_options(seed=3)
     assert options.flow.chunk_causal is False and options.flow.left_context_tokens == 25
     assert options.flow.schedule == balanced.flow.schedule  # the rest is the preset's
     assert options.speed == 1.0  # --speed still decides the rate

@@ -24,7 +24,7 @@ LOOKUPS = frozenset({"getattr", "hasattr"})
 
 def _mentions_engine(node: ast.expr) -> bool:
     """Whether a name or attribute in ``node`` contains "engine" (``engine``,
-    ``runtime.engine``, ``self._built_engine``...)."""
+    ``runtime.loader.engine``, ``self._built_engine``...)."""
     for child in ast.walk(node):
         if isinstance(child, ast.Name) and "engine" in child.id.lower():
             return True
@@ -52,7 +52,7 @@ def test_the_scan_finds_lookups_on_an_engine() -> None:
     source = "\n".join([
         'f = getattr(engine, "frontend", None)',
         'close = getattr(self._built_engine, "close", None)',
-        'split = builtins.getattr(runtime.engine.frontend, "split_pieces")',
+        'split = builtins.getattr(runtime.loader.engine.frontend, "split_pieces")',
         'ok = hasattr(self.engine, "warm_up")',
         # not an engine: the wyoming server object and a generator
         'inner = getattr(self.server, "_server", None)',

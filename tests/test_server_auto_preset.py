@@ -191,15 +191,16 @@ async def test_auto_chooses_before_loading_logs_one_line_and_shows_it(
         async with running_server(settings) as server:
             runtime = server.runtime
             assert calls == [1]  # once, with the engine's thread count
-            assert runtime.preset == "fast"
+            assert runtime.loader.preset == "fast"
             # the piece gate starts from the prediction (fast at RTF 0.9 x 0.87 = 0.783) with
             # the prediction's error: 1 / (0.783 x 1.15) s of audio per second
             assert runtime.production.seeded
             assert runtime.production.rate() == pytest.approx(
                 1 / (0.9 * KEEPS_UP_RTF * (1 + PREDICTION_ERROR)), rel=1e-6)
             # the settings name an LLM graph (published): it wins over the machine's choice
-            assert runtime.llm_plan is not None and runtime.llm_plan.decode == "published"
-            steps = runtime.synthesis_options().flow.schedule.steps
+            loader = runtime.loader
+            assert loader.llm_plan is not None and loader.llm_plan.decode == "published"
+            steps = loader.synthesis_options().flow.schedule.steps
             assert steps == PRESETS["fast"].flow.schedule.steps == 2
             async with client(server) as cl:
                 await cl.write_event(Synthesize(text="The door is locked.").event())
@@ -224,7 +225,8 @@ async def test_an_explicit_preset_is_not_replaced(
     settings = make_settings(tiny_model_dir, tmp_path / "data", tiny_engine_cache,
                              preset="balanced", http_port=0)
     async with running_server(settings) as server:
-        assert server.runtime.preset == "balanced" and server.runtime.preset_choice is None
+        loader = server.runtime.loader
+        assert loader.preset == "balanced" and loader.preset_choice is None
         async with aiohttp.ClientSession() as session:
             page = await listing(session, server)
     assert calls == []  # no probe at all, and no prior for the piece gate
@@ -239,16 +241,16 @@ async def test_describe_answers_while_the_machine_is_measured(
     settings = make_settings(tiny_model_dir, tmp_path / "data", tiny_engine_cache, preset="auto")
     async with running_server(settings, wait_ready=False) as server:
         deadline = time.monotonic() + 30.0
-        while server.runtime.phase != "measuring this machine":
-            assert time.monotonic() < deadline, server.runtime.phase
+        while server.runtime.loader.phase != "measuring this machine":
+            assert time.monotonic() < deadline, server.runtime.loader.phase
             await asyncio.sleep(0.01)
         started = time.monotonic()
         info = await describe(server, timeout_s=1.0)
         assert time.monotonic() - started < 1.0
         assert info.tts and calls
-        assert server.runtime.preset == "balanced"  # until the choice: the fallback
+        assert server.runtime.loader.preset == "balanced"  # until the choice: the fallback
         # let loading end here: a loader left running would log into the next test
-        assert await asyncio.to_thread(server.runtime.ready_event.wait, 120.0)
+        assert await asyncio.to_thread(server.runtime.loader.ready_event.wait, 120.0)
 
 
 async def test_the_preset_llm_graphs_load_as_the_probe_chose(
@@ -262,9 +264,9 @@ async def test_the_preset_llm_graphs_load_as_the_probe_chose(
     with caplog.at_level(logging.INFO):
         async with running_server(settings) as server:
             runtime = server.runtime
-            assert calls == [0] and runtime.preset == "balanced"
-            assert runtime.preset_choice is None and runtime.production.rate() is None
-            model = runtime.engine.model  # type: ignore[union-attr]
+            assert calls == [0] and runtime.loader.preset == "balanced"
+            assert runtime.loader.preset_choice is None and runtime.production.rate() is None
+            model = runtime.loader.engine.model  # type: ignore[union-attr]
             assert ".fusedb8" in model.llm.path.name
             assert model.llm_prefill is not None and ".fused1" in model.llm_prefill.path.name
             async with client(server) as cl:

@@ -37,10 +37,10 @@ async def test_default_preset_runs_the_int8_streaming_dit_end_to_end(
     assert balanced.flow.precision == "int8" and balanced.flow.chunk_causal
     with caplog.at_level(logging.INFO):
         async with running_server(settings) as server:
-            engine: Any = server.runtime.engine
+            engine: Any = server.runtime.loader.engine
             # the LLM graph the machine probe chose for the preset (or the fused graph, when
             # that form is refused for this model)
-            plan = server.runtime.llm_plan
+            plan = server.runtime.loader.llm_plan
             assert plan is not None and plan.decode in ("fused", "fused-b8")
             assert fused_form_of(engine.model.llm) in (plan.decode, "fused")
             assert engine.model.hift_stream is not None  # the streamed vocoder

@@ -22,7 +22,7 @@ from wyoming.tts import Synthesize
 
 from wyoming_cosyvoice3.download import EXPORT_REPO, UPSTREAM_REPO
 from wyoming_cosyvoice3.server import download_wait
-from wyoming_cosyvoice3.server.runtime import ModelState
+from wyoming_cosyvoice3.server.model_loader import ModelState
 from wyoming_cosyvoice3.server.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
@@ -56,8 +56,8 @@ async def test_first_start_downloads_then_serves(tiny_model_dir: Path, tmp_path:
                 assert error.code == "model-loading" and "try again" in error.text
                 hub.faults.stall_after.clear()
                 hub.faults.release.set()
-                assert await asyncio.to_thread(server.runtime.ready_event.wait, 120)
-                assert server.runtime.state is ModelState.READY, server.runtime.error
+                assert await asyncio.to_thread(server.runtime.loader.ready_event.wait, 120)
+                assert server.runtime.loader.state is ModelState.READY, server.runtime.loader.error
                 await cl.write_event(Synthesize(text="Downloaded and ready.").event())
                 response = await collect(cl, "audio-stop")
             check_audio_format(response)
@@ -67,7 +67,7 @@ async def test_first_start_downloads_then_serves(tiny_model_dir: Path, tmp_path:
     # second start: every file is present, the hub is gone
     monkeypatch.setenv("HF_ENDPOINT", closed_endpoint())
     async with running_server(settings) as server:
-        assert server.runtime.state is ModelState.READY, server.runtime.error
+        assert server.runtime.loader.state is ModelState.READY, server.runtime.loader.error
         info = await describe(server)
         assert [v.installed for v in info.tts[0].voices] == [True, True]
 
@@ -80,7 +80,7 @@ async def test_missing_files_without_network(tmp_path: Path,
     monkeypatch.setattr(download_wait, "DOWNLOAD_RETRY_DELAYS_S", (0.2,))
     settings = Settings(uri="tcp://127.0.0.1:0", data_dirs=(tmp_path,), warm_up=False)
     async with running_server(settings, wait_ready=False) as server:
-        assert await asyncio.to_thread(server.runtime.waiting_event.wait, 60)
+        assert await asyncio.to_thread(server.runtime.loader.waiting_event.wait, 60)
         info = await describe(server, timeout_s=1.0)
         description = info.tts[0].description or ""
         assert "waiting to download 12 model file(s)" in description, description
@@ -90,11 +90,11 @@ async def test_missing_files_without_network(tmp_path: Path,
             await cl.write_event(Synthesize(text="Hello.").event())
             error = await one_shot_error(cl)
         for _ in range(600):  # retried: more attempts follow without a restart
-            if server.runtime.download_attempts >= 3:
+            if server.runtime.loader.download_attempts >= 3:
                 break
             await asyncio.sleep(0.05)
-        assert server.runtime.download_attempts >= 3
-        assert server.runtime.state is ModelState.LOADING
+        assert server.runtime.loader.download_attempts >= 3
+        assert server.runtime.loader.state is ModelState.LOADING
     assert error.code == "model-files-missing"
     assert "llm_int8.onnx" in error.text and "campplus.onnx" in error.text
     assert str(tmp_path.absolute()) in error.text  # the directory is named absolutely
@@ -115,11 +115,11 @@ async def test_download_resumes_when_the_network_comes_back(
     repos = repos_from_dir(tiny_model_dir, EXPORT_REPO, UPSTREAM_REPO)
     with HubMimic(repos) as hub:
         async with running_server(settings, wait_ready=False) as server:
-            assert await asyncio.to_thread(server.runtime.waiting_event.wait, 60)
+            assert await asyncio.to_thread(server.runtime.loader.waiting_event.wait, 60)
             assert not hub.requests
             monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)  # the network is back
-            assert await asyncio.to_thread(server.runtime.ready_event.wait, 120)
-            assert server.runtime.state is ModelState.READY, server.runtime.error
+            assert await asyncio.to_thread(server.runtime.loader.ready_event.wait, 120)
+            assert server.runtime.loader.state is ModelState.READY, server.runtime.loader.error
             info = await describe(server, timeout_s=1.0)
             assert [v.installed for v in info.tts[0].voices] == [True, True]
             async with client(server) as cl:

@@ -71,7 +71,7 @@ def expected_pcm(state: Shared, texts: list[str], voice: str) -> np.ndarray:
     runtime = state.server.runtime
     prompt = runtime.voices[voice].prompt
     assert prompt is not None
-    options = runtime.synthesis_options(runtime.settings.seed)
+    options = runtime.loader.synthesis_options(runtime.settings.seed)
     pcm = b"".join(pcm16(chunk.samples) for text in texts
                    for chunk in state.spy.inner.synthesize(text, prompt, options))
     return np.frombuffer(pcm, dtype="<i2")
@@ -406,7 +406,7 @@ async def test_long_text_streams_audio_early(shared: Shared) -> None:
     finally:
         shared.release.set()
     # leaving cancelled the rest: the engine stops instead of speaking 3,000 characters
-    assert await asyncio.to_thread(wait_until, lambda: shared.server.runtime.active == 0, 30)
+    assert await asyncio.to_thread(wait_until, lambda: shared.server.runtime.runner.active == 0, 30)
     assert shared.spy.outcomes[calls_before:] in (["cancelled"], ["closed"])
     assert shared.spy.stop_flags[calls_before:] == [True]
 
@@ -418,7 +418,7 @@ async def test_disconnect_cancels_and_next_client_is_served(shared: Shared) -> N
     async with client(shared.server) as cl:
         await cl.write_event(Synthesize(text=text).event())
         await collect(cl, "audio-chunk")
-    assert await asyncio.to_thread(wait_until, lambda: shared.server.runtime.active == 0, 30)
+    assert await asyncio.to_thread(wait_until, lambda: shared.server.runtime.runner.active == 0, 30)
     assert shared.spy.outcomes[calls_before:] in (["cancelled"], ["closed"])
     assert shared.spy.stop_flags[calls_before:] == [True]  # should_stop reported the hang-up
     async with client(shared.server) as cl:
@@ -435,7 +435,7 @@ async def test_disconnect_during_streaming_text(shared: Shared) -> None:
         await cl.write_event(SynthesizeStart().event())
         await cl.write_event(SynthesizeChunk(text="A first sentence that is spoken. And").event())
         await collect(cl, "audio-chunk")
-    assert await asyncio.to_thread(wait_until, lambda: shared.server.runtime.active == 0, 30)
+    assert await asyncio.to_thread(wait_until, lambda: shared.server.runtime.runner.active == 0, 30)
     assert shared.spy.outcomes[calls_before:] in (["cancelled"], ["closed"])
     assert shared.spy.stop_flags[calls_before:] == [True]
     info = await describe(shared.server)
@@ -453,7 +453,7 @@ async def test_two_clients_and_a_describe(shared: Shared) -> None:
             got_a = await collect(a, "audio-chunk")
             got_b = await collect(b, "audio-chunk")
             # both requests are in the engine and held before their last chunk
-            assert shared.server.runtime.active == 2
+            assert shared.server.runtime.runner.active == 2
             info = await describe(shared.server, timeout_s=1.0)
             assert [v.installed for v in info.tts[0].voices] == [True, True]
             shared.release.set()

@@ -153,7 +153,7 @@ async def test_client_leaves_at_every_stage(shared: Shared, stage: str, reset: b
     with caplog.at_level(logging.INFO):
         await STAGES[stage](server.port, reset)
         assert await asyncio.to_thread(
-            wait_until, lambda: server.runtime.active == 0
+            wait_until, lambda: server.runtime.runner.active == 0
             and server.runtime.connections.open == 0, 60)
     # every synthesis that started was stopped by the hang-up (none ran to its end)
     assert set(shared.spy.outcomes[outcomes_before:]) <= {"cancelled", "closed"}
@@ -184,7 +184,7 @@ async def test_client_leaves_while_queued(shared: Shared, reset: bool) -> None:
             _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
             writer.write(frame(Synthesize(text=LONG).event()))
             await writer.drain()
-            assert await asyncio.to_thread(wait_until, lambda: server.runtime._waiting == 1)
+            assert await asyncio.to_thread(wait_until, lambda: server.runtime.runner._waiting == 1)
             reset_socket(writer) if reset else writer.close()
             await asyncio.sleep(0.2)
             shared.release.set()
@@ -192,8 +192,8 @@ async def test_client_leaves_while_queued(shared: Shared, reset: bool) -> None:
             assert not response.errors
     finally:
         shared.release.set()
-    assert await asyncio.to_thread(wait_until, lambda: server.runtime.active == 0
-                                   and server.runtime._waiting == 0, 60)
+    assert await asyncio.to_thread(wait_until, lambda: server.runtime.runner.active == 0
+                                   and server.runtime.runner._waiting == 0, 60)
     texts = shared.spy.texts[texts_before:]
     outcomes = shared.spy.outcomes[texts_before:]
     if reset:  # never synthesised
@@ -297,7 +297,7 @@ async def test_bug_in_one_synthesis(tmp_path: Path, make_clip: MakeClip,
             await bad.write_event(Synthesize(text="Recovered.").event())
             again = await collect(bad, "audio-stop")
             assert not again.errors and again.chunks
-            assert server.runtime.active == 0
+            assert server.runtime.runner.active == 0
     tracebacks = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(tracebacks) == 2 and all(r.exc_info for r in tracebacks)
     assert holder[0].texts[-1] == "Recovered."
@@ -310,16 +310,16 @@ async def test_bug_outside_the_engine_still_ends_the_response(
     selection): the one-shot client still gets internal-error then audio-stop, the stream
     client audio-stop + synthesize-stopped, each within 5 s (Home Assistant would otherwise
     wait for its own timeout); the traceback is logged once each; the connection is reused."""
-    import wyoming_cosyvoice3.server.speech as speech
+    import wyoming_cosyvoice3.server.voice_table as voice_table
 
-    original = speech.select_voice
+    original = voice_table.select_voice
 
     def buggy_select_voice(voice: Any, *args: Any, **kwargs: Any) -> Any:
         if voice.name == "buggy":
             raise RuntimeError("injected bug in voice selection")
         return original(voice, *args, **kwargs)
 
-    monkeypatch.setattr(speech, "select_voice", buggy_select_voice)
+    monkeypatch.setattr(voice_table, "select_voice", buggy_select_voice)
     holder: list[FaultyEngine] = []
     settings = make_settings(fake_model_dir(tmp_path, make_clip), tmp_path / "data")
     with caplog.at_level(logging.INFO):

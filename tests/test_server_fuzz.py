@@ -175,7 +175,7 @@ async def test_random_event_sequences(server: RunningServer, sent: list[Event],
         writer.close()
     runtime = server.runtime
     assert await asyncio.to_thread(
-        wait_until, lambda: runtime.active == 0 and runtime.connections.open == 0, 60)
+        wait_until, lambda: runtime.runner.active == 0 and runtime.connections.open == 0, 60)
     info = await describe(server, timeout_s=1.0)
     assert [v.installed for v in info.tts[0].voices] == [True, True]
 

@@ -133,7 +133,7 @@ async def test_the_piece_bound_divides_by_the_measured_length_ratio() -> None:
     history.add_response(5.0, 10.0)
     history.add_piece(4.0, 2.0)
     assert piece_limit_s(8.0, history.rate()) == pytest.approx(5.6)
-    runtime = SimpleNamespace(production=history, engine=WordPlanner())
+    runtime = SimpleNamespace(production=history, loader=SimpleNamespace(engine=WordPlanner()))
     gate = SimpleNamespace(max_hold_s=8.0)
     max_tokens, expected = await plan_pieces(runtime, gate, text, None)  # type: ignore[arg-type]
     assert expected_speech_s(text) == pytest.approx(330 / 14)

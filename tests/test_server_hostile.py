@@ -35,7 +35,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from wyoming_cosyvoice3.engine.text.markdown import markdown_to_speech
 from wyoming_cosyvoice3.server.cli import RunningServer
-from wyoming_cosyvoice3.server.runtime import ModelState
+from wyoming_cosyvoice3.server.model_loader import ModelState
 
 MakeClip = Callable[..., Path]
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
@@ -254,7 +254,7 @@ async def test_ten_thousand_characters_without_punctuation(shared: Shared) -> No
         for offset in range(0, len(text), 100):
             await cl.write_event(SynthesizeChunk(text=text[offset:offset + 100]).event())
         await collect(cl, "audio-chunk")
-    assert await asyncio.to_thread(wait_until, lambda: shared.server.runtime.active == 0, 60)
+    assert await asyncio.to_thread(wait_until, lambda: shared.server.runtime.runner.active == 0, 60)
     assert await asyncio.to_thread(
         wait_until, lambda: len(shared.spy.outcomes) >= outcomes_before + 2, 30)
     assert set(shared.spy.outcomes[outcomes_before:]) <= {"cancelled", "closed"}
@@ -336,7 +336,7 @@ async def test_corrupted_model_file(tiny_model_copy: Path, tiny_engine_cache: Pa
         assert named in (program.description or "")
         assert not any(v.installed for v in program.voices)
         if name != "campplus.onnx":  # the voice encoder loads lazily: the model itself is up
-            assert server.runtime.state is ModelState.FAILED
+            assert server.runtime.loader.state is ModelState.FAILED
         async with client(server) as cl:
             await cl.write_event(Synthesize(text="Hello.").event())
             error = await one_shot_error(cl)

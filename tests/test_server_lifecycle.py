@@ -34,7 +34,8 @@ from wyoming.tts import (
 )
 
 from wyoming_cosyvoice3.engine.options import PRESETS, EngineOptions
-from wyoming_cosyvoice3.server.runtime import Engine, ModelState, default_engine_factory
+from wyoming_cosyvoice3.server.engine_port import Engine, default_engine_factory
+from wyoming_cosyvoice3.server.model_loader import ModelState
 
 MakeClip = Callable[..., Path]
 
@@ -64,8 +65,8 @@ async def test_describe_and_errors_while_loading(tiny_model_dir: Path, tiny_engi
                 streamed = await collect(cl, "synthesize-stopped")
                 assert streamed.errors[0].code == "model-loading"
                 gate.set()
-                assert await asyncio.to_thread(server.runtime.ready_event.wait, 60)
-                assert server.runtime.state is ModelState.READY
+                assert await asyncio.to_thread(server.runtime.loader.ready_event.wait, 60)
+                assert server.runtime.loader.state is ModelState.READY
                 await cl.write_event(Synthesize(text="Hello.").event())
                 check_audio_format(await collect(cl, "audio-stop"))
             info = await describe(server)
@@ -82,7 +83,7 @@ async def test_failed_model_is_reported(tmp_path: Path,
     settings = make_settings(empty, tmp_path)
     caplog.set_level(logging.INFO, logger="wyoming_cosyvoice3")
     async with running_server(settings) as server:
-        assert server.runtime.state is ModelState.FAILED
+        assert server.runtime.loader.state is ModelState.FAILED
         info = await describe(server)
         description = info.tts[0].description or ""
         assert "unavailable" in description
@@ -262,8 +263,8 @@ async def test_voices_are_not_installed_while_warming_up_or_after_a_failed_start
         finally:
             for engine in holder:
                 engine.gate.set()
-        assert await asyncio.to_thread(server.runtime.ready_event.wait, 30)
-        assert server.runtime.state is ModelState.FAILED
+        assert await asyncio.to_thread(server.runtime.loader.ready_event.wait, 30)
+        assert server.runtime.loader.state is ModelState.FAILED
         assert all(slot.installed for slot in server.runtime.voices.values())
         program = (await describe(server)).tts[0]
         assert "unavailable" in (program.description or "")

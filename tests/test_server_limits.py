@@ -153,7 +153,7 @@ async def test_waiting_for_an_answer_is_not_idle(tmp_path: Path, make_clip: Make
         await a.write_event(Synthesize(text="HOLD this one.").event())
         assert await asyncio.to_thread(holder[0].started.acquire, True, 30)
         await b.write_event(Synthesize(text="Queued behind.").event())
-        assert await asyncio.to_thread(wait_until, lambda: server.runtime._waiting == 1)
+        assert await asyncio.to_thread(wait_until, lambda: server.runtime.runner._waiting == 1)
         await asyncio.sleep(1.2)  # four idle periods
         holder[0].gate.set()
         for cl in (a, b):
@@ -191,7 +191,7 @@ async def test_client_that_stops_reading_is_dropped(tmp_path: Path,
             assert await asyncio.to_thread(wait_until, lambda: holder[0].outcomes != [], 60)
             assert holder[0].outcomes in (["cancelled"], ["closed"])
             assert holder[0].stop_flags == [True]
-            assert await asyncio.to_thread(wait_until, lambda: server.runtime.active == 0)
+            assert await asyncio.to_thread(wait_until, lambda: server.runtime.runner.active == 0)
             async with client(server) as cl:
                 await cl.write_event(Synthesize(text="Next.").event())
                 check_audio_format(await collect(cl, "audio-stop"))
@@ -212,7 +212,7 @@ async def test_full_synthesis_queue_is_server_busy(tmp_path: Path, make_clip: Ma
         await a.write_event(Synthesize(text="HOLD the worker.").event())
         assert await asyncio.to_thread(holder[0].started.acquire, True, 30)
         await b.write_event(Synthesize(text="Waiting.").event())
-        assert await asyncio.to_thread(wait_until, lambda: server.runtime._waiting == 1)
+        assert await asyncio.to_thread(wait_until, lambda: server.runtime.runner._waiting == 1)
         await c.write_event(Synthesize(text="Too many.").event())
         refused = await collect(c, "audio-stop")
         assert refused.types[-2:] == ["error", "audio-stop"] and not refused.chunks

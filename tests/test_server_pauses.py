@@ -40,6 +40,7 @@ from wyoming_cosyvoice3.engine.machine import PREDICTION_ERROR
 from wyoming_cosyvoice3.engine.options import AudioChunk as EngineChunk
 from wyoming_cosyvoice3.engine.options import EngineOptions, ShouldStop
 from wyoming_cosyvoice3.engine.text.pieces import PlannedPiece, split_first_clause
+from wyoming_cosyvoice3.server.engine_port import Engine
 from wyoming_cosyvoice3.server.preroll import (
     ARRIVAL_MARGIN_S,
     FIRST_AUDIO_LIMIT_S,
@@ -53,7 +54,6 @@ from wyoming_cosyvoice3.server.preroll import (
     needed_hold_s,
     piece_limit_s,
 )
-from wyoming_cosyvoice3.server.runtime import Engine
 from wyoming_cosyvoice3.server.speech import MIN_PIECE_TOKENS, _plan_pieces
 
 MakeClip = Callable[..., Path]
@@ -546,7 +546,7 @@ async def test_streamed_answer_opening_with_a_long_sentence_starts_early(
     model_dir = fake_model_dir(tmp_path, make_clip)
     settings_ = make_settings(model_dir, tmp_path / "data", max_preroll_ms=10000)
     async with running_server(settings_, piece_paced_factory) as server:
-        engine = server.runtime.engine
+        engine = server.runtime.loader.engine
         assert isinstance(engine, PiecePacedEngine)
         deltas = [LONG_FIRST[i:i + 12] for i in range(0, len(LONG_FIRST), 12)]
         head = "Here is the weather for today,"
@@ -709,7 +709,7 @@ async def test_slow_server_asks_the_engine_for_sentence_pieces(
     settings_ = make_settings(model_dir, tmp_path / "data", max_preroll_ms=max_preroll_ms)
     async with running_server(settings_, RecordingPacedEngine) as server, client(server) as cl:
         await cl.write_event(Synthesize(text=text).event())
-        engine = server.runtime.engine
+        engine = server.runtime.loader.engine
         assert isinstance(engine, RecordingPacedEngine)
         # the bound is handed over when the engine request starts: no need to wait for the
         # paced audio (about 20 s) before the client leaves. With holds the short first

@@ -33,8 +33,8 @@ from bench.player import simulate_playback
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
 from wyoming_cosyvoice3.engine.options import AudioChunk as EngineChunk
 from wyoming_cosyvoice3.engine.options import EngineOptions, ShouldStop
+from wyoming_cosyvoice3.server.engine_port import Engine
 from wyoming_cosyvoice3.server.preroll import FIRST_AUDIO_LIMIT_S, expected_speech_s
-from wyoming_cosyvoice3.server.runtime import Engine
 
 CHUNK_S = 0.2
 INTERVAL_S = 0.3

@@ -30,7 +30,7 @@ from wyoming_cosyvoice3.server.protocol import (
     pcm16,
     read_event,
 )
-from wyoming_cosyvoice3.server.runtime import VoiceSlot, select_voice
+from wyoming_cosyvoice3.server.voice_table import VoiceSlot, select_voice
 
 
 def test_check_text() -> None:

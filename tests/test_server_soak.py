@@ -268,13 +268,13 @@ async def test_server_objects_do_not_pile_up(tmp_path: Path, make_clip: MakeClip
         runtime = server.runtime
         await run_clients(server.port, 100, rng, tally)
         assert await asyncio.to_thread(
-            wait_until, lambda: runtime.active == 0 and runtime.connections.open == 0)
+            wait_until, lambda: runtime.runner.active == 0 and runtime.connections.open == 0)
         gc.collect()
         tracemalloc.start()
         try:
             await run_clients(server.port, 300, rng, tally)
             assert await asyncio.to_thread(
-                wait_until, lambda: runtime.active == 0 and runtime.connections.open == 0)
+                wait_until, lambda: runtime.runner.active == 0 and runtime.connections.open == 0)
             gc.collect()
             retained, _peak = tracemalloc.get_traced_memory()
         finally:

@@ -678,7 +678,7 @@ def test_keep_digits_setting_reaches_the_request_options() -> None:
         settings = resolve_settings(["--model-dir", "/nonexistent", *argv], environ=env)
         runtime = ServerRuntime(settings)
         try:
-            assert runtime.synthesis_options().read_numbers is expected
+            assert runtime.loader.synthesis_options().read_numbers is expected
         finally:
             runtime.shutdown()
 

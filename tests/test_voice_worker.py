@@ -255,7 +255,8 @@ def test_server_process_never_loads_the_voice_encoders(
 ) -> None:
     """The server's loader prepares the catalog voices (the model's two and a user voice) in the
     voice encoder process, which has exited when the model is ready."""
-    from wyoming_cosyvoice3.server.runtime import ModelState, ServerRuntime
+    from wyoming_cosyvoice3.server.model_loader import ModelState
+    from wyoming_cosyvoice3.server.runtime import ServerRuntime
     from wyoming_cosyvoice3.server.settings import Settings
 
     data_dir = link_engine_cache(tmp_path / "data", tiny_engine_cache)
@@ -268,11 +269,11 @@ def test_server_process_never_loads_the_voice_encoders(
                                      warm_up=False))
     runtime.start_loading()
     try:
-        assert runtime.ready_event.wait(240)
-        assert runtime.state is ModelState.READY, runtime.error
+        assert runtime.loader.ready_event.wait(240)
+        assert runtime.loader.state is ModelState.READY, runtime.loader.error
         assert {name: slot.installed for name, slot in runtime.voices.items()} == {
             "zh-female": True, "en-male": True, "mine": True}
-        worker = getattr(runtime.engine, "voices").worker  # noqa: B009
+        worker = getattr(runtime.loader.engine, "voices").worker  # noqa: B009
         assert isinstance(worker, VoiceWorker) and worker.pid is None
     finally:
         runtime.shutdown()

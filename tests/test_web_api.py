@@ -357,7 +357,7 @@ async def test_preview_streams_while_synthesising(shared: Shared,
             assert response.status == 200
             first = await asyncio.wait_for(response.content.read(4096), 60)
             assert first[:4] == b"RIFF" and len(first) > 44  # audio before the synthesis ends
-            assert shared.server.runtime.active == 1
+            assert shared.server.runtime.runner.active == 1
             shared.release.set()
             rest = await response.read()
         assert pcm_of_wav_stream(first + rest).size > (len(first) - 44) // 2
@@ -380,7 +380,7 @@ async def test_preview_stops_when_the_listener_leaves(shared: Shared) -> None:
         assert await asyncio.to_thread(wait_until, lambda: len(spy.outcomes) > done_before,
                                        30.0)
         assert spy.outcomes[-1] in ("cancelled", "closed") and spy.stop_flags[-1]
-        assert await shared.server.runtime.wait_idle(10.0)
+        assert await shared.server.runtime.runner.wait_idle(10.0)
     finally:
         shared.release.set()
 

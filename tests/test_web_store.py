@@ -27,7 +27,7 @@ from web_support import CHANGE, add_voice, catalog_items, clip_bytes, page_url
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.server.catalog import MAX_CATALOG_VOICES, load_catalog_file
 from wyoming_cosyvoice3.server.cli import RunningServer
-from wyoming_cosyvoice3.server.runtime import Engine
+from wyoming_cosyvoice3.server.engine_port import Engine
 from wyoming_cosyvoice3.server.settings import Limits, resolve_settings
 from wyoming_cosyvoice3.server.web import store as store_module
 from wyoming_cosyvoice3.server.web.errors import Conflict
@@ -320,7 +320,7 @@ async def test_stopping_the_server_ends_a_preview_at_once(tmp_path: Path,
     server = RunningServer(settings, engine_factory=recording_faulty_factory(holder))
     await server.start()
     try:
-        assert await asyncio.to_thread(server.runtime.ready_event.wait, 60)
+        assert await asyncio.to_thread(server.runtime.loader.ready_event.wait, 60)
         async with aiohttp.ClientSession() as http:
             answer = asyncio.ensure_future(http.get(
                 page_url(server, "api/voices/en-male/preview"), params={"text": "HOLD on."}))

@@ -119,7 +119,7 @@ async def measure(model_dir: Path, data_dir: Path, text: str) -> dict[str, Any]:
         server = RunningServer(settings)
         await server.start()
         try:
-            ready = await asyncio.to_thread(server.runtime.ready_event.wait, READ_TIMEOUT_S)
+            ready = await asyncio.to_thread(server.runtime.loader.ready_event.wait, READ_TIMEOUT_S)
             if not ready:
                 raise RuntimeError("the model did not load")
             port = server.port  # read before the clearing: it runs a product function

@@ -125,7 +125,8 @@ class RunningServer:
         for connection in connections:
             if isinstance(connection, CosyVoiceEventHandler):
                 connection.begin_shutdown()
-        idle = await self.runtime.wait_idle(left_s())
+        runner = self.runtime.runner
+        idle = await runner.wait_idle(left_s())
         if not idle:
             _LOGGER.warning("Syntheses still running %.1f s after the stop signal; closing "
                             "anyway", grace_s)
@@ -138,7 +139,7 @@ class RunningServer:
                 task.cancel()
         self.runtime.shutdown()
         _LOGGER.info("Server stopped")
-        return idle or self.runtime.active == 0
+        return idle or runner.active == 0
 
 
 async def _wait_answered(connections: list[object], timeout_s: float) -> None:

@@ -6,8 +6,9 @@ from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
 
 from .. import __version__
 from .catalog import DEFAULT_ATTRIBUTION_NAME, DEFAULT_ATTRIBUTION_URL
+from .model_loader import ModelState
 from .protocol import first_line
-from .runtime import ModelState, ServerRuntime
+from .runtime import ServerRuntime
 
 PROGRAM_NAME = "cosyvoice3"
 MODEL_DESCRIPTION = "Fun-CosyVoice3-0.5B on onnxruntime"
@@ -20,16 +21,18 @@ def build_info(runtime: ServerRuntime) -> Info:
     loads). The program itself is always ``installed`` (Home Assistant picks the first
     installed program); its description says whether the model is loading or failed.
     """
-    state = runtime.state
+    status = runtime.loader.status()
+    state = status.state
+    slots = list(runtime.voices.values())
     if state is ModelState.READY:
         description = MODEL_DESCRIPTION
-        problems = [slot.problem for slot in runtime.voices.values() if slot.problem]
-        if not any(slot.installed for slot in runtime.voices.values()):
+        problems = [slot.problem for slot in slots if slot.problem]
+        if not any(slot.installed for slot in slots):
             description += f" (no voice is usable: {problems[0] if problems else 'none listed'})"
     elif state is ModelState.FAILED:
-        description = f"{MODEL_DESCRIPTION} (unavailable: {first_line(str(runtime.error))})"
+        description = f"{MODEL_DESCRIPTION} (unavailable: {first_line(str(status.error))})"
     else:
-        description = f"{MODEL_DESCRIPTION} ({runtime.phase})"
+        description = f"{MODEL_DESCRIPTION} ({status.phase})"
     voices = [
         TtsVoice(
             name=slot.entry.name,
@@ -40,7 +43,7 @@ def build_info(runtime: ServerRuntime) -> Info:
             version=None,
             languages=list(slot.entry.languages),
         )
-        for slot in list(runtime.voices.values())
+        for slot in slots
     ]
     program = TtsProgram(
         name=PROGRAM_NAME,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import threading
 import time
 
@@ -48,10 +47,10 @@ from .protocol import (
     EventSink,
     RequestStats,
     SpeakRequest,
-    VoiceRequest,
     pcm16,
 )
-from .runtime import ServerRuntime, VoiceSlot, select_voice
+from .runtime import ServerRuntime
+from .voice_table import VoiceSlot
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -80,16 +79,6 @@ def audio_start() -> AudioStart:
     return AudioStart(rate=OUTPUT_SAMPLE_RATE_HZ, width=SAMPLE_WIDTH_BYTES, channels=CHANNELS)
 
 
-def choose_voice(runtime: ServerRuntime, voice: VoiceRequest) -> VoiceSlot:
-    """Check that the model is ready and pick the request's voice.
-
-    Raises:
-        CosyVoiceError: coded; the model is not ready or the voice is unknown / disabled.
-    """
-    runtime.require_ready()
-    return select_voice(voice, runtime.voices, runtime.default_voice_slot())
-
-
 async def voice_or_error(runtime: ServerRuntime, sink: EventSink,
                          request: SpeakRequest) -> VoiceSlot | None:
     """The request's voice, or None after sending its ``error``: the request's own problem
@@ -103,7 +92,7 @@ async def voice_or_error(runtime: ServerRuntime, sink: EventSink,
     try:
         if request.problem is not None:
             raise request.problem
-        return choose_voice(runtime, request.voice)
+        return runtime.choose_voice(request.voice)
     except CosyVoiceError as err:
         await sink.send_error(err.code, str(err))
     except Exception:  # a bug must not leave the client without the end of its response
@@ -138,10 +127,10 @@ async def speak(
         CosyVoiceError: the engine failed (not for unspeakable text, which sends nothing);
             SynthesisTimeout past the time limit.
     """
-    samples_per_chunk = runtime.settings.samples_per_chunk
-    seed = runtime.settings.seed
-    limit_s = runtime.settings.limits.max_request_s
-    options = runtime.synthesis_options(seed if seed is not None else secrets.randbelow(2**31))
+    settings = runtime.settings
+    samples_per_chunk = settings.samples_per_chunk
+    limit_s = settings.limits.max_request_s
+    options = runtime.loader.request_options()
     if language_hint is not None:
         options = options.replace(language_hint=language_hint)
     deadline: list[float] = []
@@ -188,8 +177,8 @@ async def speak(
     options = options.replace(flow={"whole_middle_pieces": whole_middle})
     try:
         try:
-            stats.compute_s += await runtime.run_synthesis(text, slot.prompt, options, stop,
-                                                           on_chunk)
+            stats.compute_s += await runtime.runner.run_synthesis(text, slot.prompt, options,
+                                                                  stop, on_chunk)
         finally:
             if gate is not None:
                 gate.stop_work()
@@ -258,7 +247,7 @@ async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
     limit_s = piece_limit_s(gate.max_hold_s, history.rate())
     if limit_s is not None:  # in seconds of expected_speech_s, as the pieces are measured
         limit_s /= history.length_ratio()
-    engine = runtime.engine
+    engine = runtime.loader.engine
     if engine is None:  # not loaded: the request fails when it asks for synthesis
         return None, [expected_speech_s(text)]
     try:

@@ -31,7 +31,7 @@ from ..engine.text.markdown import MarkdownSpeech
 from ..engine.text.normalize import language_cues, winner
 from .preroll import PieceGate, expected_speech_s
 from .protocol import ClientGone, EventSink, RequestStats, SpeakRequest, check_chunk_text
-from .runtime import ServerRuntime, VoiceSlot
+from .runtime import ServerRuntime
 from .speech import (
     INTERNAL_ERROR,
     audio_start,
@@ -43,6 +43,7 @@ from .speech import (
     voice_or_error,
 )
 from .streaming_text import SentenceBuffer
+from .voice_table import VoiceSlot
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -3,10 +3,11 @@
 A change is: check the fields and the clip (``uploads.py``), store the clip, let the engine
 prepare the voice (the same call the catalog's voices go through at start, so a clip the
 engine refuses is reported to the user and nothing is saved), write ``voices.yaml``
-atomically (``store.py``), then re-read every catalog exactly as the server does at start and
-swap the runtime's voice table in one assignment. Voices that did not change keep their
-prepared prompts; a request already running keeps the voice it started with. ``describe``
-reads the new table at once.
+atomically (``store.py``), then have the voice table re-read every catalog exactly as the
+server does at start and swap itself in one assignment (:meth:`.voice_table.VoiceTable.reload`:
+the page never writes the table itself). Voices that did not change keep their prepared
+prompts; a request already running keeps the voice it started with. ``describe`` reads the
+new table at once.
 
 Changes are serialised by one ``asyncio.Lock`` (and the catalog file lock of ``store.py``),
 so two tabs saving at once cannot interleave. Only voices whose entry comes from
@@ -24,15 +25,12 @@ from typing import Any
 import soundfile as sf
 
 from ...engine.errors import CosyVoiceError, VoiceError
-from ..catalog import (
-    VoiceEntry,
-    default_catalog_path,
-    load_catalogs,
-    resolve_clip,
-    with_model_dir,
-)
+from ..catalog import VoiceEntry, default_catalog_path, resolve_clip
+from ..engine_port import Engine
 from ..machine import AUTO
-from ..runtime import Engine, ModelState, ServerRuntime, VoiceSlot, prepare_slot
+from ..model_loader import ModelLoader, ModelState
+from ..settings import Settings
+from ..voice_table import VoiceSlot, VoiceTable
 from .errors import BadRequest, Conflict, NotFound, PageError, Unavailable
 from .store import CatalogStore, Items
 from .uploads import CheckedClip, VoiceFields, VoiceForm, check_clip, check_name, parse_fields
@@ -52,15 +50,18 @@ def voice_mode(entry: VoiceEntry) -> str:
 
 
 class VoiceAdmin:
-    """The page's view of the runtime's voices.
+    """The page's view of the voices and the model's state.
 
     Args:
-        runtime: the server runtime (its ``voices`` table is replaced on every change).
+        settings: the resolved settings (data dirs, ``--preset``, ``max_clip_bytes``).
+        loader: the model loader (state, engine, preset).
+        voices: the voice table (reloaded through its own methods on every change).
     """
 
-    def __init__(self, runtime: ServerRuntime) -> None:
-        self.runtime = runtime
-        settings = runtime.settings
+    def __init__(self, settings: Settings, loader: ModelLoader, voices: VoiceTable) -> None:
+        self.settings = settings
+        self.loader = loader
+        self.voices = voices
         self.store = CatalogStore(settings.data_dirs[0]) if settings.data_dirs else None
         self._lock = asyncio.Lock()
         self._builtin_source = str(default_catalog_path())
@@ -68,7 +69,7 @@ class VoiceAdmin:
 
     @property
     def max_clip_bytes(self) -> int:
-        return self.runtime.settings.limits.max_clip_bytes
+        return self.settings.limits.max_clip_bytes
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -78,14 +79,14 @@ class VoiceAdmin:
 
     async def listing(self) -> dict[str, Any]:
         """The model state and every voice, as the page shows them (JSON-ready)."""
-        runtime = self.runtime
-        slots = list(runtime.voices.values())
+        slots = list(self.voices.values())
         durations = await asyncio.to_thread(self._clip_durations, slots)
-        default = runtime.default_voice_slot()
+        default = self.voices.default()
+        status = self.loader.status()
         return {
-            "state": runtime.state.value,
-            "phase": runtime.phase,
-            "error": str(runtime.error) if runtime.error is not None else None,
+            "state": status.state.value,
+            "phase": status.phase,
+            "error": str(status.error) if status.error is not None else None,
             "catalog": str(self.store.path) if self.store is not None else None,
             "default_voice": default.entry.name if default is not None else None,
             "max_clip_bytes": self.max_clip_bytes,
@@ -98,11 +99,11 @@ class VoiceAdmin:
         """The preset requests run with, whether ``--preset auto`` chose it, and its
         prediction (:meth:`.machine.PresetChoice.to_json`; None before the choice or when a
         preset was given)."""
-        runtime = self.runtime
-        auto = runtime.settings.preset == AUTO
-        choice = runtime.preset_choice
+        loader = self.loader
+        auto = self.settings.preset == AUTO
+        choice = loader.preset_choice
         return {
-            "name": runtime.preset if not auto or choice is not None else None,
+            "name": loader.preset if not auto or choice is not None else None,
             "auto": auto,
             "choice": choice.to_json() if choice is not None else None,
         }
@@ -110,7 +111,7 @@ class VoiceAdmin:
     def describe_slot(self, slot: VoiceSlot, clip_s: float | None = None) -> dict[str, Any]:
         """One voice as JSON: fields, mode, state (installed / why disabled), clip length."""
         entry = slot.entry
-        ready = self.runtime.state is ModelState.READY
+        ready = self.loader.state is ModelState.READY
         source = "built-in" if entry.source == self._builtin_source else entry.source
         return {
             "name": entry.name,
@@ -171,8 +172,8 @@ class VoiceAdmin:
             raise BadRequest("no clip was sent: choose an audio file or record one")
         engine = self._require_ready()
         async with self._lock:
-            if fields.name in self.runtime.voices:
-                existing = self.runtime.voices[fields.name].entry
+            if fields.name in self.voices:
+                existing = self.voices[fields.name].entry
                 raise Conflict(f"a voice named {fields.name!r} exists already (from "
                                f"{existing.source}); choose another name, or edit that voice")
             clip = await asyncio.to_thread(check_clip, form.clip, form.clip_label,
@@ -225,7 +226,7 @@ class VoiceAdmin:
         """Remove a voice from ``voices.yaml`` and delete its page-managed clip."""
         store = self._require_store()
         check_name(name)
-        if self.runtime.state is ModelState.LOADING:  # the loader thread owns the voices
+        if self.loader.state is ModelState.LOADING:  # the loader thread owns the voices
             raise Unavailable("the model is still loading; delete the voice once it is ready")
         async with self._lock:
             self._editable_slot(name)
@@ -241,12 +242,11 @@ class VoiceAdmin:
             items = await self._write(store, change, None)
             for item in removed:
                 await asyncio.to_thread(store.remove_clip_if_unused, item.get("clip"), items)
-            engine = self.runtime.engine
+            engine = self.loader.engine
             if engine is not None:
                 await self._reload(engine)
             else:  # the model failed to load: nothing is prepared, just drop the voice
-                self.runtime.voices = {n: s for n, s in self.runtime.voices.items()
-                                       if n != name}
+                self.voices.drop(name)
         _LOGGER.info("Voice %r deleted on the voice page", name)
 
     # --- steps -----------------------------------------------------------------------------
@@ -284,22 +284,7 @@ class VoiceAdmin:
 
     async def _reload(self, engine: Engine) -> None:
         """Re-read every catalog as at start; keep the prompts of unchanged voices."""
-        runtime = self.runtime
-        settings = runtime.settings
-        current = dict(runtime.voices)
-
-        def build() -> dict[str, VoiceSlot]:
-            entries = load_catalogs(settings.data_dirs, settings.model_dir, settings.voices_file)
-            if runtime.model_dir is not None:
-                entries = with_model_dir(entries, runtime.model_dir)
-            slots: dict[str, VoiceSlot] = {}
-            for entry in entries:
-                old = current.get(entry.name)
-                slots[entry.name] = (old if old is not None and old.entry == entry
-                                     else prepare_slot(engine, entry, self.max_clip_bytes))
-            return slots
-
-        runtime.voices = await asyncio.to_thread(build)
+        await asyncio.to_thread(self.voices.reload, engine)
 
     # --- lookups ---------------------------------------------------------------------------
 
@@ -310,12 +295,12 @@ class VoiceAdmin:
 
     def _require_ready(self) -> Engine:
         try:
-            return self.runtime.require_ready()
+            return self.loader.require_ready()
         except CosyVoiceError as err:
             raise Unavailable(f"{err}; voices can be added once the model is ready") from err
 
     def _slot(self, name: str) -> VoiceSlot:
-        slot = self.runtime.voices.get(check_name(name))
+        slot = self.voices.get(check_name(name))
         if slot is None:
             raise NotFound(f"there is no voice named {name!r}; reload the page")
         return slot

@@ -94,12 +94,14 @@ def build_app(runtime: ServerRuntime, loopback_only: bool,
     """The aiohttp application of the voice page.
 
     Args:
-        runtime: the server runtime whose voices the page shows and changes.
+        runtime: the server's parts: the voice table the page shows and changes (through
+            its methods), the model loader's state, the runner that speaks previews.
         loopback_only: answer only requests addressed to a loopback host name.
         allow_from: when not empty, answer only clients in these addresses / networks
             (``--http-allow-from``, e.g. the add-on's ingress proxy 172.30.32.2).
     """
-    admin = VoiceAdmin(runtime)
+    settings = runtime.settings
+    admin = VoiceAdmin(settings, runtime.loader, runtime.voices)
     networks = [ipaddress.ip_network(item, strict=False) for item in allow_from]
     package = resources.files(__package__).joinpath("static")
     static = {name: package.joinpath(name).read_bytes() for name in STATIC_FILES}
@@ -167,7 +169,7 @@ def build_app(runtime: ServerRuntime, loopback_only: bool,
         return web.json_response({"deleted": request.match_info["name"]})
 
     async def preview(request: web.Request) -> web.StreamResponse:
-        text = preview_text(request.query.get("text"), runtime.settings.limits.max_text_chars)
+        text = preview_text(request.query.get("text"), settings.limits.max_text_chars)
         return await stream_preview(request, runtime, request.match_info["name"], text)
 
     async def clip(request: web.Request) -> web.StreamResponse:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import struct
 import time
 
@@ -26,7 +25,8 @@ from ...engine.constants import OUTPUT_SAMPLE_RATE_HZ
 from ...engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled
 from ...engine.options import AudioChunk
 from ..protocol import CHANNELS, SAMPLE_WIDTH_BYTES, ClientGone, RequestStats, pcm16
-from ..runtime import ServerBusy, ServerRuntime
+from ..runner import ServerBusy
+from ..runtime import ServerRuntime
 from ..speech import speech_text
 from .errors import BadRequest, Conflict, NotFound, PageError, Unavailable
 
@@ -76,8 +76,9 @@ async def stream_preview(request: web.Request, runtime: ServerRuntime, name: str
     slot = runtime.voices.get(name)
     if slot is None:
         raise NotFound(f"there is no voice named {name!r}; reload the page")
+    loader = runtime.loader
     try:
-        runtime.require_ready()
+        loader.require_ready()
     except CosyVoiceError as err:
         raise Unavailable(str(err)) from err
     if slot.prompt is None:
@@ -86,9 +87,7 @@ async def stream_preview(request: web.Request, runtime: ServerRuntime, name: str
     text = await speech_text(text)  # the same markdown pass as a Wyoming request
     if not text:
         raise BadRequest("nothing speakable in the text (only markup or punctuation); type words")
-    settings = runtime.settings
-    seed = settings.seed if settings.seed is not None else secrets.randbelow(2**31)
-    options = runtime.synthesis_options(seed)
+    options = loader.request_options()
     response = web.StreamResponse(headers={"Content-Type": "audio/wav",
                                            "Cache-Control": "no-store"})
     stats = RequestStats(kind="preview", voice=name, chars=chars, sentences=1)
@@ -115,8 +114,8 @@ async def stream_preview(request: web.Request, runtime: ServerRuntime, name: str
 
     outcome = "done"
     try:
-        stats.compute_s = await runtime.run_synthesis(text, slot.prompt, options, should_stop,
-                                                      on_chunk)
+        stats.compute_s = await runtime.runner.run_synthesis(text, slot.prompt, options,
+                                                             should_stop, on_chunk)
     except ClientGone:
         stats.log("cancelled (client gone)")
         return response

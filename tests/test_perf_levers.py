@@ -194,8 +194,8 @@ def test_quality_preset_is_spec_exact() -> None:
 
 @pytest.fixture(scope="module")
 def dit_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> CosyVoice3Engine:
-    """An engine on the model with an upstream-structured DiT, with its split (and int8)
-    estimators derived into the session's cache: every preset runs with its own DiT
+    """An engine on the model with an upstream-structured DiT, with its streaming DiTs (fp32
+    and int8) derived into the session's cache: every preset runs with its own DiT
     precision."""
     return CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
         threads=1, llm_precision="fp32", cache_dir=tiny_dit_cache_dir))
@@ -205,7 +205,7 @@ def dit_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> CosyVoice3
 def test_every_preset_validates_and_synthesises(
     dit_engine: CosyVoice3Engine, tmp_path: Path, name: str
 ) -> None:
-    from wyoming_cosyvoice3.engine.derive.flow.estimator_split import SplitEstimator
+    from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
 
     voice = dit_engine.prepare_voice(write_clip(tmp_path / "ref.wav", seconds=3.0),
                                      transcript="This is a reference clip.", name="perf")
@@ -213,7 +213,8 @@ def test_every_preset_validates_and_synthesises(
     opts.validate()
     assert len(audio(dit_engine, voice, **_fields(opts))) > 0
     estimator = dit_engine.model.estimator_for(opts.flow_precision)
-    assert isinstance(estimator, SplitEstimator)  # no fallback to the whole graph
+    assert isinstance(estimator, FullAttentionDiT)  # no fallback to the published graph
+    assert estimator.path is not None
     assert ("int8main" in estimator.path.name) is (opts.flow_precision == "int8")
 
 

@@ -26,21 +26,26 @@ LLM stage
 
 Flow stage, per DiT precision p ("fp32" or "int8")
 
-* ``streaming`` (chunk-causal chunks; asked for at load when ``EngineOptions.preset`` is
-  ``flow_chunk_causal``, else by the first chunk-causal request):
+* ``streaming`` (the chunk-causal DiT; tried at load when ``EngineOptions.preset`` is
+  ``flow_chunk_causal``, when there is a ``cache_dir``, or when p is "int8", else by the first
+  request that needs it; :func:`wants_streaming`):
 
   1. chunk-causal streaming DiT -- a ``cache_dir`` -- flow/streaming_estimator (stream2main or
-     stream2int8main, stream1time);
+     stream2int8main, stream1time; the int8 one quantised by flow/quantize);
   2. none: streamed chunks use full attention.
 
-* ``estimator`` (full-attention passes):
+* ``estimator`` (full-attention passes: final chunks, one-shot pieces):
 
-  1. the streaming DiT run with full attention -- the preset is ``flow_chunk_causal``, p is
-     its ``flow_precision`` and the streaming DiT loaded -- (the streaming form above);
-  2. split time / per-frame pair, the per-frame part int8 for int8 -- ``split_estimator``
-     (auto) -- flow/estimator_split (main or int8main, time);
-  3. the whole graph in int8 -- p is "int8" -- flow/quantize (int8r2);
-  4. the published fp32 graph.
+  1. the streaming DiT of p run with full attention -- it loaded -- (the streaming form above:
+     one copy of the DiT weights serves both roles);
+  2. the published fp32 graph (for p "int8" too: the int8 weights exist only in the derived
+     form, so a failed derivation costs speed, not accuracy).
+
+  Why one derived form: every preset streams chunk-causally, so its DiT is the streaming
+  form, and that form computes the published graph's full-attention pass up to float
+  rounding (checked when derived). The split time / per-frame pair and the whole-graph int8
+  copy that stood between them served only engines whose streaming DiT could not be made,
+  and made a second copy of the weights for each precision a request switched to.
 
 Vocoder stage
 
@@ -68,8 +73,6 @@ import numpy as np
 from . import constants as C
 from .derive.common.files import derived_files_dir
 from .derive.common.forms import Form, load_first
-from .derive.flow import quantize
-from .derive.flow.estimator_split import SplitEstimator, ensure_split_estimator, main_graph_spec
 from .derive.flow.full_attention import FullAttentionDiT
 from .derive.flow.streaming_estimator import load_streaming_estimator
 from .derive.llm.embedding_table import load_table_embedding
@@ -84,14 +87,13 @@ from .graphs import (
     StreamingEstimator,
     TableEmbedding,
     load_llm,
-    open_session,
 )
 from .options import LLM_FILES, PRESETS, EngineOptions, LlmGraph
 from .vocoder.hift import StreamedHift
 
-Estimator = Graph | SplitEstimator | FullAttentionDiT
-"""The DiT estimator: one graph, the split time/main pair (:mod:`.derive.flow.estimator_split`),
-or the streaming DiT run with full attention (:mod:`.derive.flow.full_attention`)."""
+Estimator = Graph | FullAttentionDiT
+"""The DiT estimator: the published graph or the streaming DiT run with full attention
+(:mod:`.derive.flow.full_attention`)."""
 
 
 def _wanted(option: bool, options: EngineOptions) -> bool:
@@ -100,41 +102,31 @@ def _wanted(option: bool, options: EngineOptions) -> bool:
 
 
 # -- flow --------------------------------------------------------------------------------------
+def wants_streaming(options: EngineOptions, precision: str) -> bool:
+    """Whether the streaming DiT of ``precision`` is tried before the estimator of that
+    precision is chosen: with a ``cache_dir`` (it serves full attention as well), for "int8"
+    (only a derived form has int8 weights: a bare engine warns once that it runs fp32), and for
+    a ``flow_chunk_causal`` preset of that precision (a bare engine warns once that chunks run
+    with full attention)."""
+    chunk_causal = (options.preset.flow_chunk_causal
+                    and options.preset.flow_precision == precision)
+    return options.cache_dir is not None or precision == "int8" or chunk_causal
+
+
 def estimator_forms(
     model_dir: Path, options: EngineOptions, precision: str,
     streaming: StreamingEstimator | None = None,
 ) -> list[Form[Estimator]]:
     """The estimator's forms for ``precision`` (module table), most preferred first.
 
-    ``streaming``: the model's streaming DiT of ``precision`` when it has one loaded (it
-    warned once if it could not be made); its full-attention form is then first.
+    ``streaming``: the model's streaming DiT of ``precision`` when it loaded (it warned once
+    if it could not be made); its full-attention form is then first.
     """
     source = model_dir / ESTIMATOR.file
     threads, providers, spin = options.threads, options.providers, options.spin_wait
-
-    def split(cache: Path | None) -> Estimator:
-        assert cache is not None  # a derived form is always given its directory
-        main, time_graph = ensure_split_estimator(source, cache, precision)
-        session = open_session(main, threads, providers, spin)
-        graph = Graph(main, main_graph_spec(session), session=session)
-        return SplitEstimator(graph, time_graph, threads, providers, spin)
-
-    def int8(cache: Path | None) -> Estimator:
-        assert cache is not None
-        path = quantize.ensure_int8_estimator(source, cache)  # looked up now: tests replace it
-        return Graph(path, ESTIMATOR, threads, providers, spin_wait=spin)
-
     return [
-        Form("full-attention streaming DiT", derived=False,
-             wanted=(streaming is not None and options.preset.flow_chunk_causal
-                     and precision == options.preset.flow_precision),
-             open=lambda _cache: FullAttentionDiT(streaming)),
-        Form("split DiT estimator", open=split,
-             wanted=_wanted(options.split_estimator, options),
-             warning="Split DiT estimator not available (%s); using the whole graph"),
-        # e.g. out of memory while quantising: keep serving
-        Form("int8 DiT estimator", open=int8, wanted=precision == "int8",
-             warning="int8 DiT estimator not available (%s); using the fp32 estimator"),
+        Form(f"streaming DiT ({precision}) with full attention", derived=False,
+             wanted=streaming is not None, open=lambda _cache: FullAttentionDiT(streaming)),
         Form("published DiT estimator", derived=False,
              open=lambda _cache: Graph(source, ESTIMATOR, threads, providers, spin_wait=spin)),
     ]
@@ -145,7 +137,7 @@ def load_estimator(
     streaming: StreamingEstimator | None = None,
 ) -> Estimator:
     """The DiT estimator of ``precision`` ("fp32" or "int8"): the first form of
-    :func:`estimator_forms` that loads. Derived graphs keep the contract's spec file name
+    :func:`estimator_forms` that loads. The derived form keeps the contract's spec file name
     (errors name the contract file).
 
     Raises:
@@ -187,7 +179,8 @@ def streaming_forms(model_dir: Path, options: EngineOptions,
         f"chunk-causal streaming DiT ({precision})",
         open=lambda cache: open_streaming(model_dir, options, precision, cache or model_dir),
         warning=f"chunk-causal streaming flow ({precision}) not available (%s); streamed "
-                "chunks use full attention over the prompt and history",
+                "chunks use full attention over the prompt and history"
+                + ("; the published fp32 estimator runs them" if precision == "int8" else ""),
     )]
 
 

@@ -22,7 +22,6 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from . import constants as C
-from .derive.flow.estimator_split import SplitEstimator
 from .derive.flow.full_attention import FullAttentionDiT
 from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
 from .graphs import (
@@ -49,6 +48,7 @@ from .loaders import (
     load_llm_graph,
     load_streaming_or_none,
     load_text_table,
+    wants_streaming,
 )
 from .options import LLM_FILES, EngineOptions, FlowPrecision
 from .text.tokenizer_load import read_tokenizer
@@ -208,7 +208,7 @@ class CosyVoice3Model:
         self.tokenizer = tokenizer
         self.end_of_prompt_id = end_of_prompt_id
         text_embedding = graphs["text_embedding"]
-        if isinstance(text_embedding, SplitEstimator | FullAttentionDiT):
+        if isinstance(text_embedding, FullAttentionDiT):
             raise TypeError("the text embedding cannot be an estimator")
         self.text_embedding: Graph | TableEmbedding = text_embedding
         self.speech_embedding = _graph(graphs["speech_embedding"])
@@ -282,7 +282,7 @@ class CosyVoice3Model:
                                    else (None, None))
         precision = options.preset.flow_precision
         streaming: dict[str, StreamingEstimator | None] = {}
-        if options.preset.flow_chunk_causal:
+        if wants_streaming(options, precision):
             streaming[precision] = load_streaming_or_none(model_dir, options, precision)
         # one DiT graph serves chunks and full attention when the streaming DiT loaded
         estimator = load_estimator(model_dir, options, precision, streaming.get(precision))
@@ -350,10 +350,18 @@ class CosyVoice3Model:
         """
         if precision not in ("fp32", "int8"):
             raise ValueError(f"flow_precision must be fp32 or int8, got {precision!r}")
+        with self._graphs_lock:
+            loaded = self._graphs.get(("estimator", precision))
+        if isinstance(loaded, Graph | FullAttentionDiT):
+            return loaded
+        # outside the cache's lock (it loads under the same lock): the streaming DiT first,
+        # so that its one copy of the weights serves full attention too
+        streaming = (self.streaming_estimator(precision)
+                     if wants_streaming(self.options, precision) else None)
 
         def load() -> Estimator:
             log.info("loading the %s DiT estimator on first use", precision)
-            return load_estimator(self.model_dir, self.options, precision)
+            return load_estimator(self.model_dir, self.options, precision, streaming)
 
         estimator: Estimator = self._cached("estimator", precision, load)
         return estimator

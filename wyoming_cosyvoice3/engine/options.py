@@ -245,17 +245,14 @@ class EngineOptions:
             spinning threads steal the core from a concurrent session (overlapped decoding).
         providers: onnxruntime execution providers in order of preference; the CPU provider
             is always appended as the fallback.
-        cache_dir: where derived files go. ``None``: a bare engine; the four forms below
-            stay off and the streaming DiT cannot be made (full attention, one warning); a
-            form asked for by name (the int8 estimator, a fused LLM graph) goes to the model
-            directory if writable, else ``~/.cache/wyoming-cosyvoice3``.
+        cache_dir: where derived files go. ``None``: a bare engine; the forms below stay
+            off and the streaming DiT cannot be made (the published fp32 estimator with full
+            attention; one warning when chunk-causal or int8 was asked for); a form asked for
+            by name (a fused LLM graph) goes to the model directory if writable, else
+            ``~/.cache/wyoming-cosyvoice3``.
         mmap_embeddings: with a ``cache_dir``, serve the text embedding from a memory-mapped
             table extracted once from text_embedding_fp16.onnx (only when the graph is a
             plain Gather [+ Cast], so the output is bit-identical; otherwise the graph).
-        split_estimator: with a ``cache_dir``, split the DiT estimator once into its
-            time-conditioning graph (AdaLN modulation: 0.55 GB of fp32 weights that depend on
-            ``t`` only, run once per distinct ``t`` and released) and its per-frame graph
-            (:mod:`.derive.flow.estimator_split`; same numbers).
         phase_vocoder: with a ``cache_dir``, derive once the phase-carrying form of hift.onnx
             (:mod:`.derive.vocoder.hift_phase`): the same numbers without a carry, and a
             windowed vocoder call (``SynthesisOptions.vocoder_window_frames``) continues the
@@ -289,7 +286,6 @@ class EngineOptions:
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     cache_dir: Path | None = None
     mmap_embeddings: bool = True
-    split_estimator: bool = True
     phase_vocoder: bool = True
     stream_vocoder: bool = True
     voice_cache_dir: Path | None = None

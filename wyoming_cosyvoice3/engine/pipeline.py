@@ -231,27 +231,14 @@ class CosyVoice3Engine:
 
         Pass the options requests will use (the server's preset); by default the estimator
         precision loaded at start. An estimator precision not loaded yet is loaded (and
-        derived, once) here instead of in the first request, the voice's prefix KV is cached,
-        and a split estimator's time conditioning is computed for the Euler schedules of
-        every preset (about 1 MB per time point), so no request loads the time graph. With
-        ``flow_chunk_causal`` the voice's prompt key/value cache is computed here too.
+        derived, once) here instead of in the first request (the streaming DiT computes the
+        time conditioning of every preset's Euler schedule when it opens), and the voice's
+        prefix KV is cached. With ``flow_chunk_causal`` the voice's prompt key/value cache is
+        computed here too.
         """
-        from .derive.flow.estimator_split import SplitEstimator
-        from .flow.solver import cosine_t_schedule
-        from .options import PRESETS
-
         started = time.perf_counter()
         base = options or SynthesisOptions(flow_precision=self.options.preset.flow_precision)
-        estimator = self.model.estimator_for(base.flow_precision)
-        if isinstance(estimator, SplitEstimator):
-            steps = {base.euler_steps, *(p.euler_steps for p in PRESETS.values())}
-            estimator.precompute(
-                [
-                    np.full(2, t, dtype=np.float32)
-                    for n in sorted(steps)
-                    for t in cosine_t_schedule(n)[:-1]
-                ]
-            )
+        self.model.estimator_for(base.flow_precision)
         chunked = self.chunked.get(base.flow_precision) if base.flow_chunk_causal else None
         if chunked is not None:  # the voice's prompt keys/values (then cached on disk)
             features = flow_prompt_features(voice.features, base.flow_prompt_tokens)

@@ -159,7 +159,7 @@ def engine(tiny_dit_model_dir: Path, cache_dir: Path) -> CosyVoice3Engine:
                                in_process=True)
     return CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
         threads=1, llm_precision="fp32", cache_dir=cache_dir,
-        mmap_embeddings=False, phase_vocoder=False))
+        mmap_embeddings=False))
 
 
 @pytest.fixture(scope="module")

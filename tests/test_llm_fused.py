@@ -216,7 +216,7 @@ def test_engine_falls_back_to_the_published_graph_with_one_warning(
     unreadable_llm_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     options = EngineOptions(llm_graph="fused", cache_dir=tmp_path,
-                            phase_vocoder=False, stream_vocoder=False)
+                            stream_vocoder=False)
     for _ in range(2):  # the second load reads the failure marker: still one warning
         caplog.clear()
         with caplog.at_level(logging.WARNING):

@@ -126,7 +126,7 @@ def test_estimator_without_the_dit_structure_stays_fp32(
     onnx.save(convolutional_estimator(), str(tiny_model_copy / EST))
     opts = EngineOptions(  # the other derived forms are not this test's subject
         threads=1, cache_dir=tmp_path, preset=SynthesisOptions(flow_precision="int8"),
-        phase_vocoder=False, stream_vocoder=False,
+        stream_vocoder=False,
     )
     for _ in range(2):  # the second load reads the failure marker: again one warning
         caplog.clear()
@@ -177,7 +177,7 @@ def test_table_embedding_equals_the_graph(tmp_path: Path) -> None:
 def test_model_serves_the_table_and_falls_back_to_the_graph_when_it_is_not_a_plain_lookup(
     tiny_model_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    off = {"phase_vocoder": False, "stream_vocoder": False}
+    off = {"stream_vocoder": False}
     bare = CosyVoice3Model.load(tiny_model_copy, EngineOptions(threads=1))
     assert isinstance(bare.text_embedding, Graph)  # no cache directory: nothing derived
     cached = CosyVoice3Model.load(
@@ -239,7 +239,7 @@ def test_int8_failure_falls_back_to_the_fp32_estimator(
     monkeypatch.setattr(streaming_estimator, "ensure_streaming_estimator", fail)
     opts = EngineOptions(  # the other derived forms are not this test's subject
         threads=1, cache_dir=tmp_path, preset=SynthesisOptions(flow_precision="int8"),
-        phase_vocoder=False, stream_vocoder=False,
+        stream_vocoder=False,
     )
     with caplog.at_level(logging.WARNING):
         model = CosyVoice3Model.load(tiny_model_dir, opts)

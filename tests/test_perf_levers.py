@@ -274,9 +274,7 @@ def test_vocoder_window_bounds_each_call_and_keeps_the_length(engine: CosyVoice3
     first = 480 * (20 - 8)
     np.testing.assert_array_equal(windowed[:first], exact[:first])
     # hift.onnx as published restarts the harmonic source's phase at each window, so the
-    # later calls differ from the exact ones (the tiny model has the real source path); with
-    # the phase carried they are equal to float rounding (test_hift_phase.py,
-    # test_engine_windowed_vocoder_matches_the_exact_stream)
+    # later calls differ from the exact ones (the tiny model has the real source path)
     assert 0.0 < _snr_db(exact, windowed) < 60.0
 
 
@@ -284,16 +282,11 @@ class _LevelRunner:
     """A vocoder stand-in whose every sample shows which mel frame its call started at and
     which noise it read: ``mel[0, 0] + 1e-3 * noise[:, 0]`` for the whole call."""
 
-    carries_phase = False  # as hift.onnx: windowed calls restart the source phase
     stream = None  # no streamed graph (HiftRunner.stream): the windowed calls under test
 
     def waveform(self, mel: np.ndarray, noise: np.ndarray) -> np.ndarray:
         n = 480 * mel.shape[1]
         return (mel[0, 0] + 1e-3 * noise[:n, 0]).astype(np.float32)
-
-    def run(self, mel: np.ndarray, noise: np.ndarray, carry: object = None) -> tuple[
-            np.ndarray, None]:
-        return self.waveform(mel, noise), None
 
 
 def test_vocoder_window_seams_are_cross_faded(engine: CosyVoice3Engine) -> None:

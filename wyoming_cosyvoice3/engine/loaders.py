@@ -8,7 +8,10 @@ default) and a ``EngineOptions.cache_dir``: a bare engine derives none of them. 
 cached files
 (``<source stem>.<tag>-<size>-<mtime_ns>.onnx``, :func:`.derive.common.files.keyed_name`).
 
-Each line: form -- enabled when -- derived by (module under derive/, file tag).
+Each line: form -- enabled when -- derived by (module under derive/, file tag). Every role
+has at most one derived form before its published graph, and nothing is derived or loaded
+just in case: a role's published graph loads only after its derived form failed (or was not
+asked for).
 
 LLM stage
 
@@ -26,9 +29,9 @@ LLM stage
 
 Flow stage, per DiT precision p ("fp32" or "int8")
 
-* ``streaming`` (the chunk-causal DiT; tried at load when ``EngineOptions.preset`` is
-  ``flow_chunk_causal``, when there is a ``cache_dir``, or when p is "int8", else by the first
-  request that needs it; :func:`wants_streaming`):
+* ``streaming`` (the chunk-causal DiT; for the preset's precision tried at load when the
+  preset is ``flow_chunk_causal``, when there is a ``cache_dir`` or when it is "int8"
+  (:func:`wants_streaming`), else by the first request that needs it):
 
   1. chunk-causal streaming DiT -- a ``cache_dir`` -- flow/streaming_estimator (stream2main or
      stream2int8main, stream1time; the int8 one quantised by flow/quantize);
@@ -49,18 +52,19 @@ Flow stage, per DiT precision p ("fp32" or "int8")
 
 Vocoder stage
 
-* ``hift_stream`` (streamed chunks):
+* ``vocoder`` (every synthesis call):
 
-  1. streamed, convolution context carried -- ``stream_vocoder`` (auto) --
-     vocoder/hift_stream (stream3);
-  2. none: windowed calls of ``hift``.
+  1. streamed, convolution context, delay lines and source phase carried -- ``stream_vocoder``
+     (auto) -- vocoder/hift_stream (stream3);
+  2. the published ``hift.onnx``, loaded only when there is no streamed form (or on the first
+     whole-mel call outside synthesis): each streamed chunk re-runs it over all mel so far, or
+     over a lossy preset's left window (``vocoder_window_frames``; the source phase restarts
+     at each window, the seams are cross-faded).
 
-* ``hift``:
-
-  1. phase-carrying -- ``phase_vocoder`` (auto) -- vocoder/hift_phase (phase2);
-  2. the published ``hift.onnx``.
-
-Streamed chunks use ``hift_stream`` when there is one, else windowed calls of ``hift``.
+  Why one derived form: the streamed form equals one call over the whole mel up to float
+  rounding and serves every call. The phase-carrying copy of ``hift.onnx`` that stood
+  between them was derived and loaded only where the streamed form could not be made, to
+  make that fallback's windows exact: a second derivation for a path that should not run.
 """
 
 from __future__ import annotations
@@ -76,7 +80,6 @@ from .derive.common.forms import Form, load_first
 from .derive.flow.full_attention import FullAttentionDiT
 from .derive.flow.streaming_estimator import load_streaming_estimator
 from .derive.llm.embedding_table import load_table_embedding
-from .derive.vocoder.hift_phase import PHASE_WARNING, open_phase_hift
 from .derive.vocoder.hift_stream import STREAM_WARNING, open_stream_hift
 from .errors import ModelLoadError
 from .graphs import (
@@ -271,37 +274,20 @@ def load_text_table(model_dir: Path, options: EngineOptions) -> TableEmbedding |
 
 
 # -- vocoder -----------------------------------------------------------------------------------
-def load_hift(model_dir: Path, options: EngineOptions) -> tuple[Graph, float | None]:
-    """The vocoder graph and its source-phase period (CumSum units per 2 pi), or
-    ``(hift.onnx, None)``: the first of the phase-carrying form (:mod:`.derive.vocoder.
-    hift_phase`: without a carry it computes what ``hift.onnx`` computes, and a windowed call
-    given the carried phase continues the harmonic source exactly) and the published file.
+def load_hift(model_dir: Path, options: EngineOptions) -> Graph:
+    """The published ``hift.onnx``: the vocoder's fallback (module table) and the graph of
+    whole-mel calls.
 
     Raises:
         ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
     """
-    threads, providers, spin = options.threads, options.providers, options.spin_wait
-    source = model_dir / HIFT.file
-
-    def phase(cache: Path | None) -> tuple[Graph, float | None]:
-        assert cache is not None
-        graph, report = open_phase_hift(source, cache, threads, providers, spin)
-        return graph, report.period
-
-    forms: list[Form[tuple[Graph, float | None]]] = [
-        Form("phase-carrying vocoder", open=phase, warning=PHASE_WARNING,
-             wanted=_wanted(options.phase_vocoder, options)),
-        Form("published vocoder", derived=False, open=lambda _cache: (
-            Graph(source, HIFT, threads, providers, spin_wait=spin), None)),
-    ]
-    found = load_first(forms, model_dir, options.cache_dir)
-    assert found is not None
-    return found
+    return Graph(model_dir / HIFT.file, HIFT, options.threads, options.providers,
+                 spin_wait=options.spin_wait)
 
 
 def load_hift_stream(model_dir: Path, options: EngineOptions) -> StreamedHift | None:
     """The streamed vocoder (:mod:`.derive.vocoder.hift_stream`), or None (option off, or not
-    derivable: one warning, streaming keeps the windowed vocoder)."""
+    derivable: one warning; :func:`load_hift` then serves)."""
 
     def streamed(cache: Path | None) -> StreamedHift:
         assert cache is not None

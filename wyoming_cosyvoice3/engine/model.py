@@ -200,7 +200,6 @@ class CosyVoice3Model:
         tokenizer: Tokenizer,
         end_of_prompt_id: int,
         graphs: dict[str, Graph | TableEmbedding | Estimator],
-        hift_phase_period: float | None = None,
         streaming: dict[str, StreamingEstimator | None] | None = None,
     ) -> None:
         self.model_dir = model_dir
@@ -229,9 +228,6 @@ class CosyVoice3Model:
         hift = graphs.get("hift")
         self._hift: Graph | None = None if hift is None else _graph(hift)
         self._hift_lock = threading.Lock()
-        self.hift_phase_period = hift_phase_period
-        """Source-phase period of a phase-carrying ``hift`` (:mod:`.derive.vocoder.hift_phase`), or
-        None for the published graph."""
         self.hift_stream: StreamedHift | None = None
         """The streamed vocoder (:mod:`.derive.vocoder.hift_stream`), or None: streaming then runs
         ``hift`` over all mel or a window per call."""
@@ -276,10 +272,9 @@ class CosyVoice3Model:
 
         speech_embedding = graph(SPEECH_EMBEDDING)
         hift_stream = load_hift_stream(model_dir, options)
-        # the streamed form serves every synthesis: the phase-carrying form (the fallback
-        # that windows need) is derived only without it, and hift.onnx loads on first use
-        hift, hift_phase_period = (load_hift(model_dir, options) if hift_stream is None
-                                   else (None, None))
+        # the streamed form serves every synthesis: hift.onnx, its fallback, loads at start
+        # only without it (else on a whole-mel call's first use)
+        hift = load_hift(model_dir, options) if hift_stream is None else None
         precision = options.preset.flow_precision
         streaming: dict[str, StreamingEstimator | None] = {}
         if wants_streaming(options, precision):
@@ -304,7 +299,7 @@ class CosyVoice3Model:
             # (a decode graph that fell back to the fused form prefills as well as it would)
             graphs["llm_prefill"] = load_llm_graph(model_dir, options, threads,
                                                    speech_embedding, prefill)
-        model = cls(model_dir, options, tokenizer, eop, graphs, hift_phase_period, streaming)
+        model = cls(model_dir, options, tokenizer, eop, graphs, streaming)
         model.hift_stream = hift_stream
         if model.dims.speech_vocab_rows <= C.FILL_TOKEN:
             raise GraphSignatureMismatch(
@@ -368,9 +363,9 @@ class CosyVoice3Model:
 
     @property
     def hift(self) -> Graph:
-        """The vocoder graph for whole-mel calls (:class:`~.vocoder.hift.HiftRunner`): the
-        phase-carrying form or ``hift.onnx`` as loaded at start, or, where the streamed form
-        serves synthesis, ``hift.onnx`` loaded on first use (thread-safe).
+        """The vocoder graph for whole-mel calls (:class:`~.vocoder.hift.HiftRunner`):
+        ``hift.onnx``, loaded at start where the streamed form could not be made, else on
+        first use (thread-safe).
 
         Raises:
             ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
@@ -378,9 +373,7 @@ class CosyVoice3Model:
         with self._hift_lock:
             if self._hift is None:
                 log.info("loading %s for a whole-mel vocoder call", HIFT.file)
-                options = self.options
-                self._hift = Graph(self.model_dir / HIFT.file, HIFT, options.threads,
-                                   options.providers, spin_wait=options.spin_wait)
+                self._hift = load_hift(self.model_dir, self.options)
             return self._hift
 
     def streaming_estimator(self, precision: str) -> StreamingEstimator | None:

@@ -88,19 +88,16 @@ class SynthesisOptions:
             work there; a lossy preset names smaller bounds for that case (:meth:`fallback`).
         overlap_decoding: decode LLM tokens in a per-request producer thread while the flow
             and vocoder work (same audio as sequential decoding for the same seed).
-        vocoder_window_frames: when > 0, each vocoder call sees only this many already-emitted
-            mel frames of left context (linear instead of quadratic cost; see :mod:`.vocoder`);
-            0 = all mel of the utterance (spec-exact). With the phase-carrying vocoder
-            (``EngineOptions.phase_vocoder``) the window's frames get their harmonic phase from
-            earlier calls, so the audio equals the exact path's up to float rounding once the
-            window covers the generator's receptive field (16 frames on the upstream-exported
-            parity model); with hift.onnx as published the phase restarts at each window and
-            the seams are cross-faded.
+        vocoder_window_frames: when > 0 and the streamed vocoder could not be derived, each
+            call of hift.onnx sees only this many already-emitted mel frames of left context
+            (linear instead of quadratic cost; see :mod:`.vocoder`); 0 = all mel of the
+            utterance (spec-exact). The harmonic source's phase restarts at each window and
+            the seams are cross-faded. The streamed vocoder runs each frame once and ignores
+            it.
         vocoder_defer: let the vocoder skip a non-final flow chunk while the audio already
             emitted lasts until its next call (fewer calls, fewer re-run frames; see
             :func:`.vocoder.hift.may_defer`). Exact with ``vocoder_window_frames`` 0 (the samples do
-            not depend on how the mel is cut); with a window it moves the seams (which only
-            matters without the phase-carrying vocoder).
+            not depend on how the mel is cut); with a window it moves the seams.
         max_decode_tokens: hard cap on decoded speech tokens per piece, on top of 20x text.
         max_request_s: wall-clock limit of one request; exceeded raises SynthesisTimeout.
         output_dtype: ``float32`` samples in [-1, 1] or ``int16`` PCM.
@@ -253,17 +250,12 @@ class EngineOptions:
         mmap_embeddings: with a ``cache_dir``, serve the text embedding from a memory-mapped
             table extracted once from text_embedding_fp16.onnx (only when the graph is a
             plain Gather [+ Cast], so the output is bit-identical; otherwise the graph).
-        phase_vocoder: with a ``cache_dir``, derive once the phase-carrying form of hift.onnx
-            (:mod:`.derive.vocoder.hift_phase`): the same numbers without a carry, and a
-            windowed vocoder call (``SynthesisOptions.vocoder_window_frames``) continues the
-            harmonic source's phase instead of restarting it, so windowed audio matches the
-            one-call audio. Not derivable: hift.onnx, with one warning.
         stream_vocoder: with a ``cache_dir``, derive once the streamed form of hift.onnx
             (:mod:`.derive.vocoder.hift_stream`): convolution context, delay lines and the
             source phase carried as state, so streaming runs each mel frame once (about one
             call's cost) and equals one call up to float rounding (validated when derived).
-            It replaces ``SynthesisOptions.vocoder_window_frames``. Not derivable: the
-            windowed vocoder, with one warning.
+            Off or not derivable (one warning): calls of hift.onnx as published, over all mel
+            so far or ``SynthesisOptions.vocoder_window_frames`` of it.
         voice_cache_dir: directory for cached voice features; ``None`` disables the disk cache.
         voice_process: prepare new voices in a child process (:mod:`.voice.worker`): the
             encoder sessions never load in this process (no share of its interpreter lock,
@@ -286,7 +278,6 @@ class EngineOptions:
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     cache_dir: Path | None = None
     mmap_embeddings: bool = True
-    phase_vocoder: bool = True
     stream_vocoder: bool = True
     voice_cache_dir: Path | None = None
     voice_process: bool = False

@@ -180,7 +180,7 @@ class CosyVoice3Engine:
         self.flow = FlowRunner(model)
         self.chunked = ChunkedFlows(self.flow, model, options)
         # the whole-mel graph loads on first use where the streamed vocoder serves synthesis
-        self.hift = HiftRunner(lambda: model.hift, model.hift_phase_period, model.hift_stream)
+        self.hift = HiftRunner(lambda: model.hift, model.hift_stream)
         worker = worker_for(model.model_dir, options, model.dims.speaker_dim)
         self.voices = VoiceFeatureExtractor(model, options.voice_cache_dir, worker=worker)
 

@@ -4,8 +4,7 @@
 form (:data:`COMMANDS`): ``stream fp32|int8 SOURCE MAIN_OUT TIME_OUT``
 (:mod:`.flow.streaming_estimator`), ``table SOURCE TABLE_NPY DTYPE_FILE``
 (:mod:`.llm.embedding_table`), ``llm fused|fused-q4 SOURCE DATA REPORT GRAPH [EMBEDS_NPY]``
-(:mod:`.llm.fused`), ``hift SOURCE GRAPH REPORT`` (:mod:`.vocoder.hift_phase`) and
-``hift-stream SOURCE GRAPH REPORT`` (:mod:`.vocoder.hift_stream`).
+(:mod:`.llm.fused`) and ``hift-stream SOURCE GRAPH REPORT`` (:mod:`.vocoder.hift_stream`).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import numpy as np
 from .flow.streaming_estimator import STREAM_TAGS, derive_streaming
 from .llm.embedding_table import extract_table
 from .llm.fused import FUSED_TAGS, write_fused_files
-from .vocoder.hift_phase import write_phase_hift
 from .vocoder.hift_stream import write_stream_hift
 
 
@@ -37,10 +35,6 @@ def _llm(a: argparse.Namespace) -> None:
     write_fused_files(a.source, a.variant, a.data, a.report, a.graph, embeds)
 
 
-def _hift(a: argparse.Namespace) -> None:
-    write_phase_hift(a.source, a.graph, a.report)
-
-
 def _hift_stream(a: argparse.Namespace) -> None:
     write_stream_hift(a.source, a.graph, a.report)
 
@@ -51,7 +45,6 @@ COMMANDS: dict[str, tuple[list[Argument], Callable[[argparse.Namespace], None]]]
     "table": (["source", "table_npy", "dtype_file"], _table),
     "llm": ([("variant", sorted(FUSED_TAGS)), "source", "data", "report", "graph", "embeds_npy?"],
             _llm),
-    "hift": (["source", "graph", "report"], _hift),
     "hift-stream": (["source", "graph", "report"], _hift_stream),
 }
 """Command -> (its arguments in order: a path, a ``(name, choices)`` word, or an optional path

@@ -183,7 +183,8 @@ FAMILIES: dict[str, Family] = {
         _poly("F"),
         ({"F": 16}, {"F": 32}, {"F": 48}, {"F": 64}),
     ),
-    # the DiT's time conditioning (split and streaming forms): t [B] -> the AdaLN modulation
+    # the DiT's time conditioning (streaming form; the retired split form in older
+    # recordings): t [B] -> the AdaLN modulation
     "dit_time": Family(
         "dit_time",
         lambda s: {"B": s["t"][0]},
@@ -220,13 +221,13 @@ FAMILIES: dict[str, Family] = {
 
 
 TIME_GRAPHS = ("flow.decoder.estimator.time", "flow.decoder.estimator.stream1time")
-"""The DiT's time-conditioning graphs (engine/derive/flow/estimator_split.py,
-streaming_estimator.py): run once per Euler time value when the model loads or warms up,
-their outputs cached; no request runs them."""
+"""The DiT's time-conditioning graphs (engine/derive/flow/streaming_estimator.py; the first
+name is the retired split estimator's, kept to read older recordings): run once per Euler time
+value when the model loads or warms up, their outputs cached; no request runs them."""
 
 
 def family_of(graph_file: str) -> Family | None:
-    """The family of a contract file name (derived int8 / split estimator files, the DiT's
+    """The family of a contract file name (derived estimator files, the DiT's
     time-conditioning graphs and the streamed vocoder included); None for lookup-only graphs
     (the embeddings: no operation the benchmark counts)."""
     if graph_file.startswith("llm"):

@@ -1,15 +1,17 @@
 """Streamed vocoder against one call over the same mel: cost and deviation.
 
 ``python -m bench.vocoder_stream --model-dir DIR --cache-dir CACHE`` measures the product's
-vocoder as the engine loads it (:func:`~wyoming_cosyvoice3.engine.loaders.load_hift` and
-:func:`~wyoming_cosyvoice3.engine.loaders.load_hift_stream`, one onnxruntime thread): the
+vocoder as the engine loads it (:func:`~wyoming_cosyvoice3.engine.loaders.load_hift_stream`,
+one onnxruntime thread): the
 streamed form of ``hift.onnx`` (:mod:`~wyoming_cosyvoice3.engine.derive.vocoder.hift_stream`,
 tag ``stream3``: each mel frame runs once, convolution context and source phase carried)
 pushed flow chunk by flow chunk through :class:`~wyoming_cosyvoice3.engine.vocoder.hift.
-VocoderStream`, against one call of the one-call form
-(:mod:`~wyoming_cosyvoice3.engine.derive.vocoder.hift_phase`, tag ``phase2``) over the same
-mel and the same source noise. Both forms are derived once into ``--cache-dir`` (a temporary
-directory by default) and reused from there. Per utterance length it prints a markdown table:
+VocoderStream`, against one call over the same mel and the same source noise of the graph the
+streamed form is validated against: ``hift.onnx`` rewritten to round alike at every call
+length (:func:`~wyoming_cosyvoice3.engine.derive.vocoder.hift_exact.exact_one_call`, written
+beside the streamed form as ``hift.exact-*.onnx``). Both are made once into ``--cache-dir``
+(a temporary directory by default) and reused from there. Per utterance length it prints a
+markdown table:
 
 * **CPU s**: CPU seconds of the process (``time.process_time``) per run, so other processes
   on a shared machine change the figures little (they still do: caches, memory bandwidth);
@@ -25,8 +27,8 @@ directory by default) and reused from there. Per utterance length it prints a ma
 
 ``--windowed`` instead measures the fallback used when the streamed form cannot be derived:
 windowed calls (``SynthesisOptions.vocoder_window_frames``) of ``hift.onnx`` as published
-(the harmonic source restarts its phase at each window start; seams cross-faded) and of its
-phase-carrying form, for several left-context windows (``--windows``, 0 = all mel so far) and
+(the harmonic source restarts its phase at each window start; seams cross-faded), for several
+left-context windows (``--windows``, 0 = all mel so far) and
 call schedules (``--policies``), against one call of ``hift.onnx``; its table adds the
 mel frames run in total (each call re-runs its left window, the new frames and the 8
 held-back right-context frames), the SNR over the utterance and the lowest SNR within
@@ -55,19 +57,17 @@ import numpy as np
 import numpy.typing as npt
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.derive.vocoder.hift_phase import (
-    PHASE_HIFT,
-    PHASE_TAG,
-    ensure_phase_hift,
-)
+from wyoming_cosyvoice3.engine.derive.common.files import keyed_name
 from wyoming_cosyvoice3.engine.derive.vocoder.hift_stream import STREAM_TAG
 from wyoming_cosyvoice3.engine.dsp import request_streams
 from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
-from wyoming_cosyvoice3.engine.loaders import load_hift, load_hift_stream
+from wyoming_cosyvoice3.engine.loaders import load_hift_stream
 from wyoming_cosyvoice3.engine.options import EngineOptions, StageTimes
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 
 FloatArray = npt.NDArray[np.float32]
+EXACT_TAG = "exact"
+"""Tag of the one-call reference graph this benchmark writes (not a product form)."""
 SEAM_MS = 20.0
 MAX_HOP_FRAMES = 200
 """Upstream token_max_hop_len 100 tokens x token_mel_ratio 2."""
@@ -174,18 +174,11 @@ def seam_snr_db(reference: FloatArray, test: FloatArray, seams: Sequence[int]) -
 
 def measure_windowed(
     model_dir: Path, frames: int, first_frames: int, windows: Sequence[int],
-    policies: Sequence[str], repeats: int, cache_dir: Path | None = None,
+    policies: Sequence[str], repeats: int,
 ) -> list[str]:
     """``--windowed``: markdown lines (see the module docstring); medians of ``repeats`` CPU
-    times. With ``cache_dir`` the windowed rows also run the phase-carrying graph (derived
-    there)."""
+    times."""
     runner = HiftRunner(Graph(model_dir / HIFT.file, HIFT, threads=1, spin_wait=False))
-    runners = {"": runner}
-    if cache_dir is not None:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        path, report = ensure_phase_hift(model_dir / HIFT.file, cache_dir, in_process=True)
-        carried = Graph(path, PHASE_HIFT, threads=1, spin_wait=False)
-        runners[" (phase carried)"] = HiftRunner(carried, report.period)
     mel = smooth_mel(frames)
     chunks = flow_chunks(frames, first_frames)
     one = [run_stream(runner, mel, [frames], [True], 0, 1) for _ in range(repeats + 1)][1:]
@@ -194,17 +187,16 @@ def measure_windowed(
     rows = [
         f"| one call | - | 1 | {frames} | {one_cpu:.3f} | 1.00 | 0 | inf | - |",
     ]
-    cases = [(w, label, r) for w in windows for label, r in runners.items() if w or not label]
-    for window, label, case_runner in cases:
+    for window in windows:
         for policy in policies:
             calls = schedule_calls(chunks, policy)
-            runs = [run_stream(case_runner, mel, chunks, calls, window, 1)
+            runs = [run_stream(runner, mel, chunks, calls, window, 1)
                     for _ in range(repeats)]
             run = runs[0]
             cpu = float(np.median([r.cpu_s for r in runs]))
             diff = float(np.max(np.abs(run.samples - reference)))
             rows.append(
-                f"| window {window or 'all (exact)'}{label} | {policy} | {run.calls} | "
+                f"| window {window or 'all (exact)'} | {policy} | {run.calls} | "
                 f"{run.frames_run} | {cpu:.3f} | {cpu / one_cpu:.2f} | {diff:.2e} | "
                 f"{snr_db(reference, run.samples):.1f} | "
                 f"{seam_snr_db(reference, run.samples, run.seams):.1f} |"
@@ -268,26 +260,32 @@ class ProductCost:
 
 
 def product_runners(model_dir: Path, cache_dir: Path) -> tuple[HiftRunner, HiftRunner]:
-    """(one-call runner, streamed runner) of the product's vocoder forms, one onnxruntime
-    thread, loaded by the engine's own loaders (derived into ``cache_dir`` once, in a child
-    process; reused from there). The streamed runner is the engine's
-    (``HiftRunner(hift, phase period, streamed graph)``, :class:`~wyoming_cosyvoice3.engine.
-    pipeline.Pipeline`); the one-call runner the same without the streamed graph.
+    """(one-call runner, streamed runner), one onnxruntime thread. The streamed runner is the
+    engine's (``HiftRunner(hift, streamed graph)``, :class:`~wyoming_cosyvoice3.engine.
+    pipeline.CosyVoice3Engine`), loaded by the engine's loader (derived into ``cache_dir``
+    once, in a child process; reused from there); the one-call runner runs the exact
+    rewrite of ``hift.onnx`` (module docstring), written into ``cache_dir`` once.
 
     Raises:
-        RuntimeError: a form could not be derived or loaded (the loader logged why); the
-            comparison is then not the product's.
+        RuntimeError: the streamed form could not be derived or loaded (the loader logged
+            why); the comparison is then not the product's.
     """
+    import onnx
+
+    from wyoming_cosyvoice3.engine.derive.vocoder.hift_exact import exact_one_call
+
     options = EngineOptions(threads=1, spin_wait=False, cache_dir=cache_dir)
-    hift, period = load_hift(model_dir, options)
+    source = model_dir / HIFT.file
+    exact = cache_dir / keyed_name(source, EXACT_TAG, ".onnx")
+    if not exact.is_file():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        onnx.save(exact_one_call(onnx.load(str(source)))[0], str(exact))
+    hift = Graph(exact, HIFT, threads=1, spin_wait=False)
     streamed = load_hift_stream(model_dir, options)
-    if period is None or PHASE_TAG not in hift.path.name:
-        raise RuntimeError(f"the {PHASE_TAG} one-call vocoder of {model_dir} did not load "
-                           "(see the warning above)")
     if streamed is None or STREAM_TAG not in streamed.graph.path.name:
         raise RuntimeError(f"the {STREAM_TAG} streamed vocoder of {model_dir} did not load "
                            "(see the warning above)")
-    return HiftRunner(hift, period), HiftRunner(hift, period, streamed)
+    return HiftRunner(hift), HiftRunner(hift, streamed)
 
 
 def measure_product(
@@ -346,7 +344,7 @@ def product_table(cost: ProductCost) -> list[str]:
         "",
         "| vocoder | form | calls | frames run | CPU s median | CPU s min-max |",
         "|---|---|---|---|---|---|",
-        f"| one call | {PHASE_TAG} | 1 | {cost.one_call_frames_run} | "
+        f"| one call | {EXACT_TAG} | 1 | {cost.one_call_frames_run} | "
         f"{cpu(cost.one_call_cpu_s)} |",
         f"| streamed per flow chunk | {STREAM_TAG} | {cost.streamed_calls} | "
         f"{cost.streamed_frames_run} | {cpu(cost.streamed_cpu_s)} |",
@@ -379,9 +377,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="measure the windowed fallback instead (options below)")
     p.add_argument("--windows", type=int, nargs="+", default=[0, 16, 8])
     p.add_argument("--policies", nargs="+", default=["per-chunk", "every-2", "first+last"])
-    p.add_argument("--graphs", nargs="+", choices=["published", "phase-carry"],
-                   default=["published", "phase-carry"],
-                   help="windowed rows: hift.onnx as published and/or its phase-carrying form")
     args = p.parse_args(argv)
     if args.windowed and args.json is not None:
         p.error("--json is for the streamed-vocoder comparison, not --windowed")
@@ -391,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for frames in args.frames:
                 lines = measure_windowed(
                     args.model_dir, frames, args.first_frames, args.windows, args.policies,
-                    args.rounds, cache if "phase-carry" in args.graphs else None)
+                    args.rounds)
                 print("\n".join(lines), end="\n\n", flush=True)
             return
         one_call, streamed = product_runners(args.model_dir, cache)

@@ -2,7 +2,7 @@
 
 ``tiny_model_dir`` is built once per test session (a few seconds) into a temporary directory:
 the published graphs' structure at small widths, so every derived graph the default preset
-runs (fused LLM, int8 and streaming DiT, streamed and phase-carrying vocoder) derives from
+runs (fused LLM, int8 and fp32 streaming DiT, streamed vocoder) derives from
 it. Tests must not modify it; copy files first (see ``tiny_model_copy``).
 """
 
@@ -31,9 +31,9 @@ def tiny_engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One engine cache for the servers and engines on ``tiny_model_dir`` whose tests are not
     about loading (``server_support.make_settings(..., engine_cache=...)``, servers started as
     a program through ``link_engine_cache``, ``--cache-dir`` of the command lines, and
-    ``tiny_dit_cache_dir``): the derived graphs of the tiny model (fused LLM, streaming, split
-    and int8 DiT, streamed and phase-carrying vocoder; each made in a child process) are made
-    once per session and later starts read them. Tests of a first start or of the derivations
+    ``tiny_dit_cache_dir``): the derived graphs of the tiny model (fused LLM, fp32 and int8
+    streaming DiT, streamed vocoder; each made in a child process) are made once per session
+    and later starts read them. Tests of a first start or of the derivations
     use their own data dir."""
     return tmp_path_factory.mktemp("tiny_engine_cache")
 
@@ -41,15 +41,15 @@ def tiny_engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_dit_model_dir(tiny_model_dir: Path) -> Path:
     """``tiny_model_dir`` under the name the DiT-derivation tests use (the tiny model's DiT
-    is the upstream architecture, so the split, int8 and streaming DiT derive from it)."""
+    is the upstream architecture, so the fp32 and int8 streaming DiT derive from it)."""
     return tiny_model_dir
 
 
 @pytest.fixture(scope="session")
 def tiny_dit_cache_dir(tiny_engine_cache: Path) -> Path:
     """The cache directory of derived graphs for the engines of the session that only use
-    those graphs (split, int8 and streaming DiT, phase-carrying and streamed vocoder, fused
-    LLM): ``tiny_engine_cache`` itself, so a graph the servers derived is not derived again
+    those graphs (fp32 and int8 streaming DiT, streamed vocoder, fused LLM):
+    ``tiny_engine_cache`` itself, so a graph the servers derived is not derived again
     for an engine built in the test process (derived names are keyed by the source file's
     size and mtime, so both find the same files). Tests that check the derivation itself
     (files written, markers, counts) use a private ``tmp_path`` instead."""

@@ -382,17 +382,26 @@ def parity_engine(parity: Parity, *, published_estimator: bool = False) -> Any:
 
     Default: loaded as the server loads ``quality`` (``flow.chunk_causal``: the streaming DiT
     also serves the full-attention passes; the memory-mapped text table where the graph
-    allows it). ``published_estimator``: full attention on the (split) published estimator,
-    the chunk-causal flow derived on first use, so both paths meet upstream's references.
+    allows it). ``published_estimator``: full attention on the published estimator (loaded
+    as if the streaming DiT were not wanted at start, so the estimator is not its
+    full-attention form), the chunk-causal flow derived on first use, so both paths meet
+    upstream's references.
     """
     key = (parity.root, published_estimator)
     if key not in _ENGINES:
+        from unittest import mock
+
         from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
+        from wyoming_cosyvoice3.engine import model as engine_model
 
         preset = SynthesisOptions().replace(flow={"chunk_causal": not published_estimator})
         options = EngineOptions(llm_precision="fp32", cache_dir=derived_cache_dir(parity),
                                 preset=preset)
-        _ENGINES[key] = CosyVoice3Engine.load(parity.model_dir, options)
+        if published_estimator:
+            with mock.patch.object(engine_model, "wants_streaming", return_value=False):
+                _ENGINES[key] = CosyVoice3Engine.load(parity.model_dir, options)
+        else:
+            _ENGINES[key] = CosyVoice3Engine.load(parity.model_dir, options)
     return _ENGINES[key]
 
 

@@ -109,8 +109,8 @@ def test_bench_engine_options_reach_the_loaded_engine(tmp_path: Path) -> None:
     # the rest as the server chose it
     assert changed.preset == plain.preset and changed.llm_graph == plain.llm_graph == "fused"
     assert changed.llm_prefill_graph is plain.llm_prefill_graph is None
-    assert serve.engine_overrides("split_estimator=false, threads=1") == {
-        "split_estimator": False, "threads": 1}
+    assert serve.engine_overrides("mmap_embeddings=false, threads=1") == {
+        "mmap_embeddings": False, "threads": 1}
 
 
 @pytest.mark.parametrize("raw", ["stream_vocoder", "no_such_field=1", "preset=fast",

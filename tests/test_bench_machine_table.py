@@ -67,7 +67,7 @@ def test_streamed_vocoder_counts_as_the_benchmark_counts_it() -> None:
     work = machine_table.stage_work([record], approx)
     assert work["vocoder"][0] == pytest.approx(hift.ops({"speech_feat": [1, 80, 30]}).fp32)
     # the windowed form: each call is a whole hift.onnx call
-    windowed = {"graph_runs": [["hift.phase2-1-2.onnx", {"speech_feat": [1, 80, 10]}, 0.0, 0.1]]}
+    windowed = {"graph_runs": [["hift.onnx", {"speech_feat": [1, 80, 10]}, 0.0, 0.1]]}
     assert machine_table.stage_work([windowed], approx)["vocoder"][0] == pytest.approx(23e9)
 
 

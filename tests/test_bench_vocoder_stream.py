@@ -1,7 +1,8 @@
 """bench/vocoder_stream.py on the tiny-dit synthetic model: the product's streamed vocoder
 (stream3, loaded by the engine's loaders) runs each mel frame once per flow chunk and matches
-one call of the one-call form (phase2) within 1e-4; the tables carry their rows;
-the windowed fallback mode still counts its calls and re-run frames."""
+one call of the exact rewrite of hift.onnx it is validated against within 1e-4;
+the tables carry their rows; the windowed fallback mode still counts its calls and re-run
+frames."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_product_streamed_against_one_call(
     # would run 20 + 60 + 90 = 170 frames)
     assert (cost["streamed_calls"], cost["streamed_frames_run"]) == (3, 90)
     assert cost["one_call_frames_run"] == 90
-    assert ".phase2-" in cost["one_call_graph"] and ".stream3-" in cost["streamed_graph"]
+    assert ".exact-" in cost["one_call_graph"] and ".stream3-" in cost["streamed_graph"]
     assert sorted(p.name for p in tiny_dit_cache_dir.glob("hift.*.onnx")) == sorted(
         [cost["one_call_graph"], cost["streamed_graph"]])
     assert cost["max_abs"] <= MAX_ABS
@@ -46,7 +47,7 @@ def test_product_streamed_against_one_call(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("Utterance 90 mel frames (1.80 s), flow chunks [20, 40, 30]")
     rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ")}
-    assert rows["one call"].startswith("| one call | phase2 | 1 | 90 | ")
+    assert rows["one call"].startswith("| one call | exact | 1 | 90 | ")
     assert rows["streamed per flow chunk"].startswith(
         "| streamed per flow chunk | stream3 | 3 | 90 | ")
     assert rows["CPU ratio, median of per-round ratios"].startswith(
@@ -60,8 +61,8 @@ def test_windowed_mode_counts_calls_and_rerun_frames(
     tiny_dit_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     vocoder_stream.main(["--model-dir", str(tiny_dit_model_dir), "--windowed", "--frames",
-                         "60", "--windows", "0", "8", "--policies", "per-chunk", "--graphs",
-                         "published", "--rounds", "1"])
+                         "60", "--windows", "0", "8", "--policies", "per-chunk", "--rounds",
+                         "1"])
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()
             if line.startswith("| one call") or line.startswith("| window")]
     # chunks 20, 40: the first call runs 20 frames and emits 12 (8 held back); the final call

@@ -5,7 +5,7 @@ renamed into place so that a process killed half-way leaves no valid result (and
 derivation removes its temporary files), and files of replaced sources are removed.
 
 The derivation here writes small files whose content tells which call made them; the real
-derivations (int8, split, streaming DiT, fused LLM) are tested in their own files.
+derivations (streaming DiT, fused LLM, vocoder forms) are tested in their own files.
 """
 
 from __future__ import annotations

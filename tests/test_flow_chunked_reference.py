@@ -162,8 +162,8 @@ def engine(tiny_dit_model_dir: Path, cache_dir: Path) -> CosyVoice3Engine:
     ensure_streaming_estimator(tiny_dit_model_dir / ESTIMATOR, cache_dir, "int8",
                                in_process=True)
     return CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
-        threads=1, llm_precision="fp32", cache_dir=cache_dir, split_estimator=False,
-        mmap_embeddings=False, phase_vocoder=False))
+        threads=1, llm_precision="fp32", cache_dir=cache_dir,
+        mmap_embeddings=False))
 
 
 @pytest.fixture(scope="module")

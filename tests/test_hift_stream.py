@@ -85,8 +85,7 @@ def _streamed_runner(path: Path, report: hift_stream.StreamReport) -> HiftRunner
     graph = Graph(path, spec, threads=1, spin_wait=False)
     streamed = StreamedHift(graph, tuple(tuple(s) for s in report.state_shapes),
                             report.lookahead_frames, report.min_first_frames)
-    return HiftRunner(Graph(path.parent / path.name, spec, threads=1, spin_wait=False), None,
-                      streamed)
+    return HiftRunner(Graph(path.parent / path.name, spec, threads=1, spin_wait=False), streamed)
 
 
 SPLITS = {
@@ -387,7 +386,7 @@ def _engine_run(
 @pytest.mark.parametrize("last", ["as-is", "final-1", "final-0"])
 def test_engine_streamed_vocoder_equals_one_call(
     engines: dict[bool, Any], tiny_dit_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
-    last: str,
+    last: str, tmp_path: Path,
 ) -> None:
     """Through ``synthesize`` (tiny-dit, 5-token first hop, a vocoder call per flow chunk):
     the streamed vocoder's audio equals one call of the product's one-call vocoder over the
@@ -405,16 +404,20 @@ def test_engine_streamed_vocoder_equals_one_call(
     assert frames > 60 and len(log) >= 4
     if last != "as-is":
         assert log[-1][2] and log[-1][0] - log[-2][0] == (1 if last == "final-1" else 0)
-    # the product's one call: the phase-carrying form of the one-call graph
-    one_call_graph = engines[False].model.hift
-    assert engines[False].model.hift_phase_period is not None
-    one_call = HiftRunner(one_call_graph, engines[False].model.hift_phase_period).waveform(
-        mel, stream.noise.take(spf * frames))
+    # the one call the streamed form is validated against: hift.onnx made to round alike at
+    # every call length (the exact stream re-runs hift.onnx as published)
+    exact_path = tmp_path / "hift.exact.onnx"
+    onnx.save(hift_exact.exact_one_call(onnx.load(str(tiny_dit_model_dir / HIFT.file)))[0],
+              str(exact_path))
+    one_call = HiftRunner(Graph(exact_path, HIFT)).waveform(mel, stream.noise.take(spf * frames))
     one_call = one_call * fade_in_gain(0, len(one_call), stream.fade_samples)
     assert audio.shape == exact.shape == one_call.shape == (spf * frames,)
     error, exact_error = (float(np.abs(a - one_call).max()) for a in (audio, exact))
     print(f"engine {last}: streamed {error:.3g}, exact stream {exact_error:.3g} off one call")
-    assert error <= MAX_ABS_AUDIO and exact_error <= MAX_ABS_AUDIO
+    assert error <= MAX_ABS_AUDIO
+    # the exact stream re-runs hift.onnx as published, which rounds differently at each call
+    # length (without the rewrite: up to 1.25e-3 on the full-size model, hift_stream.MAX_ABS)
+    assert exact_error <= 20 * MAX_ABS_AUDIO
     for (m, emitted, final), (m_exact, emitted_exact, _) in zip(log, exact_log, strict=True):
         assert m == m_exact
         spec_end = spf * (m if final else max(0, m - C.VOCODER_RIGHT_CONTEXT_FRAMES))

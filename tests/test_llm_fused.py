@@ -215,8 +215,8 @@ def test_a_hidden_projection_is_a_structure_error(unreadable_llm_copy: Path) -> 
 def test_engine_falls_back_to_the_published_graph_with_one_warning(
     unreadable_llm_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    options = EngineOptions(llm_graph="fused", cache_dir=tmp_path, split_estimator=False,
-                            phase_vocoder=False, stream_vocoder=False)
+    options = EngineOptions(llm_graph="fused", cache_dir=tmp_path,
+                            stream_vocoder=False)
     for _ in range(2):  # the second load reads the failure marker: still one warning
         caplog.clear()
         with caplog.at_level(logging.WARNING):

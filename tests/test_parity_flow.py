@@ -106,7 +106,7 @@ def test_parity_noise_buffers_are_the_requests_own(parity: Parity) -> None:
 def test_parity_full_attention_runs_through_the_streaming_dit(engine: Any) -> None:
     """The engine is loaded as the server loads ``quality`` (``flow.chunk_causal``): the
     one-shot and full-attention tests below run the derived streaming DiT, and no published
-    estimator is open (test_parity_flow_chunked.py covers the split published one)."""
+    estimator is open (test_parity_flow_chunked.py covers the published one)."""
     from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
 
     assert isinstance(engine.model.estimator, FullAttentionDiT)

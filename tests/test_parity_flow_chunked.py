@@ -81,7 +81,7 @@ def streaming_files(parity: Parity) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def engine(parity: Parity, streaming_files: tuple[Path, Path]) -> CosyVoice3Engine:
-    """Full attention on the split published estimator; chunk-causal flow on first use (from
+    """Full attention on the published estimator; chunk-causal flow on first use (from
     the streaming DiT ``streaming_files`` derived into the shared cache directory)."""
     del streaming_files
     return parity_engine(parity, published_estimator=True)  # type: ignore[no-any-return]

@@ -1,10 +1,9 @@
-"""Files derived from the model once: the int8 DiT estimator and the memory-mapped text table."""
+"""Derived once from the model: the DiT's int8 recipe, the estimator's forms per precision and
+the memory-mapped text table."""
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from synthetic.config import get_config
 from synthetic.flow import build_estimator
-from wyoming_cosyvoice3.engine.derive.flow import quantize
-from wyoming_cosyvoice3.engine.derive.flow.quantize import ensure_int8_estimator, per_frame_matmuls
+from wyoming_cosyvoice3.engine.derive.flow import streaming_estimator
+from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
+from wyoming_cosyvoice3.engine.derive.flow.quantize import per_frame_matmuls, quantize_estimator
 from wyoming_cosyvoice3.engine.derive.llm.embedding_table import (
     load_table_embedding,
     plain_gather_table,
@@ -54,45 +54,11 @@ def small_dit() -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def int8_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small DiT estimator with its int8 version quantised once (child process)."""
+    """A small DiT estimator and its int8 version by the project's recipe."""
     folder = tmp_path_factory.mktemp("int8")
     onnx.save(small_dit(), str(folder / EST))
-    ensure_int8_estimator(folder / EST, folder)
+    quantize_estimator(folder / EST, folder / "flow.decoder.estimator.int8.onnx")
     return folder
-
-
-def test_int8_estimator_is_written_once_atomically_and_reused(
-    int8_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (target,) = int8_dir.glob("flow.decoder.estimator.int8*.onnx")
-    stat = (int8_dir / EST).stat()
-    tag = quantize.INT8_TAG
-    assert target.name == f"flow.decoder.estimator.{tag}-{stat.st_size}-{stat.st_mtime_ns}.onnx"
-    assert not list(int8_dir.glob(".*tmp*"))
-
-    def fail(*args: object) -> None:
-        raise AssertionError("quantised again")
-
-    monkeypatch.setattr(quantize, "quantize_estimator", fail)
-    monkeypatch.setattr(quantize, "run_child", fail)
-    before = target.stat().st_mtime_ns
-    assert ensure_int8_estimator(int8_dir / EST, int8_dir) == target
-    assert target.stat().st_mtime_ns == before
-
-
-def test_int8_estimator_is_redone_when_the_source_changes(int8_dir: Path, tmp_path: Path) -> None:
-    shutil.copy2(int8_dir / EST, tmp_path / EST)
-    first = ensure_int8_estimator(tmp_path / EST, tmp_path, in_process=True)
-    stat = (tmp_path / EST).stat()
-    os.utime(tmp_path / EST, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    # a file of the retired r1 recipe goes with the old key; the split's int8 graph stays
-    retired = tmp_path / "flow.decoder.estimator.int8-1-2.onnx"
-    split_main = tmp_path / "flow.decoder.estimator.int8main-1-2.onnx"
-    for path in (retired, split_main):
-        path.write_bytes(b"x")
-    second = ensure_int8_estimator(tmp_path / EST, tmp_path, in_process=True)
-    assert second != first and second.is_file() and not first.exists()
-    assert not retired.exists() and split_main.exists()
 
 
 def test_int8_estimator_quantises_per_frame_matmuls_and_stays_close(int8_dir: Path) -> None:
@@ -120,26 +86,48 @@ def test_per_frame_selection_skips_batch_row_matmuls() -> None:
     assert any(".attn.to_q." in n for n in names) and any(".ff." in n for n in names)
 
 
-def test_model_loads_int8_estimator_on_first_use(tiny_model_dir: Path, tmp_path: Path) -> None:
-    opts = EngineOptions(threads=1, cache_dir=tmp_path, mmap_embeddings=False,
-                         split_estimator=False, phase_vocoder=False, stream_vocoder=False)
-    model = CosyVoice3Model.load(tiny_model_dir, opts)
+def test_model_loads_the_other_precision_as_its_streaming_dit_on_first_use(
+    tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path
+) -> None:
+    """The estimator's one derived form is the streaming DiT of its precision run with full
+    attention: one copy of the weights serves chunks and full-attention passes."""
+    opts = EngineOptions(threads=1, cache_dir=tiny_dit_cache_dir)
+    model = CosyVoice3Model.load(tiny_dit_model_dir, opts)
     assert model.estimator_for("fp32") is model.estimator
-    assert not list(tmp_path.glob("*.onnx"))
+    assert isinstance(model.estimator, FullAttentionDiT)
+    assert ("estimator", "int8") not in model._graphs  # nothing of int8 loaded yet
     int8 = model.estimator_for("int8")
     assert int8 is model.estimator_for("int8") and int8 is not model.estimator
-    assert int8.path.parent == tmp_path and int8.spec.file == EST
+    assert isinstance(int8, FullAttentionDiT)
+    assert int8.streaming is model.streaming_estimator("int8")
+    assert int8.path is not None and int8.path.parent == tiny_dit_cache_dir
+    assert int8.spec.file == EST
 
 
-def test_estimator_without_per_frame_matmuls_stays_fp32(
+def test_a_bare_engine_runs_the_published_estimator_and_warns_for_int8(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No cache directory: nothing derived; fp32 is the published graph without a word, and
+    int8 (which only a derived form has) falls back to it with one warning."""
+    with caplog.at_level(logging.WARNING):
+        model = CosyVoice3Model.load(tiny_model_dir, EngineOptions(threads=1))
+        assert type(model.estimator) is Graph and model.estimator.path == tiny_model_dir / EST
+        assert not caplog.records
+        assert model.estimator_for("int8").path == tiny_model_dir / EST  # type: ignore[union-attr]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "(int8) not available" in warnings[0]
+    assert "published fp32 estimator" in warnings[0]
+
+
+def test_estimator_without_the_dit_structure_stays_fp32(
     tiny_model_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # a convolutional estimator: nothing to quantise -> one warning, fp32 graph
+    # a convolutional estimator: no DiT to derive from -> one warning, the fp32 graph
     onnx.save(convolutional_estimator(), str(tiny_model_copy / EST))
     opts = EngineOptions(  # the other derived forms are not this test's subject
         threads=1, cache_dir=tmp_path, preset=SynthesisOptions().replace(
             flow={"precision": "int8"}),
-        split_estimator=False, phase_vocoder=False, stream_vocoder=False,
+        stream_vocoder=False,
     )
     for _ in range(2):  # the second load reads the failure marker: again one warning
         caplog.clear()
@@ -147,23 +135,16 @@ def test_estimator_without_per_frame_matmuls_stays_fp32(
             model = CosyVoice3Model.load(tiny_model_copy, opts)
         assert model.estimator.path == tiny_model_copy / EST
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-        assert len(warnings) == 1 and "int8 DiT estimator not available" in warnings[0]
-    assert not list(tmp_path.glob("*.onnx")) and list(tmp_path.glob("*.onnx.failed"))
+        assert len(warnings) == 1 and "streaming flow (int8) not available" in warnings[0]
+    assert not list(tmp_path.glob("*estimator*.onnx"))
+    assert list(tmp_path.glob("*estimator*.onnx.failed"))
 
 
-def test_quantiser_failure_is_a_model_load_error(tmp_path: Path) -> None:
-    (tmp_path / EST).write_bytes(b"not an onnx file")
-    with pytest.raises(ModelLoadError, match="int8"):
-        ensure_int8_estimator(tmp_path / EST, tmp_path)
-    # no partial file is left; a marker keeps later starts from re-running the quantiser
-    (marker,) = [p for p in tmp_path.iterdir() if p.name != EST]
-    assert marker.name.endswith(".onnx.failed") and marker.read_text().strip()
-    with pytest.raises(ModelLoadError, match="earlier attempt"):
-        ensure_int8_estimator(tmp_path / EST, tmp_path)
-    marker.unlink()  # deleting it retries (and fails again on the same bad file)
-    with pytest.raises(ModelLoadError, match="int8") as again:
-        ensure_int8_estimator(tmp_path / EST, tmp_path)
-    assert "earlier attempt" not in str(again.value)
+def test_quantiser_refuses_a_graph_without_per_frame_matmuls(tmp_path: Path) -> None:
+    onnx.save(convolutional_estimator(), str(tmp_path / EST))
+    with pytest.raises(ValueError, match="no per-frame MatMul"):
+        quantize_estimator(tmp_path / EST, tmp_path / "int8.onnx")
+    assert not (tmp_path / "int8.onnx").exists()
 
 
 # -- memory-mapped text embedding -----------------------------------------------------------
@@ -197,7 +178,7 @@ def test_table_embedding_equals_the_graph(tmp_path: Path) -> None:
 def test_model_serves_the_table_and_falls_back_to_the_graph_when_it_is_not_a_plain_lookup(
     tiny_model_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    off = {"split_estimator": False, "phase_vocoder": False, "stream_vocoder": False}
+    off = {"stream_vocoder": False}
     bare = CosyVoice3Model.load(tiny_model_copy, EngineOptions(threads=1))
     assert isinstance(bare.text_embedding, Graph)  # no cache directory: nothing derived
     cached = CosyVoice3Model.load(
@@ -250,17 +231,21 @@ def test_only_plain_gather_graphs_are_accepted() -> None:
 
 
 def test_int8_failure_falls_back_to_the_fp32_estimator(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     def fail(*args: object, **kwargs: object) -> Path:
         raise ModelLoadError("quantiser ran out of memory")
 
-    monkeypatch.setattr(quantize, "ensure_int8_estimator", fail)
+    monkeypatch.setattr(streaming_estimator, "ensure_streaming_estimator", fail)
     opts = EngineOptions(  # the other derived forms are not this test's subject
         threads=1, cache_dir=tmp_path, preset=SynthesisOptions().replace(
             flow={"precision": "int8"}),
-        split_estimator=False, phase_vocoder=False, stream_vocoder=False,
+        stream_vocoder=False,
     )
-    model = CosyVoice3Model.load(tiny_model_dir, opts)
+    with caplog.at_level(logging.WARNING):
+        model = CosyVoice3Model.load(tiny_model_dir, opts)
     assert model.estimator.path == tiny_model_dir / EST
     assert model.estimator_for("int8") is model.estimator
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "out of memory" in warnings[0]

@@ -145,8 +145,8 @@ def test_quality_preset_is_spec_exact() -> None:
 
 @pytest.fixture(scope="module")
 def dit_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> CosyVoice3Engine:
-    """An engine on the model with an upstream-structured DiT, with its split (and int8)
-    estimators derived into the session's cache: every preset runs with its own DiT
+    """An engine on the model with an upstream-structured DiT, with its streaming DiTs (fp32
+    and int8) derived into the session's cache: every preset runs with its own DiT
     precision."""
     return CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
         threads=1, llm_precision="fp32", cache_dir=tiny_dit_cache_dir))
@@ -156,7 +156,7 @@ def dit_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> CosyVoice3
 def test_every_preset_validates_and_synthesises(
     dit_engine: CosyVoice3Engine, tmp_path: Path, name: str
 ) -> None:
-    from wyoming_cosyvoice3.engine.derive.flow.estimator_split import SplitEstimator
+    from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
 
     voice = dit_engine.prepare_voice(write_clip(tmp_path / "ref.wav", seconds=3.0),
                                      transcript="This is a reference clip.", name="perf")
@@ -164,7 +164,8 @@ def test_every_preset_validates_and_synthesises(
     opts.validate()
     assert len(audio(dit_engine, voice, **_fields(opts))) > 0
     estimator = dit_engine.model.estimator_for(opts.flow.precision)
-    assert isinstance(estimator, SplitEstimator)  # no fallback to the whole graph
+    assert isinstance(estimator, FullAttentionDiT)  # no fallback to the published graph
+    assert estimator.path is not None
     assert ("int8main" in estimator.path.name) is (opts.flow.precision == "int8")
 
 
@@ -224,9 +225,7 @@ def test_vocoder_window_bounds_each_call_and_keeps_the_length(engine: CosyVoice3
     first = 480 * (20 - 8)
     np.testing.assert_array_equal(windowed[:first], exact[:first])
     # hift.onnx as published restarts the harmonic source's phase at each window, so the
-    # later calls differ from the exact ones (the tiny model has the real source path); with
-    # the phase carried they are equal to float rounding (test_hift_phase.py,
-    # test_engine_windowed_vocoder_matches_the_exact_stream)
+    # later calls differ from the exact ones (the tiny model has the real source path)
     assert 0.0 < _snr_db(exact, windowed) < 60.0
 
 
@@ -234,16 +233,11 @@ class _LevelRunner:
     """A vocoder stand-in whose every sample shows which mel frame its call started at and
     which noise it read: ``mel[0, 0] + 1e-3 * noise[:, 0]`` for the whole call."""
 
-    carries_phase = False  # as hift.onnx: windowed calls restart the source phase
     stream = None  # no streamed graph (HiftRunner.stream): the windowed calls under test
 
     def waveform(self, mel: np.ndarray, noise: np.ndarray) -> np.ndarray:
         n = 480 * mel.shape[1]
         return (mel[0, 0] + 1e-3 * noise[:n, 0]).astype(np.float32)
-
-    def run(self, mel: np.ndarray, noise: np.ndarray, carry: object = None) -> tuple[
-            np.ndarray, None]:
-        return self.waveform(mel, noise), None
 
 
 def test_vocoder_window_seams_are_cross_faded(engine: CosyVoice3Engine) -> None:

@@ -1,11 +1,11 @@
 """The default preset's derived graphs end to end through the server.
 
 The tiny model has the published graphs' structure: at start the server derives the fused
-LLM, the int8 streaming DiT and the streamed and phase-carrying vocoder into
+LLM, the int8 streaming DiT and the streamed vocoder into
 ``<data dir>/engine-cache`` (warm-up included, as in a default start), and requests run
 through them: `balanced` is chunk-causal, so the streaming DiT is the only DiT graph loaded.
 Not one graph falls back (each fallback: test_llm_fused.py, test_perf_derived.py,
-test_hift_phase.py, test_hift_stream.py).
+test_streaming_full.py, test_hift_stream.py).
 """
 from __future__ import annotations
 
@@ -70,11 +70,11 @@ async def test_default_preset_runs_the_int8_streaming_dit_end_to_end(
                 await cl.write_event(SynthesizeChunk(text=" too.").event())
                 await cl.write_event(SynthesizeStop().event())
                 streamed = await collect(cl, "synthesize-stopped")
-            # the streamed vocoder served everything: its fallback (the phase-carrying form
-            # for the preset's 24-frame windows) was neither derived nor loaded, nor was the
-            # whole-mel hift.onnx
-            assert engine.model.hift_phase_period is None and engine.model._hift is None
-            assert not list((data_dir / "engine-cache").glob("hift.phase*"))
+            # the streamed vocoder served everything: its fallback, hift.onnx in the
+            # preset's 24-frame windows, was not loaded, and no other vocoder form derived
+            assert engine.model._hift is None
+            assert [p.name.split("-")[0] for p in (data_dir / "engine-cache").glob("hift.*.onnx")
+                    ] == ["hift.stream3"]
             assert balanced.vocoder_window_frames > 0
     for response in (one_shot, streamed):
         check_audio_format(response)

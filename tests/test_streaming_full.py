@@ -23,19 +23,17 @@ from broken_graphs import convolutional_estimator
 from decoding_support import FixedDecoding, fixed_decoding
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
-from wyoming_cosyvoice3.engine.derive.flow.estimator_split import SplitEstimator
 from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
 from wyoming_cosyvoice3.engine.errors import SynthesisFailed
-from wyoming_cosyvoice3.engine.graphs import ESTIMATOR
+from wyoming_cosyvoice3.engine.graphs import ESTIMATOR, Graph
 from wyoming_cosyvoice3.engine.options import PRESETS
 
 TEXT = "The kitchen lights are on and the front door is locked."
 
 
-def _engine(model_dir: Path, cache: Path, one_graph: bool,
-            split_estimator: bool = True) -> CosyVoice3Engine:
+def _engine(model_dir: Path, cache: Path, one_graph: bool) -> CosyVoice3Engine:
     return CosyVoice3Engine.load(model_dir, EngineOptions(
-        threads=1, llm_precision="fp32", cache_dir=cache, split_estimator=split_estimator,
+        threads=1, llm_precision="fp32", cache_dir=cache,
         preset=SynthesisOptions().replace(flow={"chunk_causal": one_graph})))
 
 
@@ -49,10 +47,19 @@ def conv_dit_copy(tiny_model_copy: Path) -> Path:
 @pytest.fixture(scope="module")
 def engines(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path
             ) -> tuple[CosyVoice3Engine, CosyVoice3Engine]:
-    """(one DiT graph, published split estimator + streaming graph); the session's derived
-    files."""
+    """(one DiT graph, the published estimator + the streaming graph for chunks only); the
+    session's derived files. The second engine is loaded as if the streaming DiT were not
+    wanted at start, so its full-attention passes run the published graph; its chunk-causal
+    chunks load the streaming DiT on first use."""
+    from wyoming_cosyvoice3.engine import model
+
     cache = tiny_dit_cache_dir
-    return _engine(tiny_dit_model_dir, cache, True), _engine(tiny_dit_model_dir, cache, False)
+    one = _engine(tiny_dit_model_dir, cache, True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model, "wants_streaming", lambda _options, _precision: False)
+        two = _engine(tiny_dit_model_dir, cache, False)
+        two.model.estimator_for("fp32")
+    return one, two
 
 
 def _audio(engine: CosyVoice3Engine, model_dir: Path, streaming: bool) -> list[np.ndarray]:
@@ -69,8 +76,8 @@ def test_one_graph_is_loaded_instead_of_the_published_estimator(
     one, two = engines
     assert isinstance(one.model.estimator, FullAttentionDiT)
     assert one.model.estimator.streaming is one.model.streaming_estimator("fp32")
-    assert list(one.model._estimators) == ["fp32"]  # no split estimator was opened
-    assert isinstance(two.model.estimator, SplitEstimator)
+    assert list(one.model._estimators) == ["fp32"]  # the published graph was not opened
+    assert type(two.model.estimator) is Graph and two.model.estimator.path.name == ESTIMATOR.file
 
 
 def _run(engine: CosyVoice3Engine, model_dir: Path, streaming: bool,
@@ -163,10 +170,10 @@ def test_full_attention_view_rejects_what_it_cannot_compute(
 def test_without_the_streaming_structure_the_published_estimator_is_used(
     conv_dit_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A convolutional estimator: one warning, the published estimator (the split form,
-    which fails on it too, is switched off to keep this test to one derivation)."""
+    """A convolutional estimator: one warning, the published estimator (no other derived
+    form is tried)."""
     with caplog.at_level(logging.WARNING):
-        engine = _engine(conv_dit_copy, tmp_path / "cache", True, split_estimator=False)
+        engine = _engine(conv_dit_copy, tmp_path / "cache", True)
         assert engine.chunked.get("fp32") is None
     warnings = [r.getMessage() for r in caplog.records
                 if r.levelno >= logging.WARNING and "DiT" in r.getMessage()]
@@ -182,7 +189,7 @@ def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
     from wyoming_cosyvoice3.engine.flow import stream
     from wyoming_cosyvoice3.engine.flow.stream import MelStream
 
-    engine = _engine(conv_dit_copy, tmp_path / "cache", True, split_estimator=False)
+    engine = _engine(conv_dit_copy, tmp_path / "cache", True)
     assert engine.chunked.get("int8") is None
     prompts: list[int] = []
     starts: list[int] = []
@@ -218,24 +225,6 @@ def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
     assert PRESETS["balanced"].flow.full_attention().chunk_causal is False
     quality = PRESETS["quality"]
     assert quality.flow.full_attention() == quality.replace(flow={"chunk_causal": False}).flow
-
-
-def test_bench_dit_forms_compares_the_two_forms(tiny_dit_model_dir: Path,
-                                                tiny_dit_cache_dir: Path, tmp_path: Path
-                                                ) -> None:
-    """``python -m bench.dit_forms`` (BENCHMARKS.md) on tiny-dit."""
-    import json
-
-    from bench.dit_forms import main
-
-    out = tmp_path / "forms.json"
-    assert main(["--model-dir", str(tiny_dit_model_dir), "--cache-dir", str(tiny_dit_cache_dir),
-                 "--frames", "30", "--repeats", "2", "--threads", "1", "--out", str(out)]) == 0
-    result = json.loads(out.read_text())
-    assert set(result["median_s"]) == {"split", "streaming"}
-    assert all(len(v) == 2 and min(v) > 0 for v in result["seconds"].values())
-    assert result["max_abs_velocity"] > 0.1
-    assert result["max_abs_diff"] <= 1e-4 * max(1.0, result["max_abs_velocity"])
 
 
 @pytest.fixture(scope="module")

@@ -435,7 +435,7 @@ def return_freed_memory() -> bool:
     """Ask the C library to unmap freed heap pages; True when it released some.
 
     Loading an onnxruntime session parses the whole ONNX file on the heap; dropping a session
-    (the voice encoders after a voice is prepared, the split estimator's time graph) frees its
+    (the voice encoders after a voice is prepared, the streaming DiT's time graph) frees its
     weights, but glibc keeps freed heap pages mapped, so the process's resident set (RSS) does
     not shrink. ``malloc_trim(0)`` (glibc, ``man 3 malloc_trim``) releases them. Measured on the
     full-size model: after preparing a voice, RSS 2.14 GB -> 0.80 GB (speech_tokenizer_v3.onnx

@@ -8,7 +8,10 @@ default) and a ``EngineOptions.cache_dir``: a bare engine derives none of them. 
 cached files
 (``<source stem>.<tag>-<size>-<mtime_ns>.onnx``, :func:`.derive.common.files.keyed_name`).
 
-Each line: form -- enabled when -- derived by (module under derive/, file tag).
+Each line: form -- enabled when -- derived by (module under derive/, file tag). Every role
+has at most one derived form before its published graph, and nothing is derived or loaded
+just in case: a role's published graph loads only after its derived form failed (or was not
+asked for).
 
 LLM stage
 
@@ -26,36 +29,42 @@ LLM stage
 
 Flow stage, per DiT precision p ("fp32" or "int8")
 
-* ``streaming`` (chunk-causal chunks; asked for at load when ``EngineOptions.preset`` is
-  ``flow.chunk_causal``, else by the first chunk-causal request):
+* ``streaming`` (the chunk-causal DiT; for the preset's precision tried at load when the
+  preset is ``flow.chunk_causal``, when there is a ``cache_dir`` or when it is "int8"
+  (:func:`wants_streaming`), else by the first request that needs it):
 
   1. chunk-causal streaming DiT -- a ``cache_dir`` -- flow/streaming_estimator (stream2main or
-     stream2int8main, stream1time);
+     stream2int8main, stream1time; the int8 one quantised by flow/quantize);
   2. none: streamed chunks use full attention.
 
-* ``estimator`` (full-attention passes):
+* ``estimator`` (full-attention passes: final chunks, one-shot pieces):
 
-  1. the streaming DiT run with full attention -- the preset is ``flow.chunk_causal``, p is
-     its ``flow.precision`` and the streaming DiT loaded -- (the streaming form above);
-  2. split time / per-frame pair, the per-frame part int8 for int8 -- ``split_estimator``
-     (auto) -- flow/estimator_split (main or int8main, time);
-  3. the whole graph in int8 -- p is "int8" -- flow/quantize (int8r2);
-  4. the published fp32 graph.
+  1. the streaming DiT of p run with full attention -- it loaded -- (the streaming form above:
+     one copy of the DiT weights serves both roles);
+  2. the published fp32 graph (for p "int8" too: the int8 weights exist only in the derived
+     form, so a failed derivation costs speed, not accuracy).
+
+  Why one derived form: every preset streams chunk-causally, so its DiT is the streaming
+  form, and that form computes the published graph's full-attention pass up to float
+  rounding (checked when derived). The split time / per-frame pair and the whole-graph int8
+  copy that stood between them served only engines whose streaming DiT could not be made,
+  and made a second copy of the weights for each precision a request switched to.
 
 Vocoder stage
 
-* ``hift_stream`` (streamed chunks):
+* ``vocoder`` (every synthesis call):
 
-  1. streamed, convolution context carried -- ``stream_vocoder`` (auto) --
-     vocoder/hift_stream (stream3);
-  2. none: windowed calls of ``hift``.
+  1. streamed, convolution context, delay lines and source phase carried -- ``stream_vocoder``
+     (auto) -- vocoder/hift_stream (stream3);
+  2. the published ``hift.onnx``, loaded only when there is no streamed form (or on the first
+     whole-mel call outside synthesis): each streamed chunk re-runs it over all mel so far, or
+     over a lossy preset's left window (``vocoder_window_frames``; the source phase restarts
+     at each window, the seams are cross-faded).
 
-* ``hift``:
-
-  1. phase-carrying -- ``phase_vocoder`` (auto) -- vocoder/hift_phase (phase2);
-  2. the published ``hift.onnx``.
-
-Streamed chunks use ``hift_stream`` when there is one, else windowed calls of ``hift``.
+  Why one derived form: the streamed form equals one call over the whole mel up to float
+  rounding and serves every call. The phase-carrying copy of ``hift.onnx`` that stood
+  between them was derived and loaded only where the streamed form could not be made, to
+  make that fallback's windows exact: a second derivation for a path that should not run.
 """
 
 from __future__ import annotations
@@ -68,12 +77,9 @@ import numpy as np
 from . import constants as C
 from .derive.common.files import derived_files_dir
 from .derive.common.forms import Form, load_first
-from .derive.flow import quantize
-from .derive.flow.estimator_split import SplitEstimator, ensure_split_estimator, main_graph_spec
 from .derive.flow.full_attention import FullAttentionDiT
 from .derive.flow.streaming_estimator import load_streaming_estimator
 from .derive.llm.embedding_table import load_table_embedding
-from .derive.vocoder.hift_phase import PHASE_WARNING, open_phase_hift
 from .derive.vocoder.hift_stream import STREAM_WARNING, open_stream_hift
 from .errors import ModelLoadError
 from .graphs import (
@@ -84,14 +90,13 @@ from .graphs import (
     StreamingEstimator,
     TableEmbedding,
     load_llm,
-    open_session,
 )
 from .options import LLM_FILES, PRESETS, EngineOptions, LlmGraph
 from .vocoder.hift import StreamedHift
 
-Estimator = Graph | SplitEstimator | FullAttentionDiT
-"""The DiT estimator: one graph, the split time/main pair (:mod:`.derive.flow.estimator_split`),
-or the streaming DiT run with full attention (:mod:`.derive.flow.full_attention`)."""
+Estimator = Graph | FullAttentionDiT
+"""The DiT estimator: the published graph or the streaming DiT run with full attention
+(:mod:`.derive.flow.full_attention`)."""
 
 
 def _wanted(option: bool, options: EngineOptions) -> bool:
@@ -100,41 +105,31 @@ def _wanted(option: bool, options: EngineOptions) -> bool:
 
 
 # -- flow --------------------------------------------------------------------------------------
+def wants_streaming(options: EngineOptions, precision: str) -> bool:
+    """Whether the streaming DiT of ``precision`` is tried before the estimator of that
+    precision is chosen: with a ``cache_dir`` (it serves full attention as well), for "int8"
+    (only a derived form has int8 weights: a bare engine warns once that it runs fp32), and for
+    a ``flow.chunk_causal`` preset of that precision (a bare engine warns once that chunks run
+    with full attention)."""
+    flow = options.preset.flow
+    chunk_causal = flow.chunk_causal and flow.precision == precision
+    return options.cache_dir is not None or precision == "int8" or chunk_causal
+
+
 def estimator_forms(
     model_dir: Path, options: EngineOptions, precision: str,
     streaming: StreamingEstimator | None = None,
 ) -> list[Form[Estimator]]:
     """The estimator's forms for ``precision`` (module table), most preferred first.
 
-    ``streaming``: the model's streaming DiT of ``precision`` when it has one loaded (it
-    warned once if it could not be made); its full-attention form is then first.
+    ``streaming``: the model's streaming DiT of ``precision`` when it loaded (it warned once
+    if it could not be made); its full-attention form is then first.
     """
     source = model_dir / ESTIMATOR.file
     threads, providers, spin = options.threads, options.providers, options.spin_wait
-
-    def split(cache: Path | None) -> Estimator:
-        assert cache is not None  # a derived form is always given its directory
-        main, time_graph = ensure_split_estimator(source, cache, precision)
-        session = open_session(main, threads, providers, spin)
-        graph = Graph(main, main_graph_spec(session), session=session)
-        return SplitEstimator(graph, time_graph, threads, providers, spin)
-
-    def int8(cache: Path | None) -> Estimator:
-        assert cache is not None
-        path = quantize.ensure_int8_estimator(source, cache)  # looked up now: tests replace it
-        return Graph(path, ESTIMATOR, threads, providers, spin_wait=spin)
-
     return [
-        Form("full-attention streaming DiT", derived=False,
-             wanted=(streaming is not None and options.preset.flow.chunk_causal
-                     and precision == options.preset.flow.precision),
-             open=lambda _cache: FullAttentionDiT(streaming)),
-        Form("split DiT estimator", open=split,
-             wanted=_wanted(options.split_estimator, options),
-             warning="Split DiT estimator not available (%s); using the whole graph"),
-        # e.g. out of memory while quantising: keep serving
-        Form("int8 DiT estimator", open=int8, wanted=precision == "int8",
-             warning="int8 DiT estimator not available (%s); using the fp32 estimator"),
+        Form(f"streaming DiT ({precision}) with full attention", derived=False,
+             wanted=streaming is not None, open=lambda _cache: FullAttentionDiT(streaming)),
         Form("published DiT estimator", derived=False,
              open=lambda _cache: Graph(source, ESTIMATOR, threads, providers, spin_wait=spin)),
     ]
@@ -145,7 +140,7 @@ def load_estimator(
     streaming: StreamingEstimator | None = None,
 ) -> Estimator:
     """The DiT estimator of ``precision`` ("fp32" or "int8"): the first form of
-    :func:`estimator_forms` that loads. Derived graphs keep the contract's spec file name
+    :func:`estimator_forms` that loads. The derived form keeps the contract's spec file name
     (errors name the contract file).
 
     Raises:
@@ -187,7 +182,8 @@ def streaming_forms(model_dir: Path, options: EngineOptions,
         f"chunk-causal streaming DiT ({precision})",
         open=lambda cache: open_streaming(model_dir, options, precision, cache or model_dir),
         warning=f"chunk-causal streaming flow ({precision}) not available (%s); streamed "
-                "chunks use full attention over the prompt and history",
+                "chunks use full attention over the prompt and history"
+                + ("; the published fp32 estimator runs them" if precision == "int8" else ""),
     )]
 
 
@@ -278,37 +274,20 @@ def load_text_table(model_dir: Path, options: EngineOptions) -> TableEmbedding |
 
 
 # -- vocoder -----------------------------------------------------------------------------------
-def load_hift(model_dir: Path, options: EngineOptions) -> tuple[Graph, float | None]:
-    """The vocoder graph and its source-phase period (CumSum units per 2 pi), or
-    ``(hift.onnx, None)``: the first of the phase-carrying form (:mod:`.derive.vocoder.
-    hift_phase`: without a carry it computes what ``hift.onnx`` computes, and a windowed call
-    given the carried phase continues the harmonic source exactly) and the published file.
+def load_hift(model_dir: Path, options: EngineOptions) -> Graph:
+    """The published ``hift.onnx``: the vocoder's fallback (module table) and the graph of
+    whole-mel calls.
 
     Raises:
         ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
     """
-    threads, providers, spin = options.threads, options.providers, options.spin_wait
-    source = model_dir / HIFT.file
-
-    def phase(cache: Path | None) -> tuple[Graph, float | None]:
-        assert cache is not None
-        graph, report = open_phase_hift(source, cache, threads, providers, spin)
-        return graph, report.period
-
-    forms: list[Form[tuple[Graph, float | None]]] = [
-        Form("phase-carrying vocoder", open=phase, warning=PHASE_WARNING,
-             wanted=_wanted(options.phase_vocoder, options)),
-        Form("published vocoder", derived=False, open=lambda _cache: (
-            Graph(source, HIFT, threads, providers, spin_wait=spin), None)),
-    ]
-    found = load_first(forms, model_dir, options.cache_dir)
-    assert found is not None
-    return found
+    return Graph(model_dir / HIFT.file, HIFT, options.threads, options.providers,
+                 spin_wait=options.spin_wait)
 
 
 def load_hift_stream(model_dir: Path, options: EngineOptions) -> StreamedHift | None:
     """The streamed vocoder (:mod:`.derive.vocoder.hift_stream`), or None (option off, or not
-    derivable: one warning, streaming keeps the windowed vocoder)."""
+    derivable: one warning; :func:`load_hift` then serves)."""
 
     def streamed(cache: Path | None) -> StreamedHift:
         assert cache is not None

@@ -22,7 +22,6 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from . import constants as C
-from .derive.flow.estimator_split import SplitEstimator
 from .derive.flow.full_attention import FullAttentionDiT
 from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
 from .graphs import (
@@ -49,6 +48,7 @@ from .loaders import (
     load_llm_graph,
     load_streaming_or_none,
     load_text_table,
+    wants_streaming,
 )
 from .options import LLM_FILES, EngineOptions, FlowPrecision
 from .text.tokenizer_load import read_tokenizer
@@ -200,7 +200,6 @@ class CosyVoice3Model:
         tokenizer: Tokenizer,
         end_of_prompt_id: int,
         graphs: dict[str, Graph | TableEmbedding | Estimator],
-        hift_phase_period: float | None = None,
         streaming: dict[str, StreamingEstimator | None] | None = None,
     ) -> None:
         self.model_dir = model_dir
@@ -208,7 +207,7 @@ class CosyVoice3Model:
         self.tokenizer = tokenizer
         self.end_of_prompt_id = end_of_prompt_id
         text_embedding = graphs["text_embedding"]
-        if isinstance(text_embedding, SplitEstimator | FullAttentionDiT):
+        if isinstance(text_embedding, FullAttentionDiT):
             raise TypeError("the text embedding cannot be an estimator")
         self.text_embedding: Graph | TableEmbedding = text_embedding
         self.speech_embedding = _graph(graphs["speech_embedding"])
@@ -229,9 +228,6 @@ class CosyVoice3Model:
         hift = graphs.get("hift")
         self._hift: Graph | None = None if hift is None else _graph(hift)
         self._hift_lock = threading.Lock()
-        self.hift_phase_period = hift_phase_period
-        """Source-phase period of a phase-carrying ``hift`` (:mod:`.derive.vocoder.hift_phase`), or
-        None for the published graph."""
         self.hift_stream: StreamedHift | None = None
         """The streamed vocoder (:mod:`.derive.vocoder.hift_stream`), or None: streaming then runs
         ``hift`` over all mel or a window per call."""
@@ -276,13 +272,12 @@ class CosyVoice3Model:
 
         speech_embedding = graph(SPEECH_EMBEDDING)
         hift_stream = load_hift_stream(model_dir, options)
-        # the streamed form serves every synthesis: the phase-carrying form (the fallback
-        # that windows need) is derived only without it, and hift.onnx loads on first use
-        hift, hift_phase_period = (load_hift(model_dir, options) if hift_stream is None
-                                   else (None, None))
+        # the streamed form serves every synthesis: hift.onnx, its fallback, loads at start
+        # only without it (else on a whole-mel call's first use)
+        hift = load_hift(model_dir, options) if hift_stream is None else None
         precision = options.preset.flow.precision
         streaming: dict[str, StreamingEstimator | None] = {}
-        if options.preset.flow.chunk_causal:
+        if wants_streaming(options, precision):
             streaming[precision] = load_streaming_or_none(model_dir, options, precision)
         # one DiT graph serves chunks and full attention when the streaming DiT loaded
         estimator = load_estimator(model_dir, options, precision, streaming.get(precision))
@@ -304,7 +299,7 @@ class CosyVoice3Model:
             # (a decode graph that fell back to the fused form prefills as well as it would)
             graphs["llm_prefill"] = load_llm_graph(model_dir, options, threads,
                                                    speech_embedding, prefill)
-        model = cls(model_dir, options, tokenizer, eop, graphs, hift_phase_period, streaming)
+        model = cls(model_dir, options, tokenizer, eop, graphs, streaming)
         model.hift_stream = hift_stream
         if model.dims.speech_vocab_rows <= C.FILL_TOKEN:
             raise GraphSignatureMismatch(
@@ -350,19 +345,27 @@ class CosyVoice3Model:
         """
         if precision not in ("fp32", "int8"):
             raise ValueError(f"flow_precision must be fp32 or int8, got {precision!r}")
+        with self._graphs_lock:
+            loaded = self._graphs.get(("estimator", precision))
+        if isinstance(loaded, Graph | FullAttentionDiT):
+            return loaded
+        # outside the cache's lock (it loads under the same lock): the streaming DiT first,
+        # so that its one copy of the weights serves full attention too
+        streaming = (self.streaming_estimator(precision)
+                     if wants_streaming(self.options, precision) else None)
 
         def load() -> Estimator:
             log.info("loading the %s DiT estimator on first use", precision)
-            return load_estimator(self.model_dir, self.options, precision)
+            return load_estimator(self.model_dir, self.options, precision, streaming)
 
         estimator: Estimator = self._cached("estimator", precision, load)
         return estimator
 
     @property
     def hift(self) -> Graph:
-        """The vocoder graph for whole-mel calls (:class:`~.vocoder.hift.HiftRunner`): the
-        phase-carrying form or ``hift.onnx`` as loaded at start, or, where the streamed form
-        serves synthesis, ``hift.onnx`` loaded on first use (thread-safe).
+        """The vocoder graph for whole-mel calls (:class:`~.vocoder.hift.HiftRunner`):
+        ``hift.onnx``, loaded at start where the streamed form could not be made, else on
+        first use (thread-safe).
 
         Raises:
             ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: as :class:`Graph`.
@@ -370,9 +373,7 @@ class CosyVoice3Model:
         with self._hift_lock:
             if self._hift is None:
                 log.info("loading %s for a whole-mel vocoder call", HIFT.file)
-                options = self.options
-                self._hift = Graph(self.model_dir / HIFT.file, HIFT, options.threads,
-                                   options.providers, spin_wait=options.spin_wait)
+                self._hift = load_hift(self.model_dir, self.options)
             return self._hift
 
     def streaming_estimator(self, precision: str) -> StreamingEstimator | None:

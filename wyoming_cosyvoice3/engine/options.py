@@ -258,12 +258,9 @@ class SynthesisOptions:
         vocoder: the preset's vocoder record.
         vocoder_window_frames: when > 0, each vocoder call sees only this many already-emitted
             mel frames of left context (linear instead of quadratic cost; see :mod:`.vocoder`);
-            0 = all mel of the utterance (spec-exact). With the phase-carrying vocoder
-            (``EngineOptions.phase_vocoder``) the window's frames get their harmonic phase from
-            earlier calls, so the audio equals the exact path's up to float rounding once the
-            window covers the generator's receptive field (16 frames on the upstream-exported
-            parity model); with hift.onnx as published the phase restarts at each window and
-            the seams are cross-faded.
+            0 = all mel of the utterance (spec-exact). Only where the streamed vocoder could not
+            be derived: hift.onnx as published restarts the harmonic source's phase at each
+            window, and the seams are cross-faded.
     """
 
     speed: float = 1.0
@@ -342,28 +339,20 @@ class EngineOptions:
             spinning threads steal the core from a concurrent session.
         providers: onnxruntime execution providers in order of preference; the CPU provider
             is always appended as the fallback.
-        cache_dir: where derived files go. ``None``: a bare engine; the four forms below
-            stay off and the streaming DiT cannot be made (full attention, one warning); a
-            form asked for by name (the int8 estimator, a fused LLM graph) goes to the model
-            directory if writable, else ``~/.cache/wyoming-cosyvoice3``.
+        cache_dir: where derived files go. ``None``: a bare engine; the forms below stay
+            off and the streaming DiT cannot be made (the published fp32 estimator with full
+            attention; one warning when chunk-causal or int8 was asked for); a form asked for
+            by name (a fused LLM graph) goes to the model directory if writable, else
+            ``~/.cache/wyoming-cosyvoice3``.
         mmap_embeddings: with a ``cache_dir``, serve the text embedding from a memory-mapped
             table extracted once from text_embedding_fp16.onnx (only when the graph is a
             plain Gather [+ Cast], so the output is bit-identical; otherwise the graph).
-        split_estimator: with a ``cache_dir``, split the DiT estimator once into its
-            time-conditioning graph (AdaLN modulation: 0.55 GB of fp32 weights that depend on
-            ``t`` only, run once per distinct ``t`` and released) and its per-frame graph
-            (:mod:`.derive.flow.estimator_split`; same numbers).
-        phase_vocoder: with a ``cache_dir``, derive once the phase-carrying form of hift.onnx
-            (:mod:`.derive.vocoder.hift_phase`): the same numbers without a carry, and a
-            windowed vocoder call (``SynthesisOptions.vocoder_window_frames``) continues the
-            harmonic source's phase instead of restarting it, so windowed audio matches the
-            one-call audio. Not derivable: hift.onnx, with one warning.
         stream_vocoder: with a ``cache_dir``, derive once the streamed form of hift.onnx
             (:mod:`.derive.vocoder.hift_stream`): convolution context, delay lines and the
             source phase carried as state, so streaming runs each mel frame once (about one
             call's cost) and equals one call up to float rounding (validated when derived).
-            It replaces ``SynthesisOptions.vocoder_window_frames``. Not derivable: the
-            windowed vocoder, with one warning.
+            Off or not derivable (one warning): calls of hift.onnx as published, over all mel
+            so far or ``SynthesisOptions.vocoder_window_frames`` of it.
         voice_cache_dir: directory for cached voice features; ``None`` disables the disk cache.
         voice_process: prepare new voices in a child process (:mod:`.voice.worker`): the
             encoder sessions never load in this process (no share of its interpreter lock,
@@ -386,8 +375,6 @@ class EngineOptions:
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     cache_dir: Path | None = None
     mmap_embeddings: bool = True
-    split_estimator: bool = True
-    phase_vocoder: bool = True
     stream_vocoder: bool = True
     voice_cache_dir: Path | None = None
     voice_process: bool = False

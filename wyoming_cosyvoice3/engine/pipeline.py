@@ -174,7 +174,7 @@ class CosyVoice3Engine:
         self.flow = FlowRunner(model)
         self.chunked = ChunkedFlows(self.flow, model, options)
         # the whole-mel graph loads on first use where the streamed vocoder serves synthesis
-        self.hift = HiftRunner(lambda: model.hift, model.hift_phase_period, model.hift_stream)
+        self.hift = HiftRunner(lambda: model.hift, model.hift_stream)
         worker = worker_for(model.model_dir, options, model.dims.speaker_dim)
         self.voices = VoiceFeatureExtractor(model, options.voice_cache_dir, worker=worker)
 
@@ -225,28 +225,15 @@ class CosyVoice3Engine:
 
         Pass the options requests will use (the server's preset); by default the estimator
         precision loaded at start. An estimator precision not loaded yet is loaded (and
-        derived, once) here instead of in the first request, the voice's prefix KV is cached,
-        and a split estimator's time conditioning is computed for the Euler schedules of
-        every preset (about 1 MB per time point), so no request loads the time graph. With
-        ``flow.chunk_causal`` the voice's prompt key/value cache is computed here too.
+        derived, once) here instead of in the first request (the streaming DiT computes the
+        time conditioning of every preset's Euler schedule when it opens), and the voice's
+        prefix KV is cached. With ``flow.chunk_causal`` the voice's prompt key/value cache is
+        computed here too.
         """
-        from .derive.flow.estimator_split import SplitEstimator
-        from .flow.solver import cosine_t_schedule
-        from .options import PRESETS
-
         started = time.perf_counter()
         base = options or SynthesisOptions().replace(
             flow={"precision": self.options.preset.flow.precision})
-        estimator = self.model.estimator_for(base.flow.precision)
-        if isinstance(estimator, SplitEstimator):
-            steps = {base.flow.schedule.steps, *(p.flow.schedule.steps for p in PRESETS.values())}
-            estimator.precompute(
-                [
-                    np.full(2, t, dtype=np.float32)
-                    for n in sorted(steps)
-                    for t in cosine_t_schedule(n)[:-1]
-                ]
-            )
+        self.model.estimator_for(base.flow.precision)
         self.chunked.warm_up(base.flow, voice.features)  # then cached on disk
         warm = base.replace(max_decode_tokens=min(base.max_decode_tokens, 50))
         for _ in self.synthesize(WARM_UP_TEXT, voice, warm):

@@ -1,8 +1,8 @@
 """Graphs made once from the published model files and kept in the engine cache.
 
 Grouped by the stage whose graph they replace: :mod:`.llm` (the fused-operator LLM, the
-memory-mapped text embedding table), :mod:`.flow` (the split, int8 and chunk-causal streaming
-DiT estimators) and :mod:`.vocoder` (the phase-carrying and the streamed HiFT). Each
+memory-mapped text embedding table), :mod:`.flow` (the chunk-causal streaming DiT, fp32 and
+int8, which also serves full attention) and :mod:`.vocoder` (the streamed HiFT). Each
 derivation finds what it needs by graph structure and validates its result against the source
 graph when it is made. :mod:`.common` holds what they share: the graph index and projection
 record (:mod:`.common.graph`), the derive-once sequence and cache files (:mod:`.common.files`:

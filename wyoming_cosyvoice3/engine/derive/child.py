@@ -1,12 +1,10 @@
 """Child-process entry of the large derivations (run by :func:`.common.files.run_child`).
 
 ``python -m wyoming_cosyvoice3.engine.derive.child COMMAND ARGS...``, one command per derived
-form (:data:`COMMANDS`): ``int8 SOURCE TARGET`` (:mod:`.flow.quantize`), ``split fp32|int8
-SOURCE MAIN_OUT TIME_OUT`` (:mod:`.flow.estimator_split`), ``stream fp32|int8 SOURCE MAIN_OUT
-TIME_OUT`` (:mod:`.flow.streaming_estimator`), ``table SOURCE TABLE_NPY DTYPE_FILE``
+form (:data:`COMMANDS`): ``stream fp32|int8 SOURCE MAIN_OUT TIME_OUT``
+(:mod:`.flow.streaming_estimator`), ``table SOURCE TABLE_NPY DTYPE_FILE``
 (:mod:`.llm.embedding_table`), ``llm fused|fused-q4 SOURCE DATA REPORT GRAPH [EMBEDS_NPY]``
-(:mod:`.llm.fused`), ``hift SOURCE GRAPH REPORT`` (:mod:`.vocoder.hift_phase`) and
-``hift-stream SOURCE GRAPH REPORT`` (:mod:`.vocoder.hift_stream`).
+(:mod:`.llm.fused`) and ``hift-stream SOURCE GRAPH REPORT`` (:mod:`.vocoder.hift_stream`).
 """
 
 from __future__ import annotations
@@ -18,21 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .flow.estimator_split import SPLIT_TAGS, derive_split
-from .flow.quantize import quantize_estimator
 from .flow.streaming_estimator import STREAM_TAGS, derive_streaming
 from .llm.embedding_table import extract_table
 from .llm.fused import FUSED_TAGS, write_fused_files
-from .vocoder.hift_phase import write_phase_hift
 from .vocoder.hift_stream import write_stream_hift
-
-
-def _int8(a: argparse.Namespace) -> None:
-    quantize_estimator(a.source, a.target)
-
-
-def _split(a: argparse.Namespace) -> None:
-    derive_split(a.source, a.precision, a.main_out, a.time_out)
 
 
 def _stream(a: argparse.Namespace) -> None:
@@ -48,23 +35,16 @@ def _llm(a: argparse.Namespace) -> None:
     write_fused_files(a.source, a.variant, a.data, a.report, a.graph, embeds)
 
 
-def _hift(a: argparse.Namespace) -> None:
-    write_phase_hift(a.source, a.graph, a.report)
-
-
 def _hift_stream(a: argparse.Namespace) -> None:
     write_stream_hift(a.source, a.graph, a.report)
 
 
 Argument = str | tuple[str, list[str]]
 COMMANDS: dict[str, tuple[list[Argument], Callable[[argparse.Namespace], None]]] = {
-    "int8": (["source", "target"], _int8),
-    "split": ([("precision", sorted(SPLIT_TAGS)), "source", "main_out", "time_out"], _split),
     "stream": ([("precision", sorted(STREAM_TAGS)), "source", "main_out", "time_out"], _stream),
     "table": (["source", "table_npy", "dtype_file"], _table),
     "llm": ([("variant", sorted(FUSED_TAGS)), "source", "data", "report", "graph", "embeds_npy?"],
             _llm),
-    "hift": (["source", "graph", "report"], _hift),
     "hift-stream": (["source", "graph", "report"], _hift_stream),
 }
 """Command -> (its arguments in order: a path, a ``(name, choices)`` word, or an optional path

@@ -13,22 +13,18 @@ utterance, so a bounded left window is not exact: by default the graph sees all 
 the vocoder's cost quadratic in the utterance length (as upstream: model.py
 ``CosyVoice3Model.token2wav`` re-runs hift on all mel of the utterance at every chunk).
 
-``window_frames`` > 0 (``SynthesisOptions.vocoder_window_frames``) bounds it: each call runs the
-graph on the last ``window_frames`` already-emitted frames plus the new ones (with the noise
-columns of those frames, so the noise still lines up). The causal convolutions see their real
-left context when the window covers their receptive field (16 mel frames on the
-upstream-exported parity model). The harmonic source's phase is the one long-range state:
+The streamed form (:mod:`..derive.vocoder.hift_stream`, :class:`StreamedHift`) carries that
+state between calls and runs each mel frame once; the calls of ``hift.onnx`` below are its
+fallback, used only when it cannot be derived.
 
-* with the phase-carrying graph (:mod:`..derive.vocoder.hift_phase`,
-  ``HiftRunner.phase_period`` set)
-  the stream keeps the source phase of every emitted frame (modulo one period) and hands the
-  window's frames their phase, so the call continues the source as one call over the whole mel
-  would: the windowed audio equals the one-call audio up to float rounding once the window
-  covers the receptive field;
-* with the published graph the source restarts its phase at the window start, so its
-  harmonics are phase-shifted against the exact path; to avoid a jump at the seam, the first
-  ``crossfade`` samples of each call are cross-faded with the previous call's own samples for
-  the same span (computed, held back).
+``window_frames`` > 0 (``SynthesisOptions.vocoder_window_frames``, a lossy preset's bound for
+that fallback) bounds the re-run: each call runs the graph on the last ``window_frames``
+already-emitted frames plus the new ones (with the noise columns of those frames, so the noise
+still lines up). The causal convolutions see their real left context when the window covers
+their receptive field (16 mel frames on the upstream-exported parity model), but the harmonic
+source restarts its phase at the window start, so its harmonics are phase-shifted against the
+exact path; to avoid a jump at the seam, the first ``crossfade`` samples of each call are
+cross-faded with the previous call's own samples for the same span (computed, held back).
 
 When the vocoder runs (last section, :func:`may_defer`): decoupled from the flow's chunks
 while the audio already sent lasts. Every streamed vocoder call re-runs frames another call
@@ -37,7 +33,7 @@ far, with a window its left context, and always the 8 held-back right-context fr
 after every flow chunk (20, 40, 80, ... frames) makes the streamed vocoder cost 1.2-2x one call
 over the same frames (BENCHMARKS.md, "Streamed vocoder"). Running it less often is exact for
 the exact vocoder (samples do not depend on how the mel was cut) and brings the cost towards
-one call. Rule (``SynthesisOptions.vocoder_defer``): the vocoder may skip a non-final flow
+one call. Rule (``VocoderPreset.defer``): the vocoder may skip a non-final flow
 chunk (its mel waits for the next call) while the audio already emitted and not yet played is
 more than ``margin`` x the time until the next call would emit: the next flow chunk (estimated
 as twice the time since the piece's previous chunk, as the hop doubles) plus the vocoder run
@@ -71,9 +67,6 @@ logger = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float32]
 _HIFT_INPUTS = ("speech_feat", "noise")
 _HIFT_OUTPUTS = ("magnitude", "phase")
-_CARRY_INPUT = "phase_carry"
-_PHASE_OUTPUT = "source_phase"
-"""The phase-carrying graph's extra input and output (:mod:`..derive.vocoder.hift_phase`)."""
 _FIRST_INPUT, _FINAL_INPUT = "stream_first", "stream_final"
 _STATE_IN, _STATE_OUT = "stream_state_in.", "stream_state_out."
 """The streamed graph's extra inputs and outputs (:mod:`..derive.vocoder.hift_stream`)."""
@@ -155,9 +148,7 @@ class HiftRunner:
 
     Args:
         hift: the loaded hift graph (inputs ``speech_feat``, ``noise``; outputs ``magnitude``,
-            ``phase``; the phase-carrying form also ``phase_carry`` / ``source_phase``).
-        phase_period: with the phase-carrying form, the source phase's period in its units
-            (:attr:`..derive.vocoder.hift_phase.PhaseCarryReport.period`); None for ``hift.onnx``.
+            ``phase``), or a loader of it called on the first whole-mel call.
         stream: the streamed graph (:class:`StreamedHift`): streaming runs each mel frame
             once; None: streaming re-runs the whole mel or a window.
 
@@ -166,25 +157,20 @@ class HiftRunner:
     """
 
     def __init__(
-        self, hift: Graph | Callable[[], Graph], phase_period: float | None = None,
-        stream: StreamedHift | None = None,
+        self, hift: Graph | Callable[[], Graph], stream: StreamedHift | None = None,
     ) -> None:
         self._graph: Graph | None = None
         self._load: Callable[[], Graph] | None = None
         if callable(hift):  # a Graph is not callable: a loader, called on the first use
             self._load = hift
         else:
-            self._graph = self._checked(hift, phase_period)
-        self.phase_period = phase_period
+            self._graph = self._checked(hift)
         self.stream = stream
 
     @staticmethod
-    def _checked(hift: Graph, phase_period: float | None) -> Graph:
+    def _checked(hift: Graph) -> Graph:
         names_in, names_out = set(hift.spec.inputs), set(hift.spec.outputs)
         wanted_in, wanted_out = set(_HIFT_INPUTS), set(_HIFT_OUTPUTS)
-        if phase_period is not None:
-            wanted_in.add(_CARRY_INPUT)
-            wanted_out.add(_PHASE_OUTPUT)
         if not wanted_in <= names_in or not wanted_out <= names_out:
             raise GraphSignatureMismatch(
                 f"vocoder {hift.spec.file}: expected inputs {sorted(wanted_in)} and outputs "
@@ -198,13 +184,8 @@ class HiftRunner:
         """The whole-mel graph (loaded on first use when given as a loader)."""
         if self._graph is None:
             assert self._load is not None
-            self._graph = self._checked(self._load(), self.phase_period)
+            self._graph = self._checked(self._load())
         return self._graph
-
-    @property
-    def carries_phase(self) -> bool:
-        """Whether windowed calls can continue the harmonic source's phase."""
-        return self.phase_period is not None
 
     def waveform(self, mel: FloatArray, noise: FloatArray) -> FloatArray:
         """Samples for a whole mel (generator.py ``decode`` with ``finalize=True``).
@@ -216,43 +197,16 @@ class HiftRunner:
         Returns:
             float32 [480 M], 24 kHz, clamped to +-0.99 (``audio_limit``).
         """
-        return self.run(mel, noise)[0]
-
-    def run(
-        self, mel: FloatArray, noise: FloatArray, carry: npt.NDArray[np.float64] | None = None
-    ) -> tuple[FloatArray, npt.NDArray[np.float64] | None]:
-        """Samples for ``mel`` and, with the phase-carrying graph, the source phase per frame.
-
-        Args:
-            mel, noise: as :meth:`waveform`.
-            carry: float [W, H] source phase of the first W frames of ``mel`` (from earlier
-                calls); None = W 0 (the published graph's computation). Ignored by
-                ``hift.onnx``.
-
-        Returns:
-            (float32 [480 M] samples as :meth:`waveform`, float64 [M, H] source phase modulo
-            ``phase_period`` or None without the phase-carrying graph).
-        """
         feeds = {
             "speech_feat": np.ascontiguousarray(mel, dtype=np.float32)[None],
             "noise": np.ascontiguousarray(noise, dtype=np.float32)[None],
         }
-        names = list(_HIFT_OUTPUTS)
-        if self.phase_period is not None:
-            if carry is None:
-                carry = np.zeros((0, C.HARMONIC_CHANNELS))
-            feeds[_CARRY_INPUT] = np.ascontiguousarray(carry, dtype=np.float32)[None]
-            names.append(_PHASE_OUTPUT)
-        out = self.graph.run(feeds, names)
+        out = self.graph.run(feeds, list(_HIFT_OUTPUTS))
         # HiFTGenerator._istft: torch.clip(magnitude, max=1e2); idempotent if the graph clips
         magnitude = np.minimum(np.asarray(out["magnitude"], dtype=np.float32)[0], C.MAGNITUDE_CLIP)
         phase = np.asarray(out["phase"], dtype=np.float32)[0]
         samples = np.asarray(istft(magnitude, phase), dtype=np.float32).reshape(-1)
-        source_phase = None
-        if self.phase_period is not None:
-            rows = np.asarray(out[_PHASE_OUTPUT], dtype=np.float64)[0]
-            source_phase = np.mod(rows, self.phase_period)
-        return np.clip(samples, -C.AUDIO_LIMIT, C.AUDIO_LIMIT), source_phase
+        return np.clip(samples, -C.AUDIO_LIMIT, C.AUDIO_LIMIT)
 
 
 class VocoderStream:
@@ -292,10 +246,6 @@ class VocoderStream:
         (its states hold the context), so a long answer keeps a bounded buffer; the other
         paths re-read earlier frames and keep them all (0)."""
         self._tail = np.zeros(0, dtype=np.float32)
-        self._phase = np.zeros((0, C.HARMONIC_CHANNELS), dtype=np.float64)
-        """Source phase of the last ``window_frames`` emitted frames, the first of them frame
-        ``_phase_first`` (phase-carrying graph, windowed calls only)."""
-        self._phase_first = 0
         self._streamed = runner.stream
         """The streamed graph, when the model has one: each frame runs once (then
         ``window_frames`` is not used)."""
@@ -389,21 +339,14 @@ class VocoderStream:
         start = time.perf_counter()
         spf = C.SAMPLES_PER_MEL_FRAME
         noise = self.noise.take(spf * n_frames)
-        first, emitted_frames = 0, self.emitted_samples // spf
-        carrying = self.window_frames > 0 and self.runner.carries_phase
+        first = 0
         if self.window_frames > 0:
-            first = max(0, emitted_frames - self.window_frames)
-        carry = self._phase[first - self._phase_first :] if carrying else None
-        samples, source_phase = self.runner.run(self._mel[:, first:], noise[spf * first :], carry)
-        if carrying and source_phase is not None:  # keep the phase of the frames now final
-            final_rows = source_phase[emitted_frames - first : end // spf - first]
-            kept = np.concatenate([self._phase, final_rows])[-self.window_frames :]
-            self._phase_first = end // spf - len(kept)
-            self._phase = kept
+            first = max(0, self.emitted_samples // spf - self.window_frames)
+        samples = self.runner.waveform(self._mel[:, first:], noise[spf * first :])
         self.frames_run += n_frames - first
         base = spf * first  # absolute index of samples[0]
         out = samples[self.emitted_samples - base : end - base].copy()
-        if self.window_frames > 0 and not carrying:
+        if self.window_frames > 0:
             out = self._crossfade(out)
             # this call's samples just after ``end``: the next call fades from them
             self._tail = samples[end - base : end - base + self.crossfade_samples].copy()

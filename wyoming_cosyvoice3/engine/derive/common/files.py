@@ -269,12 +269,12 @@ def derive_once(
             ``cache_dir / keyed_name(source, tag, suffix)``.
         make: writes the files to the temporary paths it is given (same order); in this
             process or through :func:`run_child`. Any exception it raises is a failure.
-        name: what is made, for the log (``"split estimator"``: ``"<name> ready in 2.0 s"``).
+        name: what is made, for the log (``"streaming DiT"``: ``"<name> ready in 2.0 s"``).
         what: what is done, for the log (default ``"deriving the <name> from <source>"``).
         failure: prefix of the error message (default ``"<what> failed"``).
         valid: whether the files (final paths) hold a usable result (default: all exist).
-        shared: tags of files that other derivations make identically (a split's time graph):
-            kept when already present, not replaced.
+        shared: tags of files that other derivations make identically (the streaming DiT's
+            time graph, the same for both precisions): kept when already present, not replaced.
         retired: globs after ``"<stem>."`` of files an older recipe wrote (``"int8-*.onnx"``),
             removed after a success.
 

@@ -181,7 +181,7 @@ class GraphIndex:
 
 
 def time_dependent(gr: GraphIndex, source: str) -> set[str]:
-    """Tensors computed from graph input ``source`` and constants only (cf. estimator_split)."""
+    """Tensors computed from graph input ``source`` and constants only."""
     dep = {source}
     for node in gr.g.node:
         ins = [i for i in node.input if i]

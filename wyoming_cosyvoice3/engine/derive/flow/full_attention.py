@@ -1,15 +1,16 @@
 """The derived streaming DiT serving full-attention passes: one DiT graph per precision.
 
-A preset that streams chunk-causally (``SynthesisOptions.flow_chunk_causal``, e.g.
-``quality``) also runs full-attention passes: a piece's final chunk (upstream's
-``finalize=True`` runs ``flow.inference(streaming=False)``, cosyvoice/cli/model.py
-``CosyVoice2Model.tts``) and one-shot requests. Those used to run the split published
-estimator (:mod:`.estimator_split`), a second copy of the DiT weights (0.76 GB fp32 at full
-size). The streaming graph (:mod:`.streaming_estimator`) computes the same thing when it runs
-without a cache, with an all-zero attention bias and rotary positions from frame 0: that is
-validation check 1, made when the graph is derived (max abs error <= ``FP32_TOL`` relative
-to the published graph; 7e-7 on the full-size synthetic model). :class:`FullAttentionDiT`
-gives it the estimator's ``run`` interface, so the flow solver uses it unchanged.
+A preset that streams chunk-causally (``FlowPreset.chunk_causal``, e.g. ``quality``)
+also runs full-attention passes: a piece's final chunk (upstream's ``finalize=True`` runs
+``flow.inference(streaming=False)``, cosyvoice/cli/model.py ``CosyVoice2Model.tts``) and
+one-shot requests. Running them on the published estimator would keep a second copy of the DiT
+weights (0.76 GB fp32 at full size), so this is the estimator's one derived form
+(:mod:`...loaders`). The streaming graph (:mod:`.streaming_estimator`) computes the same thing
+when it runs without a cache, with an all-zero attention bias and rotary positions from frame
+0: that is validation check 1, made when the graph is derived (max abs error <= ``FP32_TOL``
+relative to the published graph; 7e-7 on the full-size synthetic model).
+:class:`FullAttentionDiT` gives it the estimator's ``run`` interface, so the flow solver uses
+it unchanged.
 """
 
 from __future__ import annotations

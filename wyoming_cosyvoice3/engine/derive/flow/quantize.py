@@ -1,10 +1,12 @@
-"""Files derived once from the model directory: the int8 DiT estimator and its cache location.
+"""The int8 recipe of the DiT: which MatMuls are quantised, and how.
 
 The DiT estimator (``flow.decoder.estimator.fp32.onnx``, ~1.33 GB) is MatMul-bound: spec
 section 8 counts ~0.37 GFLOP per mel frame per pass, almost all of it in the 22 blocks' linear
 layers. Quantising those weights to int8 lets onnxruntime use its integer MatMul kernels
 (about 2x the fp32 MatMul throughput on the 2-core reference machine, BENCHMARKS.md) and
-cuts the resident weights to a quarter.
+cuts the resident weights to a quarter. The int8 streaming DiT
+(:mod:`.streaming_estimator`) is its fp32 main graph put through this recipe; it is the only
+int8 form of the DiT.
 
 How: ``onnxruntime.quantization.quantize_dynamic`` with ``per_channel=True``, int8 weights,
 ``op_types_to_quantize=["MatMul"]`` and ``MatMulConstBOnly`` (only MatMuls with a constant
@@ -12,13 +14,6 @@ weight; the attention products of two activations stay fp32), the same recipe th
 model card gives for ``llm_int8.onnx`` ("dynamic int8 MatMul (per-channel)"). Activations are
 quantised per tensor at run time (``DynamicQuantizeLinear``). Published effect of the same
 change: nardi-xhepi/cosyvoice3-cpu reports 0.46 % waveform error for an int8 flow.
-
-Cached like every derivation (:func:`~..common.files.derive_once`): written once, atomically, named
-after the source file's size and mtime so a replaced source is re-quantised, reused
-afterwards; a failed attempt leaves ``<name>.failed`` (with the reason) so later starts do not
-retry it (delete it to retry). The quantiser runs in a child process: it holds the fp32 model
-and its quantised copy in memory (a few GB at the published size), which the serving process
-should never keep.
 """
 
 from __future__ import annotations
@@ -26,12 +21,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..common.files import derive_once, run_child, weight_free_copy
+from ..common.files import weight_free_copy
 
 logger = logging.getLogger(__name__)
 
-INT8_TAG = "int8r2"
-"""Tag of the int8 file name; bumped when the recipe changes (r2: per-frame MatMuls only)."""
 MIN_QUANTIZED_DIM = 512
 """Only weights whose both dimensions are at least this are quantised (the DiT blocks' linear
 layers: 1024 x 1024, 1024 x 2048, 2048 x 1024); the input and output projections stay fp32."""
@@ -84,7 +77,7 @@ def quantize_estimator(source: Path, target: Path) -> None:
     """Write the dynamic int8 (per-channel) version of ``source`` to ``target``, quantising
     the MatMuls :func:`per_frame_matmuls` selects.
 
-    Runs in the calling process (the child process of :func:`ensure_int8_estimator`).
+    Runs in the calling process (the streaming DiT's derivation child process).
 
     Raises:
         ValueError: no MatMul qualifies (not a DiT estimator).
@@ -109,38 +102,3 @@ def quantize_estimator(source: Path, target: Path) -> None:
         extra_options={"MatMulConstBOnly": True},
     )
 
-
-def ensure_int8_estimator(source: Path, cache_dir: Path, *, in_process: bool = False) -> Path:
-    """Path of the int8 estimator for ``source``, quantising it first if not cached yet
-    (:func:`~..common.files.derive_once`).
-
-    Args:
-        source: the fp32 estimator file.
-        cache_dir: directory of derived files (:func:`~..common.files.derived_files_dir`).
-        in_process: quantise in this process instead of a child process (tests, tools).
-
-    Returns:
-        ``cache_dir / "flow.decoder.estimator.int8r2-<size>-<mtime_ns>.onnx"``.
-
-    Raises:
-        ModelFilesMissing: ``source`` does not exist.
-        ModelLoadError: quantisation failed, now (the message holds the quantiser's last
-            output) or in an earlier attempt.
-    """
-
-    def make(tmps: list[Path]) -> None:
-        if in_process:
-            quantize_estimator(source, tmps[0])
-        else:
-            run_child(["int8", str(source), str(tmps[0])])
-
-    (target,) = derive_once(
-        source,
-        cache_dir,
-        [(INT8_TAG, ".onnx")],
-        make,
-        name="int8 estimator",
-        what=f"quantising {source} to int8",
-        retired=["int8-*.onnx"],  # recipe r1
-    )
-    return target

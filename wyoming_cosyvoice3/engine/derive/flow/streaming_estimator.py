@@ -179,6 +179,8 @@ def ensure_streaming_estimator(
         make,
         name="streaming DiT",
         shared={TIME_TAG},
+        # the forms it replaced as the estimator: the split pair and the whole-graph int8 copy
+        retired=["main-*.onnx", "int8main-*.onnx", "time-*.onnx", "int8r2-*.onnx"],
     )
     return main, time_graph
 

@@ -1,2 +1,3 @@
-"""Derived forms of the vocoder (HiFT): phase-carrying (:mod:`.hift_phase`) and streamed with
-its convolution context carried as state (:mod:`.hift_stream`)."""
+"""Derived form of the vocoder (HiFT): streamed with its convolution context, delay lines and
+source phase carried as state (:mod:`.hift_stream`, made exact per call length by the rewrite of
+:mod:`.hift_exact`)."""

@@ -677,7 +677,7 @@ def _splits(rng: np.random.Generator, total: int, first: int) -> list[list[int]]
 def _audio(magnitude: np.ndarray, phase: np.ndarray) -> np.ndarray:
     """The host's samples for HiFT's output: float32 [4 (F - 1)] from [1, 9, F] magnitude and
     phase (the magnitude clip at 100, the iSTFT and the clamp at +-0.99, as
-    ``vocoder.hift.HiftRunner.run`` does)."""
+    ``vocoder.hift.HiftRunner.waveform`` does)."""
     clipped = np.minimum(magnitude, np.float32(C.MAGNITUDE_CLIP))
     return np.clip(istft(clipped, phase), -C.AUDIO_LIMIT, C.AUDIO_LIMIT)
 
@@ -809,8 +809,8 @@ def ensure_stream_hift(
     return target, report
 
 
-STREAM_WARNING = ("streamed vocoder not used (%s); streaming re-runs a window of the vocoder "
-                  "per chunk")
+STREAM_WARNING = ("streamed vocoder not used (%s); streaming re-runs hift.onnx over the mel "
+                  "(or the preset's window of it) per chunk")
 """The fallback warning of this form (:class:`~..common.forms.Form`)."""
 
 

@@ -8,7 +8,7 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,6 +214,12 @@ def whole_text_plan(text: str) -> list[PlannedPiece]:
     return [PlannedPiece(text, len(text.split()))]
 
 
+def spoken_text(text: str | Sequence[PlannedPiece]) -> str:
+    """The text a stand-in engine speaks: ``text``, or a plan's pieces joined (the stand-ins
+    plan a text as one piece, :func:`whole_text_plan`, so this is the request's text)."""
+    return text if isinstance(text, str) else " ".join(piece.text for piece in text)
+
+
 class SpyEngine:
     """Wraps a real engine: records every synthesize call and how it ended.
 
@@ -261,10 +267,11 @@ class SpyEngine:
                     read_numbers: bool = True) -> list[PlannedPiece]:
         return whole_text_plan(text)
 
-    def synthesize(self, text: str, voice: VoicePrompt,
+    def synthesize(self, text: str | Sequence[PlannedPiece], voice: VoicePrompt,
                    options: SynthesisOptions | None = None,
                    should_stop: ShouldStop | None = None,
                    result: SynthesisResult | None = None) -> Iterator[EngineChunk]:
+        text = spoken_text(text)  # the inner engine plans the raw text itself
         with self.lock:
             self.texts.append(text)
             self.voices.append(voice.name)
@@ -369,10 +376,11 @@ class FaultyEngine:
                     read_numbers: bool = True) -> list[PlannedPiece]:
         return whole_text_plan(text)
 
-    def synthesize(self, text: str, voice: VoicePrompt,
+    def synthesize(self, text: str | Sequence[PlannedPiece], voice: VoicePrompt,
                    options: SynthesisOptions | None = None,
                    should_stop: ShouldStop | None = None,
                    result: SynthesisResult | None = None) -> Iterator[EngineChunk]:
+        text = spoken_text(text)
         if self.record:
             with self.lock:
                 self.texts.append(text)

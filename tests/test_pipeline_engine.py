@@ -19,6 +19,7 @@ from wyoming_cosyvoice3.engine import (
     SynthesisOptions,
     SynthesisResult,
     SynthesisTimeout,
+    TextError,
     VoicePrompt,
 )
 from wyoming_cosyvoice3.engine.llm.decoder import SilentRunFilter
@@ -353,6 +354,32 @@ def test_planned_pieces_are_the_pieces_synthesis_speaks(engine, voice, monkeypat
     # the count the server bounds pieces with is of the text as given, before normalisation
     assert engine.text_token_count("21 °C") == len(engine.frontend.encode_user("21 °C"))
     assert engine.plan_pieces("?!") == []
+
+
+def test_a_plan_is_spoken_as_planned_without_normalising_again(engine, voice,
+                                                               monkeypatch) -> None:
+    """``synthesize`` given ``plan_pieces``'s plan speaks exactly those pieces, with the audio
+    of the same text given whole, and does not normalise or cut the text a second time."""
+    text = "Kitchen, 21 °C. " + " ".join([LONG_TEXT + "."] * 2)
+    options = SynthesisOptions(streaming=False, language_hint="en", max_piece_tokens=12)
+    plan = engine.plan_pieces(text, "en", 12, True)
+    with fixed_decoding(engine, 0.05):
+        whole = np.concatenate([c.samples for c in engine.synthesize(text, voice, options)])
+    calls: list[str] = []
+    split = engine.frontend.split_pieces
+
+    def counting(*args: Any, **kwargs: Any) -> list[str]:
+        calls.append(args[0])
+        return split(*args, **kwargs)
+
+    monkeypatch.setattr(engine.frontend, "split_pieces", counting)
+    with fixed_decoding(engine, 0.05):
+        planned = np.concatenate([c.samples for c in engine.synthesize(plan, voice, options)])
+    assert calls == []
+    np.testing.assert_array_equal(planned, whole)
+    # a plan is a sequence of PlannedPiece; anything else is the caller's error
+    with pytest.raises(TextError):
+        engine.synthesize([text], voice, options)  # type: ignore[list-item]
 
 
 def test_each_chunk_announces_the_audio_of_its_pieces_next_chunk(engine, voice) -> None:

@@ -135,7 +135,7 @@ async def test_the_piece_bound_divides_by_the_measured_length_ratio() -> None:
     assert piece_limit_s(8.0, history.rate()) == pytest.approx(5.6)
     runtime = SimpleNamespace(production=history, loader=SimpleNamespace(engine=WordPlanner()))
     gate = SimpleNamespace(max_hold_s=8.0)
-    max_tokens, expected = await plan_pieces(runtime, gate, text, None)  # type: ignore[arg-type]
+    max_tokens, expected, _ = await plan_pieces(runtime, gate, text, None)  # type: ignore[arg-type]
     assert expected_speech_s(text) == pytest.approx(330 / 14)
     assert max_tokens == int(2.8 * 80 / (330 / 14)) == 9
     assert expected == [pytest.approx(expected_speech_s(sentence))] * 10

@@ -655,14 +655,14 @@ def test_plan_bounds_pieces_by_the_texts_own_tokens_per_second() -> None:
     planner = WordPlanner()
     limit_s = piece_limit_s(8.0, 0.5)
     assert limit_s is not None
-    max_tokens, expected = _plan_pieces(planner, text, None, limit_s)
+    max_tokens, expected, _ = _plan_pieces(planner, text, None, limit_s)
     tokens_per_s = 80 / expected_speech_s(text)
     assert max_tokens == int(limit_s * tokens_per_s) == 19
     assert planner.bounds == [19]
     # the planner packs two sentences (16 tokens) per piece under the 19-token bound
     assert expected == [pytest.approx(expected_speech_s(f"{sentence} {sentence}"))] * 5
     # no bound: upstream's packing (80 tokens: all ten sentences in one piece)
-    max_tokens, expected = _plan_pieces(planner, text, None, None)
+    max_tokens, expected, _ = _plan_pieces(planner, text, None, None)
     assert max_tokens is None and expected == [pytest.approx(expected_speech_s(text))]
     # a text shorter than the limit is not bounded
     assert _plan_pieces(planner, sentence, None, limit_s)[0] is None
@@ -670,7 +670,7 @@ def test_plan_bounds_pieces_by_the_texts_own_tokens_per_second() -> None:
 
 def test_plan_bound_has_a_floor() -> None:
     text = " ".join([_sentence(8)] * 10)
-    max_tokens, _ = _plan_pieces(WordPlanner(), text, None, 0.1)
+    max_tokens, _, _ = _plan_pieces(WordPlanner(), text, None, 0.1)
     assert max_tokens == MIN_PIECE_TOKENS
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +28,7 @@ import numpy.typing as npt
 from . import constants as C
 from . import graphs
 from .dsp import GrowingNoise, request_streams
-from .errors import SynthesisTimeout
+from .errors import SynthesisTimeout, TextError
 from .flow.solver import FlowRunner
 from .flow.stream import ChunkedFlows, FlowRequest, MelStream, SpeedResampler
 from .graphs import return_freed_memory
@@ -271,7 +271,7 @@ class CosyVoice3Engine:
     # -- synthesis --------------------------------------------------------------------------
     def synthesize(
         self,
-        text: str,
+        text: str | Sequence[PlannedPiece],
         voice: VoicePrompt,
         options: SynthesisOptions | None = None,
         should_stop: ShouldStop | None = None,
@@ -280,8 +280,11 @@ class CosyVoice3Engine:
         """Synthesise ``text`` with ``voice``, yielding 24 kHz chunks as soon as they exist.
 
         Args:
-            text: any text; pieces with nothing speakable are skipped (no chunk at all when
-                the whole text is unspeakable).
+            text: any text (normalised and cut into pieces here; pieces with nothing
+                speakable are skipped, no chunk at all when the whole text is unspeakable),
+                or the pieces :meth:`plan_pieces` returned for it, spoken as planned (the text
+                is not normalised or cut again; ``language_hint``, ``max_piece_tokens`` and
+                ``read_numbers`` of ``options`` were the plan's).
             voice: a prepared voice.
             options: per-request options (validated here).
             should_stop: checked before every model step (LLM step, flow encoder, Euler step,
@@ -293,15 +296,18 @@ class CosyVoice3Engine:
             the last piece produced no audio after earlier pieces did).
 
         Raises:
-            SynthesisCancelled, SynthesisTimeout, SynthesisFailed; ValueError for bad options.
+            SynthesisCancelled, SynthesisTimeout, SynthesisFailed; ValueError for bad options;
+            TextError: ``text`` is neither a ``str`` nor a sequence of :class:`PlannedPiece`.
         """
         options = options or SynthesisOptions()
         options.validate()  # before the first chunk is asked for: bad options fail at the call
+        if not isinstance(text, str):
+            text = _checked_plan(text)
         return self._synthesize(text, voice, options, should_stop, result or SynthesisResult())
 
     def _synthesize(
         self,
-        text: str,
+        text: str | tuple[PlannedPiece, ...],
         voice: VoicePrompt,
         options: SynthesisOptions,
         should_stop: ShouldStop | None,
@@ -314,7 +320,8 @@ class CosyVoice3Engine:
             req.result.total_s = req.now()
             req.result.audio_s = req.samples_out / C.OUTPUT_SAMPLE_RATE_HZ
             if self.options.observer is not None:
-                self.options.observer.request_finished(text, req.result)
+                spoken = text if isinstance(text, str) else " ".join(p.text for p in text)
+                self.options.observer.request_finished(spoken, req.result)
             t = req.times
             logger.debug(
                 "request: %d pieces, %.2f s audio in %.2f s (RTF %.2f), first chunk %s; "
@@ -337,11 +344,15 @@ class CosyVoice3Engine:
             # the freed heap pages back (glibc keeps them mapped otherwise; a few ms)
             return_freed_memory()
 
-    def _run(self, text: str, voice: VoicePrompt, req: RequestState) -> Iterator[AudioChunk]:
+    def _run(self, text: str | tuple[PlannedPiece, ...], voice: VoicePrompt,
+             req: RequestState) -> Iterator[AudioChunk]:
         started = req.now()
-        pieces = self.frontend.split_pieces(text, req.options.language_hint,
-                                              req.options.max_piece_tokens,
-                                              req.options.read_numbers)
+        if isinstance(text, str):
+            pieces = self.frontend.split_pieces(text, req.options.language_hint,
+                                                req.options.max_piece_tokens,
+                                                req.options.read_numbers)
+        else:  # planned by the caller through plan_pieces: normalised and cut once
+            pieces = [piece.text for piece in text]
         prompts = [self.frontend.build_prompt(piece, voice) for piece in pieces]
         req.times.frontend_s += req.now() - started
         req.event("frontend", started)
@@ -461,3 +472,15 @@ class CosyVoice3Engine:
             next_chunk_s=next_chunk_s,
             piece_done=piece_done,
         )
+
+
+def _checked_plan(plan: object) -> tuple[PlannedPiece, ...]:
+    """``plan`` as a tuple of :class:`PlannedPiece`.
+
+    Raises:
+        TextError: ``plan`` is not a sequence of :class:`PlannedPiece`.
+    """
+    if not isinstance(plan, Sequence) or not all(isinstance(p, PlannedPiece) for p in plan):
+        raise TextError("text must be a str or the pieces plan_pieces returned, got "
+                        f"{type(plan).__name__}")
+    return tuple(plan)

@@ -6,7 +6,7 @@ fault-injecting one) without touching the rest of the server.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -56,9 +56,12 @@ class Engine(PiecePlanner, Protocol):
         """Stop the engine's helpers (its voice encoder process) at shutdown."""
 
     def synthesize(
-        self, text: str, voice: VoicePrompt, options: SynthesisOptions = ...,
-        should_stop: ShouldStop | None = None, result: SynthesisResult | None = None,
-    ) -> Iterator[AudioChunk]: ...
+        self, text: str | Sequence[PlannedPiece], voice: VoicePrompt,
+        options: SynthesisOptions = ..., should_stop: ShouldStop | None = None,
+        result: SynthesisResult | None = None,
+    ) -> Iterator[AudioChunk]:
+        """Speak ``text``, or the pieces :meth:`plan_pieces` returned for it (spoken as
+        planned: normalised and cut once)."""
 
 
 EngineFactory = Callable[[Path, EngineOptions], Engine]

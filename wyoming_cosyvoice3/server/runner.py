@@ -14,13 +14,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from ..engine.errors import CosyVoiceError, SynthesisCancelled
 from ..engine.options import AudioChunk, ShouldStop, SynthesisOptions, SynthesisResult, VoicePrompt
+from ..engine.text.pieces import PlannedPiece
 from .engine_port import Engine
 from .settings import Settings
 
@@ -80,7 +81,7 @@ class SynthesisRunner:
 
     async def run_synthesis(
         self,
-        text: str,
+        text: str | Sequence[PlannedPiece],
         voice: VoicePrompt,
         options: SynthesisOptions,
         should_stop: ShouldStop,
@@ -216,7 +217,8 @@ class _Abandoned(SynthesisCancelled):
 
 
 def _start(
-    engine: Engine, text: str, voice: VoicePrompt, options: SynthesisOptions,
+    engine: Engine, text: str | Sequence[PlannedPiece], voice: VoicePrompt,
+    options: SynthesisOptions,
     should_stop: ShouldStop, result: SynthesisResult | None,
 ) -> Iterator[AudioChunk]:
     return iter(engine.synthesize(text, voice, options, should_stop=should_stop, result=result))

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 from wyoming.audio import AudioChunk as WyomingAudioChunk
@@ -31,7 +32,7 @@ from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, Synth
 from ..engine.options import AudioChunk
 from ..engine.text.markdown import markdown_to_speech
 from ..engine.text.normalize import language_cues, winner
-from ..engine.text.pieces import split_first_clause
+from ..engine.text.pieces import PlannedPiece, split_first_clause
 from .engine_port import PiecePlanner
 from .preroll import (
     FIRST_PIECE_MAX_S,
@@ -164,9 +165,13 @@ async def speak(
     whole_middle = False  # without a gate every piece streams (nothing holds it)
     if slot.prompt is None:
         raise CosyVoiceError(f"voice {slot.entry.name!r} is not prepared")
+    speech: str | list[PlannedPiece] = text
     if gate is not None:
-        max_tokens, expected = await plan_pieces(runtime, gate, text, options.language_hint,
-                                                 options.read_numbers)
+        max_tokens, expected, planned = await plan_pieces(runtime, gate, text,
+                                                          options.language_hint,
+                                                          options.read_numbers)
+        if planned is not None:
+            speech = planned  # the engine speaks its plan: the text is cut once
         if max_tokens is not None:
             options = options.replace(max_piece_tokens=max_tokens)
         # pieces bounded: synthesis is (or may be) slower than playback, so a middle piece is
@@ -177,8 +182,8 @@ async def speak(
     options = options.replace(flow={"whole_middle_pieces": whole_middle})
     try:
         try:
-            stats.compute_s += await runtime.runner.run_synthesis(text, slot.prompt, options,
-                                                                  stop, on_chunk)
+            stats.compute_s += await runtime.runner.run_synthesis(speech, slot.prompt,
+                                                                  options, stop, on_chunk)
         finally:
             if gate is not None:
                 gate.stop_work()
@@ -205,11 +210,26 @@ tokenizer): on a very slow machine a shorter piece would not shorten the pause b
 much and would leave single words for the LLM to speak alone."""
 
 
+class PiecePlan(NamedTuple):
+    """How the engine will speak one text (:func:`plan_pieces`).
+
+    Attributes:
+        max_tokens: the piece bound in text tokens (None: the engine's own bound).
+        expected_s: expected seconds of speech of each piece (``[0.0]``: nothing speakable).
+        pieces: the engine's plan, handed back to ``synthesize`` so that the text is
+            normalised and cut once; None where the engine did not plan (not loaded, or it
+            failed: the engine then plans the text itself and reports the error).
+    """
+
+    max_tokens: int | None
+    expected_s: list[float]
+    pieces: list[PlannedPiece] | None
+
+
 def _plan_pieces(engine: PiecePlanner, text: str, language_hint: str | None,
-                 limit_s: float | None, read_numbers: bool = True,
-                 ) -> tuple[int | None, list[float]]:
-    """The piece bound in text tokens for ``limit_s`` seconds of speech (None: no bound) and
-    the expected seconds of each piece the engine will cut with it (worker thread).
+                 limit_s: float | None, read_numbers: bool = True) -> PiecePlan:
+    """The piece bound in text tokens for ``limit_s`` seconds of speech (None: no bound),
+    the pieces the engine cuts with it and their expected seconds (worker thread).
 
     The bound is this text's own tokens per second of expected speech times ``limit_s``,
     between :data:`MIN_PIECE_TOKENS` and upstream's ``DEFAULT_MAX_PIECE_TOKENS``; a text
@@ -224,12 +244,12 @@ def _plan_pieces(engine: PiecePlanner, text: str, language_hint: str | None,
             max_tokens = min(max(int(limit_s * tokens_per_s), MIN_PIECE_TOKENS),
                              DEFAULT_MAX_PIECE_TOKENS)
     pieces = engine.plan_pieces(text, language_hint, max_tokens, read_numbers)
-    return max_tokens, [expected_speech_s(piece.text) for piece in pieces] or [0.0]
+    return PiecePlan(max_tokens, [expected_speech_s(piece.text) for piece in pieces] or [0.0],
+                     pieces)
 
 
 async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
-                      language_hint: str | None, read_numbers: bool = True,
-                      ) -> tuple[int | None, list[float]]:
+                      language_hint: str | None, read_numbers: bool = True) -> PiecePlan:
     """How the engine should cut ``text`` into pieces for ``gate``, and what to expect.
 
     When synthesis is (or, before any measurement, may be) slower than playback, pieces are
@@ -238,10 +258,9 @@ async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
     each instead of upstream's 80-token packs, so the pauses fall between sentences.
 
     Returns:
-        ``(max_piece_tokens or None, expected seconds of speech of each piece)``: the pieces
-        of the engine's own plan (``Engine.plan_pieces``: normalised, as the engine cuts
-        them), made in a worker thread (about 1 ms per 100 characters). ``[0.0]`` when
-        nothing is speakable.
+        The :class:`PiecePlan`: the engine's own pieces (``Engine.plan_pieces``: normalised
+        and cut, made in a worker thread, about 1 ms per 100 characters), which the request
+        then synthesises as they are.
     """
     history = runtime.production
     limit_s = piece_limit_s(gate.max_hold_s, history.rate())
@@ -249,12 +268,12 @@ async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
         limit_s /= history.length_ratio()
     engine = runtime.loader.engine
     if engine is None:  # not loaded: the request fails when it asks for synthesis
-        return None, [expected_speech_s(text)]
+        return PiecePlan(None, [expected_speech_s(text)], None)
     try:
         return await asyncio.to_thread(_plan_pieces, engine, text, language_hint, limit_s,
                                        read_numbers)
-    except CosyVoiceError:  # the engine reports it itself
-        return None, [expected_speech_s(text)]
+    except CosyVoiceError:  # the engine reports it itself when asked to synthesise
+        return PiecePlan(None, [expected_speech_s(text)], None)
 
 
 def first_pieces(runtime: ServerRuntime, gate: PieceGate | None, text: str) -> list[str]:

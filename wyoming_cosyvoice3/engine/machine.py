@@ -595,7 +595,9 @@ LLM_WORK: dict[str, LlmWork] = {
 prompts: shorter pieces on a slower machine prefill more), efficiencies."""
 STAGE_WORK: dict[str, dict[str, StageWork]] = {
     "quality": {
-        "flow": StageWork(1451.0, 0.0, 0.0, 1.691, 0.98, fp32_dit=True),
+        # against the DiT-sized rate, from one calibration run and checked on a second
+        # server start (BENCHMARKS.md "The preset that fits the machine")
+        "flow": StageWork(1451.0, 0.0, 0.0, 1.162, 0.933, fp32_dit=True),
         "vocoder": _VOCODER,
     },
     "balanced": {

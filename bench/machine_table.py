@@ -215,8 +215,10 @@ def efficiencies(efficiency_dir: Path, costs: Mapping[str, CostModel],
             elif stage == "llm_prefill" and rates.llm is not None:
                 at_probe = positions * rates.llm.prefill_s[plan.prefill_graph]
             else:
-                at_probe = StageWork(work[stage][0], work[stage][1], work[stage][2],
-                                     1.0).seconds_per_audio_s(rates) / 1e9
+                dit = STAGE_WORK.get(preset, {}).get(stage)
+                at_probe = StageWork(work[stage][0], work[stage][1], work[stage][2], 1.0,
+                                     fp32_dit=dit is not None and dit.fp32_dit,
+                                     ).seconds_per_audio_s(rates) / 1e9
             if at_probe > 0:
                 out.setdefault(preset, {})[stage] = measured / at_probe
     return out
@@ -254,8 +256,10 @@ def table(args: argparse.Namespace) -> int:
         for stage in ("flow", "vocoder"):
             fp32, int8, stream = (v / audio_s / 1e9 for v in work[stage])
             eff, source = _efficiency(factors, preset, stage, args.fp32_dit_efficiency)
+            dit = STAGE_WORK.get(preset, {}).get(stage)
+            dit_arg = ", fp32_dit=True" if dit is not None and dit.fp32_dit else ""
             print(f"        {stage!r}: StageWork({fp32:.4g}, {int8:.4g}, {stream:.4g}, "
-                  f"{eff:.3f}),  # efficiency of {source}")
+                  f"{eff:.3f}{dit_arg}),  # efficiency of {source}")
         print("    },")
         for stage in ("llm_decode", "llm_prefill"):
             eff, source = _efficiency(factors, preset, stage, args.fp32_dit_efficiency)

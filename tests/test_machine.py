@@ -38,7 +38,8 @@ def scaled(rates: MachineRates, factor: float) -> MachineRates:
     llm = LlmCosts({k: v / factor for k, v in rates.llm.decode_s.items()},
                    {k: v / factor for k, v in rates.llm.prefill_s.items()})
     return MachineRates(rates.fp32_flops * factor, rates.int8_ops * factor,
-                        rates.int8_bytes * factor, rates.threads, llm=llm)
+                        rates.int8_bytes * factor, rates.threads, llm=llm,
+                        fp32_dit_flops=rates.fp32_dit_flops * factor)
 
 
 def test_each_kind_decodes_with_its_fastest_graph_and_prefills_fast() -> None:
@@ -176,6 +177,24 @@ def test_machine_rates_round_trip_through_json() -> None:
     assert MachineRates.from_json(AVX512.to_json()) == AVX512
     bare = MachineRates(1e9, 2e9, 3e9, 1, 0.5)
     assert MachineRates.from_json(bare.to_json()) == bare
+    dit = replace(AVX512, fp32_dit_flops=150e9)
+    assert MachineRates.from_json(dit.to_json()) == dit
+    # a probe logged before the DiT-sized rate existed: the peak rate stands in for it
+    old = {k: v for k, v in AVX512.to_json().items() if k != "fp32_dit_flops"}
+    assert MachineRates.from_json(old).dit_fp32_rate() == AVX512.fp32_flops
+
+
+def test_only_quality_flow_runs_at_the_dit_sized_rate() -> None:
+    # the DiT-sized product at half the peak rate: quality's fp32 flow takes twice as long,
+    # the stages calibrated against the peak rate (the int8 flows' fp32 parts, the vocoder)
+    # do not move
+    half = replace(AVX512, fp32_dit_flops=AVX512.fp32_flops / 2)
+    flows = {name: machine.STAGE_WORK[name]["flow"] for name in ("quality", "balanced", "fast")}
+    assert [name for name, work in flows.items() if work.fp32_dit] == ["quality"]
+    assert flows["quality"].seconds_per_audio_s(half) == pytest.approx(
+        2 * flows["quality"].seconds_per_audio_s(AVX512), rel=1e-9)
+    for work in (flows["balanced"], flows["fast"], machine.STAGE_WORK["quality"]["vocoder"]):
+        assert work.seconds_per_audio_s(half) == work.seconds_per_audio_s(AVX512)
 
 
 def test_the_eviction_buffer_covers_the_last_level_cache(tmp_path: Path) -> None:

@@ -46,7 +46,8 @@ def scaled(rates: MachineRates, factor: float) -> MachineRates:
     return MachineRates(rates.fp32_flops * factor, rates.int8_ops * factor,
                         rates.int8_bytes * factor, rates.threads, llm=LlmCosts(
                             {k: v / factor for k, v in rates.llm.decode_s.items()},
-                            {k: v / factor for k, v in rates.llm.prefill_s.items()}))
+                            {k: v / factor for k, v in rates.llm.prefill_s.items()}),
+                        fp32_dit_flops=rates.fp32_dit_flops * factor)
 
 
 SLOW = AVX512
@@ -139,6 +140,7 @@ def test_the_probe_measures_this_machine() -> None:
     rates = machine.probe_rates(threads=1, budget_s=0.3)
     # any CPU onnxruntime runs on does more than 1 GFLOP/s and streams more than 0.5 GB/s
     assert rates.fp32_flops > 1e9 and rates.int8_ops > 1e9 and rates.int8_bytes > 0.5e9
+    assert rates.fp32_dit_flops > 1e9 and rates.dit_fp32_rate() == rates.fp32_dit_flops
     assert rates.threads == 1 and rates.llm is not None
     # every LLM form timed: one token's products stream at most 20x the probe's rate (a
     # generous bound: attention and norms are not in them) and at least... something

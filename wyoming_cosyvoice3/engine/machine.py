@@ -114,6 +114,9 @@ class MachineRates:
         threads: intra-op threads the probe ran with (0: onnxruntime's choice, as the engine).
         probe_s: wall-clock seconds the probe took.
         llm: the LLM forms' measured costs (None: not measured).
+        fp32_dit_flops: float32 operations per second of a DiT-sized product
+            (:data:`PROBE_DIT_SHAPE`), the median over the probe's windows (0: not measured;
+            :meth:`dit_fp32_rate` then gives ``fp32_flops``).
     """
 
     fp32_flops: float
@@ -122,6 +125,7 @@ class MachineRates:
     threads: int = 0
     probe_s: float = 0.0
     llm: LlmCosts | None = None
+    fp32_dit_flops: float = 0.0
 
     def describe(self) -> str:
         """One short phrase, e.g. ``fp32 168 GFLOP/s, int8 336 GOP/s, 22.4 GB/s``."""
@@ -132,7 +136,7 @@ class MachineRates:
         """JSON-ready form (the server logs it at start; ``bench/machine_table.py`` reads it)."""
         out: dict[str, Any] = {"fp32_flops": self.fp32_flops, "int8_ops": self.int8_ops,
                                "int8_bytes": self.int8_bytes, "threads": self.threads,
-                               "probe_s": self.probe_s}
+                               "probe_s": self.probe_s, "fp32_dit_flops": self.fp32_dit_flops}
         if self.llm is not None:
             out["llm"] = {"decode_s": dict(self.llm.decode_s),
                           "prefill_s": dict(self.llm.prefill_s)}
@@ -151,7 +155,12 @@ class MachineRates:
                    float(data.get("probe_s", 0.0)),
                    None if llm is None else LlmCosts(
                        {k: float(v) for k, v in llm["decode_s"].items()},
-                       {k: float(v) for k, v in llm["prefill_s"].items()}))
+                       {k: float(v) for k, v in llm["prefill_s"].items()}),
+                   float(data.get("fp32_dit_flops", 0.0)))
+
+    def dit_fp32_rate(self) -> float:
+        """``fp32_dit_flops``, or ``fp32_flops`` where it was not measured."""
+        return self.fp32_dit_flops if self.fp32_dit_flops > 0 else self.fp32_flops
 
     def llm_costs(self) -> LlmCosts:
         """``llm``, or where it was not measured :meth:`LlmCosts.from_rates`."""
@@ -165,6 +174,14 @@ class MachineRates:
 
 PROBE_COMPUTE_SHAPE = (256, 1024, 4096)
 """M, K, N of the compute-bound MatMuls (the benchmark's ``bench/throughput.py`` shape)."""
+PROBE_DIT_SHAPE = (1200, 1024, 2048)
+"""M, K, N of the DiT-sized float32 MatMul: the CFG pair of a 600-frame window (2 x 600 rows;
+a 5 s prompt is 250 frames, a sentence 150-500) through the first product of the published
+DiT's feed-forward (width 1024, ``ff_mult`` 2). ``quality``'s flow is float32 products of this
+size (:attr:`StageWork.fp32_dit`). Its median over the probe's windows followed ``quality``'s
+DiT calls where the fastest run of the smaller compute product did not: with other work on the
+host, a DiT call's time x the median rate varied by +-8 % over six rounds, x the fastest
+256-row rate by +-20 %."""
 PROBE_STREAM_SHAPE = (4096, 8192)
 """K, N of the int8 weight streamed by the one-row MatMul (32 MiB)."""
 MIN_EVICT_BYTES = 64 << 20
@@ -176,6 +193,9 @@ probe (before and after the weight-streaming and LLM measurements), and the fast
 is kept: on a shared host one window read anywhere from 0.65x to 1x the machine's rate (slower
 periods last a second or more), while the stages' times over a whole answer varied by under
 8 % (BENCHMARKS.md "The preset that fits the machine")."""
+DIT_RUNS = 3
+"""Timed runs of the DiT-sized product per window (the median is kept; about 25 ms each at
+200 GFLOP/s)."""
 EVICTED_RUNS = 8
 """Timed runs of each measurement that evicts the caches first (the fastest or the median is
 kept; each eviction reads :func:`evict_bytes`, 0.45 GB on a 300 MB L3)."""
@@ -390,10 +410,16 @@ def probe_rates(threads: int = 0, budget_s: float = 1.0, seed: int = 0,
 
     compute = {"fp32": _fp32_matmul_bytes(k, n, rng), "int8": _int8_matmul_bytes(k, n, rng)}
     best = dict.fromkeys(compute, math.inf)
+    m_dit, k_dit, n_dit = PROBE_DIT_SHAPE
+    dit_model = _fp32_matmul_bytes(k_dit, n_dit, rng)
+    dit_x = rng.standard_normal((m_dit, k_dit), dtype=np.float32)
+    dit_medians: list[float] = []
 
     def compute_round() -> None:
         for name, model in compute.items():
             best[name] = min(best[name], fastest_in(model, each_s / COMPUTE_ROUNDS))
+        dit = _session(dit_model, threads)
+        dit_medians.append(_median_s(lambda: dit.run(None, {"x": dit_x}), DIT_RUNS))
 
     # the rounds spread over the whole probe: first, between the weight-streaming and LLM
     # measurements, and last
@@ -408,8 +434,10 @@ def probe_rates(threads: int = 0, budget_s: float = 1.0, seed: int = 0,
     compute_round()
     fp32_s, int8_s = best["fp32"], best["int8"]
     ops = 2.0 * m * k * n
+    dit_ops = 2.0 * m_dit * k_dit * n_dit
     return MachineRates(ops / fp32_s, ops / int8_s, k_stream * n_stream / stream_s, threads,
-                        time.perf_counter() - started, costs)
+                        time.perf_counter() - started, costs,
+                        dit_ops / float(np.median(dit_medians)))
 
 
 # --- the LLM graphs of a preset on this machine ------------------------------------------------
@@ -488,6 +516,9 @@ class StageWork:
         one_thread: factor on ``efficiency`` with one thread: the probe's large MatMuls
             gain almost 2x from a second thread, the stages' smaller graph runs less, so
             at one thread a stage is nearer to the probed rate.
+        fp32_dit: the float32 work runs at the DiT-sized rate
+            (:meth:`MachineRates.dit_fp32_rate`) instead of the peak ``fp32_flops``: a stage
+            that is float32 DiT products throughout (``quality``'s flow).
     """
 
     fp32_gop: float
@@ -495,12 +526,14 @@ class StageWork:
     int8_gb: float
     efficiency: float
     one_thread: float = 1.0
+    fp32_dit: bool = False
 
     def seconds_per_audio_s(self, rates: MachineRates) -> float:
         """Predicted stage seconds per audio second: the larger of compute and weight
         streaming at ``rates`` (the runs of one stage are all one or the other), times the
         efficiency at ``rates.threads``."""
-        compute_s = 1e9 * (self.fp32_gop / rates.fp32_flops + self.int8_gop / rates.int8_ops)
+        fp32_rate = rates.dit_fp32_rate() if self.fp32_dit else rates.fp32_flops
+        compute_s = 1e9 * (self.fp32_gop / fp32_rate + self.int8_gop / rates.int8_ops)
         stream_s = 1e9 * self.int8_gb / rates.int8_bytes
         factor = self.efficiency * (self.one_thread if rates.thread_count() == 1 else 1.0)
         return max(compute_s, stream_s) * factor
@@ -562,7 +595,9 @@ LLM_WORK: dict[str, LlmWork] = {
 prompts: shorter pieces on a slower machine prefill more), efficiencies."""
 STAGE_WORK: dict[str, dict[str, StageWork]] = {
     "quality": {
-        "flow": StageWork(1451.0, 0.0, 0.0, 1.691, 0.98),
+        # against the DiT-sized rate, from one calibration run and checked on a second
+        # server start (BENCHMARKS.md "The preset that fits the machine")
+        "flow": StageWork(1451.0, 0.0, 0.0, 1.162, 0.933, fp32_dit=True),
         "vocoder": _VOCODER,
     },
     "balanced": {

@@ -50,17 +50,16 @@ FALLBACK_PRESET = "balanced"
 lossier preset that still pauses), or when the probe fails."""
 PREDICTION_ERROR = 0.15
 """Largest relative error of :func:`predict_rtf` against the benchmark's streamed paragraph
-for ``balanced`` and ``fast``, the presets near real time on the machines measured
-(BENCHMARKS.md "The preset that fits the machine": 0.89-1.10 of the measured RTF on two
-threads and on one)."""
-PREDICTION_ERRORS: dict[str, float] = {"quality": 0.35, "balanced": PREDICTION_ERROR,
-                                       "fast": PREDICTION_ERROR}
-"""Preset -> how far the measured RTF may exceed the prediction. ``quality``'s flow is fp32
-compute throughout, so its prediction follows the probe's fp32 rate, which varied more between
-starts of the same machine than the stage did (predictions 0.83-1.51 of the measured RTF: the
-measured RTF was at most 1.2x the prediction; a prediction too high only costs the choice)."""
+on the machines measured (BENCHMARKS.md "The preset that fits the machine": ``balanced`` and
+``fast`` 0.89-1.10 of the measured RTF, ``quality`` with its flow at the DiT-sized rate
+0.94-1.01, on two threads and on one)."""
+PREDICTION_ERRORS: dict[str, float] = dict.fromkeys(("quality", "balanced", "fast"),
+                                                    PREDICTION_ERROR)
+"""Preset -> how far the measured RTF may exceed the prediction (one figure for every preset
+since ``quality``'s flow is predicted from the DiT-sized rate; its prediction from the peak
+fp32 rate had been 0.83-1.51 of the measured RTF)."""
 KEEPS_UP_RTF = 1.0 / (1.0 + PREDICTION_ERROR)
-"""``balanced`` and ``fast`` keep up with playback when the predicted RTF is at most this: even
+"""A preset keeps up with playback when the predicted RTF is at most this: even
 a prediction :data:`PREDICTION_ERROR` too low still leaves it at or below real time."""
 
 

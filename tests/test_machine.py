@@ -222,3 +222,45 @@ def test_the_cost_and_memory_tables_cover_exactly_the_presets() -> None:
     for name, stages in PRESET_STAGES.items():
         assert stages.llm.graph in stages.llm.decode_graphs, name
         assert set(stages.llm.decode_graphs) <= set(LLM_PROBE_FORMS), name
+
+
+def test_each_forms_cost_is_its_median_over_the_rounds() -> None:
+    rounds = [LlmCosts({"fused": 30e-3, "fused-q4": 18e-3}, {"fused": 1.0e-3, "fused-q4": 4e-3}),
+              LlmCosts({"fused": 19e-3, "fused-q4": 25e-3}, {"fused": 0.8e-3, "fused-q4": 5e-3}),
+              LlmCosts({"fused": 21e-3, "fused-q4": 19e-3}, {"fused": 0.9e-3, "fused-q4": 6e-3})]
+    costs = machine.median_costs(rounds)
+    assert costs.decode_s == {"fused": 21e-3, "fused-q4": 19e-3}
+    assert costs.prefill_s == {"fused": 0.9e-3, "fused-q4": 5e-3}
+    with pytest.raises(ValueError):
+        machine.median_costs([])
+
+
+def test_the_probe_times_the_llm_in_rounds_spread_over_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # one slow round (a busy second of a shared host) must not set the figure
+    order: list[str] = []
+    decode = iter([40e-3, 20e-3, 21e-3])
+
+    def fake_llm(threads: int, **kwargs: object) -> LlmCosts:
+        order.append("llm")
+        assert kwargs["models"] is not None  # built once, not per round
+        value = next(decode)
+        return LlmCosts({"fused": value}, {"fused": value / 20})
+
+    real_median = machine._median_s
+
+    def counting_median(*args: object, **kwargs: object) -> float:
+        order.append("compute")
+        return real_median(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(machine, "probe_llm", fake_llm)
+    monkeypatch.setattr(machine, "llm_probe_models", lambda: {"fused": b""})
+    monkeypatch.setattr(machine, "_median_s", counting_median)
+    monkeypatch.setattr(machine, "evict_bytes", lambda: 1 << 20)
+    rates = machine.probe_rates(budget_s=0.05)
+    assert rates.llm is not None
+    assert rates.llm.decode_s == {"fused": 21e-3}
+    assert order.count("llm") == machine.LLM_ROUNDS == 3
+    # a compute window before the first LLM round and after the last
+    assert order[0] == "compute" and order[-1] == "compute"
+    assert "llm" in order[order.index("compute") + 1:]

@@ -1,7 +1,7 @@
 """What this machine does fast: a short onnxruntime probe, the LLM graphs each preset runs on
 it, and each preset's predicted real-time factor.
 
-The probe (:func:`probe_rates`, 2-5 s) measures
+The probe (:func:`probe_rates`, 3-8 s) measures
 
 * three rates: float32 MatMul operations per second, int8 operations per second in the
   ``quantize_dynamic`` pattern of the int8 DiT, and int8 weight bytes per second that a
@@ -188,7 +188,7 @@ MIN_EVICT_BYTES = 64 << 20
 not readable): larger than the 32 MiB L3 of the 2-core EPYC test machines."""
 COMPUTE_ROUNDS = 4
 """The fp32 and int8 MatMul rates are each timed in this many short windows spread over the
-probe (before and after the weight-streaming and LLM measurements), and the fastest run of all
+probe (one before and one after each LLM round, :data:`LLM_ROUNDS`), and the fastest run of all
 is kept: on a shared host one window read anywhere from 0.65x to 1x the machine's rate (slower
 periods last a second or more), while the stages' times over a whole answer varied by under
 8 % (BENCHMARKS.md "The preset that fits the machine")."""
@@ -198,6 +198,14 @@ DIT_RUNS = 3
 EVICTED_RUNS = 8
 """Timed runs of each measurement that evicts the caches first (the fastest or the median is
 kept; each eviction reads :func:`evict_bytes`, 0.45 GB on a 300 MB L3)."""
+LLM_ROUNDS = 3
+"""The LLM forms are timed in this many rounds spread over the probe, :data:`LLM_ROUND_RUNS`
+decode runs each, and each form's median over the rounds is kept. On a shared host one
+form's decode product, timed twice a minute apart, read anywhere from 18 to 31 ms a token,
+while the median of a few spread rounds stayed within about 10 % of the real graph's step
+timed beside it (BENCHMARKS.md "The preset that fits the machine")."""
+LLM_ROUND_RUNS = 4
+"""Timed decode runs per form and round (each after an eviction of the caches)."""
 LLM_PROBE_LAYERS = 2
 """Decoder layers in the LLM probe's graphs (30 MB of int8 weights at the published widths)."""
 LLM_PROBE_PREFILL_ROWS = 128
@@ -329,9 +337,25 @@ def llm_weight_bytes(layers: int = C.LLM_NUM_LAYERS, head: bool = True) -> int:
     return layers * per_layer + (hidden * C.SPEECH_EMBEDDING_ROWS if head else 0)
 
 
+def llm_probe_models(forms: tuple[str, ...] = tuple(LLM_PROBE_FORMS)) -> dict[str, bytes]:
+    """Form -> the serialized graph :func:`probe_llm` times: :data:`LLM_PROBE_LAYERS` layers'
+    projections at :data:`LLM_WIDTHS` in the form's kernel and block size.
+
+    Raises:
+        ImportError: onnx is not installed.
+        KeyError: a form not in :data:`LLM_PROBE_FORMS`.
+    """
+    from .derive.llm.fused_graph import build_projection_stack
+
+    return {form: build_projection_stack(LLM_PROBE_FORMS[form][0], LLM_WIDTHS, LLM_PROBE_LAYERS,
+                                         block_size=LLM_PROBE_FORMS[form][1]).SerializeToString()
+            for form in forms}
+
+
 def probe_llm(threads: int = 0, forms: tuple[str, ...] = tuple(LLM_PROBE_FORMS),
               decode_runs: int = EVICTED_RUNS, prefill_runs: int = 3,
-              evict: np.ndarray | None = None) -> LlmCosts:
+              evict: np.ndarray | None = None,
+              models: Mapping[str, bytes] | None = None) -> LlmCosts:
     """Time each LLM form's products on this machine (module docstring; about 0.5 s a form).
 
     Args:
@@ -339,14 +363,15 @@ def probe_llm(threads: int = 0, forms: tuple[str, ...] = tuple(LLM_PROBE_FORMS),
         forms: LLM graph names of :data:`LLM_PROBE_FORMS`.
         decode_runs, prefill_runs: timed runs (medians).
         evict: buffer read before each one-row run (default :func:`evict_bytes` of ones).
+        models: form -> its serialized probe graph (:func:`llm_probe_models`), so that
+            rounds build each once; default: built here.
 
     Raises:
         ImportError: onnx is not installed.
         RuntimeError: onnxruntime failed.
     """
-    from .derive.llm.fused_graph import build_projection_stack
-
     rng = np.random.default_rng(0)
+    models = models if models is not None else llm_probe_models(forms)
     buffer = np.ones(evict_bytes(), dtype=np.uint8) if evict is None else evict
     scale = llm_weight_bytes() / llm_weight_bytes(LLM_PROBE_LAYERS, head=False)
     row = rng.standard_normal((1, LLM_WIDTHS[0]), dtype=np.float32)
@@ -356,9 +381,7 @@ def probe_llm(threads: int = 0, forms: tuple[str, ...] = tuple(LLM_PROBE_FORMS),
     # sessions taking turn by turn measure the other sessions' spinning threads as well
     # (fused-b8 read 31 ms a token that way against 21 ms alone, as slow as fused)
     for form in forms:
-        kernel, block = LLM_PROBE_FORMS[form]
-        model = build_projection_stack(kernel, LLM_WIDTHS, LLM_PROBE_LAYERS, block_size=block)
-        session = _session(model.SerializeToString(), threads)
+        session = _session(models[form], threads)
 
         def one_row(session: Any = session) -> Any:
             return session.run(None, {"x": row})
@@ -370,6 +393,23 @@ def probe_llm(threads: int = 0, forms: tuple[str, ...] = tuple(LLM_PROBE_FORMS),
         prefill[form] = scale * _median_s(many_rows, prefill_runs) / LLM_PROBE_PREFILL_ROWS
         del session
     return LlmCosts(decode, prefill)
+
+
+def median_costs(rounds: list[LlmCosts]) -> LlmCosts:
+    """Each form's median decode and prefill cost over ``rounds`` (forms every round has).
+
+    Raises:
+        ValueError: ``rounds`` is empty.
+    """
+    if not rounds:
+        raise ValueError("no LLM probe rounds")
+
+    def median(field_of: Callable[[LlmCosts], Mapping[str, float]]) -> dict[str, float]:
+        forms = set.intersection(*(set(field_of(r)) for r in rounds))
+        return {form: float(np.median([field_of(r)[form] for r in rounds]))
+                for form in sorted(forms)}
+
+    return LlmCosts(median(lambda r: r.decode_s), median(lambda r: r.prefill_s))
 
 
 def probe_rates(threads: int = 0, budget_s: float = 1.0, seed: int = 0,
@@ -420,17 +460,27 @@ def probe_rates(threads: int = 0, budget_s: float = 1.0, seed: int = 0,
         dit = _session(dit_model, threads)
         dit_medians.append(_median_s(lambda: dit.run(None, {"x": dit_x}), DIT_RUNS))
 
-    # the rounds spread over the whole probe: first, between the weight-streaming and LLM
-    # measurements, and last
-    compute_round()
-    compute_round()
     evict = np.ones(evict_bytes(), dtype=np.uint8)
+    llm_models = llm_probe_models() if llm else {}
+    llm_rounds: list[LlmCosts] = []
+
+    def llm_round() -> None:
+        if llm:
+            llm_rounds.append(probe_llm(threads, decode_runs=LLM_ROUND_RUNS, prefill_runs=2,
+                                        evict=evict, models=llm_models))
+
+    # the rounds spread over the whole probe, so that a slow or fast second of a shared host
+    # weighs one round, not the whole figure
+    compute_round()
+    llm_round()
+    compute_round()
     stream_s = fastest(_int8_matmul_bytes(k_stream, n_stream, rng), {"x": row},
                        before=evict.max)
-    compute_round()
-    costs = probe_llm(threads, evict=evict) if llm else None
-    del evict
-    compute_round()
+    for _ in range(LLM_ROUNDS - 1):
+        llm_round()
+        compute_round()
+    llm_models.clear()  # the probe graphs and the eviction buffer go with this frame
+    costs = median_costs(llm_rounds) if llm_rounds else None
     fp32_s, int8_s = best["fp32"], best["int8"]
     ops = 2.0 * m * k * n
     dit_ops = 2.0 * m_dit * k_dit * n_dit

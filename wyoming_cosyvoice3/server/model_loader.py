@@ -227,7 +227,7 @@ class ModelLoader:
 
     def _choose_for_machine(self) -> LlmPlan:
         """Resolve ``--preset auto`` and ``--llm-graph preset`` (:func:`.machine.
-        choose_for_this_machine`: 2-5 s of onnxruntime work in this loader thread) and log
+        choose_for_this_machine`: 3-8 s of onnxruntime work in this loader thread) and log
         each in one line; return the LLM graphs to load. An explicit ``--preset`` and
         ``--llm-graph`` measure nothing."""
         explicit = self.settings.llm_graph != "preset"

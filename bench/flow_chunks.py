@@ -37,7 +37,7 @@ from wyoming_cosyvoice3.engine.flow.stream import GRID_TOKENS, prompt_noise
 from wyoming_cosyvoice3.engine.options import (
     EngineOptions,
     EulerSchedule,
-    SynthesisOptions,
+    FlowPreset,
     VoiceFeatures,
 )
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
@@ -63,8 +63,7 @@ def schedule(prompt_tokens: int, gen_tokens: int, max_hop: int = 100) -> list[tu
 def run(args: argparse.Namespace) -> dict[str, Any]:
     engine = CosyVoice3Engine.load(Path(args.model_dir),
                                    EngineOptions(cache_dir=Path(args.cache_dir),
-                                                 preset=SynthesisOptions().replace(
-                                                     flow={"precision": args.precision})))
+                                                 flow=FlowPreset(precision=args.precision)))
     chunked = engine.chunked.get(args.precision)
     if chunked is None:
         raise SystemExit("the streaming estimator is not available for this model")

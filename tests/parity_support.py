@@ -391,12 +391,13 @@ def parity_engine(parity: Parity, *, published_estimator: bool = False) -> Any:
     if key not in _ENGINES:
         from unittest import mock
 
-        from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
+        from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
         from wyoming_cosyvoice3.engine import model as engine_model
+        from wyoming_cosyvoice3.engine.options import FlowPreset
 
-        preset = SynthesisOptions().replace(flow={"chunk_causal": not published_estimator})
+        flow = FlowPreset(chunk_causal=not published_estimator)
         options = EngineOptions(llm_precision="fp32", cache_dir=derived_cache_dir(parity),
-                                preset=preset)
+                                flow=flow)
         if published_estimator:
             with mock.patch.object(engine_model, "wants_streaming", return_value=False):
                 _ENGINES[key] = CosyVoice3Engine.load(parity.model_dir, options)

@@ -90,7 +90,7 @@ def test_the_engine_is_loaded_for_the_preset_with_the_benchmark_observer(
     (options,) = loaded
     assert options.observer is hooks.observer
     assert options.observer is not None and options.observer.fixed_speech_tokens("ab") == 4
-    assert (options.preset.flow.precision, options.preset.flow.chunk_causal) == (
+    assert (options.flow.precision, options.flow.chunk_causal) == (
         precision, chunk_causal)
 
 
@@ -107,7 +107,7 @@ def test_bench_engine_options_reach_the_loaded_engine(tmp_path: Path) -> None:
     (plain,) = loaded_engine_options(settings, tmp_path)
     assert (changed.stream_vocoder, plain.stream_vocoder) == (False, True)
     # the rest as the server chose it
-    assert changed.preset == plain.preset and changed.llm_graph == plain.llm_graph == "fused"
+    assert changed.flow == plain.flow and changed.llm_graph == plain.llm_graph == "fused"
     assert changed.llm_prefill_graph is plain.llm_prefill_graph is None
     assert serve.engine_overrides("mmap_embeddings=false, threads=1") == {
         "mmap_embeddings": False, "threads": 1}

@@ -25,7 +25,7 @@ from wyoming_cosyvoice3.engine.derive.llm.embedding_table import (
 from wyoming_cosyvoice3.engine.errors import ModelLoadError, SynthesisFailed
 from wyoming_cosyvoice3.engine.graphs import TEXT_EMBEDDING, Graph, TableEmbedding
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
-from wyoming_cosyvoice3.engine.options import EngineOptions, SynthesisOptions
+from wyoming_cosyvoice3.engine.options import EngineOptions, FlowPreset
 
 EST = "flow.decoder.estimator.fp32.onnx"
 
@@ -125,8 +125,7 @@ def test_estimator_without_the_dit_structure_stays_fp32(
     # a convolutional estimator: no DiT to derive from -> one warning, the fp32 graph
     onnx.save(convolutional_estimator(), str(tiny_model_copy / EST))
     opts = EngineOptions(  # the other derived forms are not this test's subject
-        threads=1, cache_dir=tmp_path, preset=SynthesisOptions().replace(
-            flow={"precision": "int8"}),
+        threads=1, cache_dir=tmp_path, flow=FlowPreset(precision="int8"),
         stream_vocoder=False,
     )
     for _ in range(2):  # the second load reads the failure marker: again one warning
@@ -239,8 +238,7 @@ def test_int8_failure_falls_back_to_the_fp32_estimator(
 
     monkeypatch.setattr(streaming_estimator, "ensure_streaming_estimator", fail)
     opts = EngineOptions(  # the other derived forms are not this test's subject
-        threads=1, cache_dir=tmp_path, preset=SynthesisOptions().replace(
-            flow={"precision": "int8"}),
+        threads=1, cache_dir=tmp_path, flow=FlowPreset(precision="int8"),
         stream_vocoder=False,
     )
     with caplog.at_level(logging.WARNING):

@@ -1,6 +1,6 @@
 """One DiT graph for chunk-causal streaming and full attention (one graph's memory, not two).
 
-With a ``flow.chunk_causal`` ``EngineOptions.preset`` the engine opens the derived streaming
+With a ``chunk_causal`` ``EngineOptions.flow`` the engine opens the derived streaming
 DiT at start and runs the full-attention passes (final chunks, one-shot requests) through it, so the
 published estimator of that precision is never loaded. The tiny model's DiT is upstream's
 architecture, so the streaming derivation works on it; a convolutional estimator
@@ -26,7 +26,7 @@ from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, Synthesis
 from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
 from wyoming_cosyvoice3.engine.errors import SynthesisFailed
 from wyoming_cosyvoice3.engine.graphs import ESTIMATOR, Graph
-from wyoming_cosyvoice3.engine.options import PRESETS
+from wyoming_cosyvoice3.engine.options import PRESETS, FlowPreset
 
 TEXT = "The kitchen lights are on and the front door is locked."
 
@@ -34,7 +34,7 @@ TEXT = "The kitchen lights are on and the front door is locked."
 def _engine(model_dir: Path, cache: Path, one_graph: bool) -> CosyVoice3Engine:
     return CosyVoice3Engine.load(model_dir, EngineOptions(
         threads=1, llm_precision="fp32", cache_dir=cache,
-        preset=SynthesisOptions().replace(flow={"chunk_causal": one_graph})))
+        flow=FlowPreset(chunk_causal=one_graph)))
 
 
 @pytest.fixture
@@ -232,7 +232,7 @@ def int8_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> CosyVoice
     """The engine of today's ``balanced`` and ``fast`` (int8 streaming DiT, chunk-causal)."""
     return CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
         threads=1, cache_dir=tiny_dit_cache_dir, observer=FixedDecoding(2.0),
-        preset=SynthesisOptions().replace(flow={"precision": "int8", "chunk_causal": True})))
+        flow=FlowPreset(precision="int8", chunk_causal=True)))
 
 
 @pytest.mark.parametrize("preset", ["balanced", "fast"])

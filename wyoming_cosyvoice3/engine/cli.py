@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
             voice_cache_dir=args.voice_cache_dir,
             cache_dir=args.cache_dir or DEFAULT_CACHE_DIR,
-            preset=options,  # its DiT (and streaming DiT) are opened at start
+            flow=options.flow,  # its DiT (and streaming DiT) are opened at start
+            read_numbers=options.read_numbers,
         )
         engine_options.validate()
     except ValueError as exc:

@@ -111,7 +111,7 @@ def wants_streaming(options: EngineOptions, precision: str) -> bool:
     (only a derived form has int8 weights: a bare engine warns once that it runs fp32), and for
     a ``flow.chunk_causal`` preset of that precision (a bare engine warns once that chunks run
     with full attention)."""
-    flow = options.preset.flow
+    flow = options.flow
     chunk_causal = flow.chunk_causal and flow.precision == precision
     return options.cache_dir is not None or precision == "int8" or chunk_causal
 

@@ -187,7 +187,7 @@ class CosyVoice3Model:
     """Tokenizer, graphs and dimensions of one model directory (shared, read-only).
 
     Graph sessions are thread-safe for ``run``; per-request state never lives here.
-    ``estimator`` is the DiT estimator of ``options.preset.flow.precision``; the other
+    ``estimator`` is the DiT estimator of ``options.flow.precision``; the other
     precision is loaded on first use by :meth:`estimator_for`. ``text_embedding`` is a
     memory-mapped :class:`~.derive.llm.embedding_table.TableEmbedding` when
     ``options.mmap_embeddings`` and the graph is a plain lookup, else the graph.
@@ -236,7 +236,7 @@ class CosyVoice3Model:
         self._voice_lock = threading.Lock()
         self._voice_encoders: tuple[Graph, Graph] | None = None
         self._graphs: dict[tuple[str, str], Estimator | StreamingEstimator | None] = {
-            ("estimator", options.preset.flow.precision): self.estimator,
+            ("estimator", options.flow.precision): self.estimator,
             **{("streaming", p): est for p, est in (streaming or {}).items()},
         }
         """The one cache of per-precision DiT graphs: (role, precision) -> the loaded form;
@@ -275,7 +275,7 @@ class CosyVoice3Model:
         # the streamed form serves every synthesis: hift.onnx, its fallback, loads at start
         # only without it (else on a whole-mel call's first use)
         hift = load_hift(model_dir, options) if hift_stream is None else None
-        precision = options.preset.flow.precision
+        precision = options.flow.precision
         streaming: dict[str, StreamingEstimator | None] = {}
         if wants_streaming(options, precision):
             streaming[precision] = load_streaming_or_none(model_dir, options, precision)

@@ -252,7 +252,7 @@ class SynthesisOptions:
         max_decode_tokens: hard cap on decoded speech tokens per piece, on top of 20x text.
         max_request_s: wall-clock limit of one request; exceeded raises SynthesisTimeout.
         output_dtype: ``float32`` samples in [-1, 1] or ``int16`` PCM.
-        llm: the preset's LLM record (a load-time choice: :attr:`EngineOptions.preset`).
+        llm: the preset's LLM record (a load-time choice: :attr:`EngineOptions.llm_graph`).
         flow: the preset's flow record; the flow stage decides from it, per request, whether
             the chunk-causal form runs (:meth:`FlowPreset.full_attention` otherwise).
         vocoder: the preset's vocoder record.
@@ -322,16 +322,19 @@ class EngineOptions:
             (``fused``) prefill several times faster than ``MatMulNBits`` on CPUs with AMX or
             VNNI, while ``fused-b8`` or ``fused-q4`` may decode faster; the second graph holds
             its own copy of the weights (0.36 GB at full size).
-        preset: the synthesis options most requests will run with (the server's preset).
-            The graphs they need are opened at start: the DiT estimator of its
-            ``flow.precision`` (a request asking for the other precision loads that on first
-            use), and for a ``flow.chunk_causal`` preset (e.g. ``quality``) the streaming DiT
-            of that precision, derived once into ``cache_dir``. The streaming DiT then also
-            serves that precision's full-attention passes (final chunks, one-shot requests;
+        flow: the flow record most requests will run with (the server's preset's
+            :attr:`SynthesisOptions.flow`). The graphs it needs are opened at start: the DiT
+            estimator of its ``precision`` (a request asking for the other precision loads that on
+            first use), and for a ``chunk_causal`` record (e.g. ``quality``'s) the streaming DiT of
+            that precision, derived once into ``cache_dir``. The streaming DiT then also serves that
+            precision's full-attention passes (final chunks, one-shot requests;
             :mod:`.derive.flow.full_attention`: equal to the published estimator up to float
-            rounding, checked when derived), so the published estimator is not loaded: one
-            copy of the DiT weights instead of two (0.76 GB fp32 at full size). Not
-            derivable: the published estimator, with one warning.
+            rounding, checked when derived), so the published estimator is not loaded: one copy of
+            the DiT weights instead of two (0.76 GB fp32 at full size). Not derivable: the published
+            estimator, with one warning.
+        read_numbers: requests will read numbers as words (the server's preset's
+            :attr:`SynthesisOptions.read_numbers`): the number readers (wetext, about 0.5 s)
+            load at start, off the first request's path.
         threads: intra-op threads per onnxruntime session; 0 lets onnxruntime choose
             (one per physical core).
         spin_wait: let idle onnxruntime worker threads spin before sleeping
@@ -369,7 +372,8 @@ class EngineOptions:
     llm_precision: LlmPrecision = "int8"
     llm_graph: LlmGraph = "published"
     llm_prefill_graph: LlmGraph | None = None
-    preset: SynthesisOptions = field(default_factory=lambda: SynthesisOptions())
+    flow: FlowPreset = FlowPreset()
+    read_numbers: bool = True
     threads: int = 0
     spin_wait: bool = True
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
@@ -393,7 +397,7 @@ class EngineOptions:
                 raise ValueError(f"{name} must be one of {', '.join(LLM_GRAPHS)}, got {value!r}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
-        self.preset.validate()
+        self.flow.validate()
 
 
 # -- presets ----------------------------------------------------------------------------------

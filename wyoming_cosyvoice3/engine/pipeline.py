@@ -168,7 +168,7 @@ class CosyVoice3Engine:
         self.model = model
         self.options = options
         self.frontend = TextFrontend(model.tokenizer, model.end_of_prompt_id)
-        if options.preset.read_numbers:
+        if options.read_numbers:
             self.frontend.start_warm_up()  # wetext's 0.5 s of loading, off the request path
         self.llm = LlmDecoder(model)
         self.flow = FlowRunner(model)
@@ -232,7 +232,7 @@ class CosyVoice3Engine:
         """
         started = time.perf_counter()
         base = options or SynthesisOptions().replace(
-            flow={"precision": self.options.preset.flow.precision})
+            flow={"precision": self.options.flow.precision})
         self.model.estimator_for(base.flow.precision)
         self.chunked.warm_up(base.flow, voice.features)  # then cached on disk
         warm = base.replace(max_decode_tokens=min(base.max_decode_tokens, 50))

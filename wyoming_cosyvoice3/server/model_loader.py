@@ -180,6 +180,7 @@ class ModelLoader:
             self.phase = "measuring this machine"
             self.llm_plan = self._choose_for_machine()
             self.phase = "loading the model"
+            preset = self.synthesis_options()
             options = EngineOptions(
                 llm_precision=self.settings.llm_precision,  # type: ignore[arg-type]
                 llm_graph=self.llm_plan.decode,
@@ -189,7 +190,8 @@ class ModelLoader:
                 voice_cache_dir=self.settings.cache_dir,
                 voice_process=True,  # voice encoders never load in this process
                 cache_dir=self.settings.engine_cache_dir,
-                preset=self.synthesis_options(),  # its DiT graphs are opened at start
+                flow=preset.flow,  # its DiT graphs are opened at start
+                read_numbers=preset.read_numbers,
                 observer=self.hooks.observer,
             )
             if self.hooks.engine_overrides:

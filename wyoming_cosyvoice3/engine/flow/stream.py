@@ -18,8 +18,8 @@ A request's flow is a :class:`FlowRequest`, opened from the request's
 what the flow sees (``FlowPreset.prompt_tokens``) and keeps the request's noise aligned with
 the whole prompt; each piece then opens its :class:`MelStream` from it. The streaming
 estimator of a precision is derived from the model directory once
-(``derive/flow/streaming_estimator.py``) and opened by the model, at start when the preset
-record ``EngineOptions.preset`` has ``flow.chunk_causal``, else on first use; when that fails
+(``derive/flow/streaming_estimator.py``) and opened by the model, at start when the load
+record ``EngineOptions.flow`` has ``chunk_causal``, else on first use; when that fails
 (a graph without upstream's DiT structure, such as the tiny test model; out of memory; a
 failed validation) the model logs one warning and the request runs full attention with the
 preset's fallback bounds (:meth:`~..options.FlowPreset.full_attention`).

@@ -33,7 +33,7 @@ from bench.flops import ATTENTION_OP, FP32_OPS, INT8_OPS, NBITS_OP
 from bench.stats import graph_summary
 from bench.throughput import Throughput
 from synthetic.audio import write_clip
-from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions, graphs
+from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions, sessions
 from wyoming_cosyvoice3.engine.options import LLM_FILES, PRESET_LLM_GRAPHS, PRESETS, LlmGraph
 
 TEXT = "The kitchen lights are on. The front door is locked for the night."
@@ -93,7 +93,7 @@ def opened_sessions(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str,
 
     monkeypatch.setattr(ort, "InferenceSession", Recording)
     yield opened
-    graphs.set_run_observer(None)
+    sessions.set_run_observer(None)
 
 
 def _lookup_only(path: str) -> bool:

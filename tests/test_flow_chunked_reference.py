@@ -41,6 +41,7 @@ import pytest
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
+from wyoming_cosyvoice3.engine.dit_runner import StreamingEstimator, _session
 from wyoming_cosyvoice3.engine.flow.solver import (
     ChunkedFlow,
     FlowCall,
@@ -48,7 +49,6 @@ from wyoming_cosyvoice3.engine.flow.solver import (
     cacheable_prompt_frames,
 )
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
-from wyoming_cosyvoice3.engine.graphs import StreamingEstimator, _session
 from wyoming_cosyvoice3.engine.options import PRESETS, EulerSchedule, VoiceFeatures, VoicePrompt
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"

@@ -40,11 +40,11 @@ from parity_support import (
 
 from wyoming_cosyvoice3.engine.derive.flow.dit_structure import StructureError, read_dit
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
+from wyoming_cosyvoice3.engine.dit_runner import StreamingEstimator, _session
+from wyoming_cosyvoice3.engine.dit_runner import chunk_attention_bias as chunk_bias
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, FlowCall, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
-from wyoming_cosyvoice3.engine.graphs import StreamingEstimator, _session
-from wyoming_cosyvoice3.engine.graphs import chunk_attention_bias as chunk_bias
 from wyoming_cosyvoice3.engine.options import (
     EulerSchedule,
     SynthesisOptions,

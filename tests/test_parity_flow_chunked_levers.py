@@ -29,14 +29,10 @@ from parity_support import (
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
+from wyoming_cosyvoice3.engine.dit_runner import StreamingEstimator, _session, chunk_attention_bias
 from wyoming_cosyvoice3.engine.flow import solver
 from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, FlowCall, StepKv
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
-from wyoming_cosyvoice3.engine.graphs import (
-    StreamingEstimator,
-    _session,
-    chunk_attention_bias,
-)
 from wyoming_cosyvoice3.engine.options import EulerSchedule, VoiceFeatures, VoicePrompt
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 

@@ -191,7 +191,7 @@ class _RecordingHift:
 def _stream(engine: CosyVoice3Engine, mel: np.ndarray, window: int, hops: list[int],
             runner: Any = None) -> Any:
     from wyoming_cosyvoice3.engine import constants as C
-    from wyoming_cosyvoice3.engine.dsp import GrowingNoise
+    from wyoming_cosyvoice3.engine.noise import GrowingNoise
     from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 
     graph = _RecordingHift(engine.model.hift)

@@ -25,8 +25,8 @@ from decoding_support import FixedDecoding, fixed_decoding
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
 from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
 from wyoming_cosyvoice3.engine.errors import SynthesisFailed
-from wyoming_cosyvoice3.engine.graphs import ESTIMATOR, Graph
 from wyoming_cosyvoice3.engine.options import PRESETS, FlowPreset
+from wyoming_cosyvoice3.engine.sessions import ESTIMATOR, Graph
 
 TEXT = "The kitchen lights are on and the front door is locked."
 

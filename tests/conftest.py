@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from engine_support import TinyEngines
+from parity_support import Parity, derived_cache_dir, load_parity
 
 from synthetic import build_synthetic_model
 from synthetic.audio import write_clip
@@ -106,6 +107,25 @@ def engine_balanced(tiny_engines: TinyEngines) -> CosyVoice3Engine:
 def engine_fast(tiny_engines: TinyEngines) -> CosyVoice3Engine:
     """The engine a server on ``fast`` loads (int8 streaming DiT, shared engine cache)."""
     return tiny_engines.preset("fast")
+
+
+@pytest.fixture(scope="session")
+def parity() -> Parity:
+    """The parity fixture set (``parity_support.load_parity``: skips or fails with the
+    reason when it is missing)."""
+    return load_parity()
+
+
+@pytest.fixture(scope="session")
+def parity_streaming_files(parity: Parity) -> tuple[Path, Path]:
+    """The fp32 streaming DiT (main and time graphs) of the parity model, derived in this
+    process into the set's shared cache directory."""
+    from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import (
+        ensure_streaming_estimator,
+    )
+
+    return ensure_streaming_estimator(parity.model_dir / "flow.decoder.estimator.fp32.onnx",
+                                      derived_cache_dir(parity), "fp32", in_process=True)
 
 
 @pytest.fixture

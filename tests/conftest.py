@@ -4,6 +4,11 @@
 the published graphs' structure at small widths, so every derived graph the default preset
 runs (fused LLM, int8 and fp32 streaming DiT, streamed vocoder) derives from
 it. Tests must not modify it; copy files first (see ``tiny_model_copy``).
+
+Engines on it are loaded once per session and shared read-only (``engine_support.py``):
+``bare_engine`` / ``bare_model`` / ``bare_voice`` and one engine per preset
+(``engine_quality``, ``engine_balanced``, ``engine_fast``). The parity fixture set is
+``parity``.
 """
 
 from __future__ import annotations

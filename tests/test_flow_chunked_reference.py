@@ -159,6 +159,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(tiny_dit_model_dir: Path, cache_dir: Path) -> CosyVoice3Engine:
     """tiny-dit engine; its int8 streaming DiT (``balanced``) derived here in-process."""
+    # its own engine: its cache directory is the one the reference estimator reads
     ensure_streaming_estimator(tiny_dit_model_dir / ESTIMATOR, cache_dir, "int8",
                                in_process=True)
     return CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(

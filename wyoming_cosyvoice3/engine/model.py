@@ -324,6 +324,10 @@ class CosyVoice3Model:
             model.dims.hidden_size,
             model.llm.providers,
         )
+        if options.split_cores:
+            log.info("split cores: LLM sessions %d intra-op threads, flow and vocoder sessions "
+                     "%d, none spinning; each request decodes in its own thread",
+                     llm_options.threads, stage_options.threads)
         return model
 
     def _cached(self, role: str, precision: str, load: Callable[[], Any]) -> Any:

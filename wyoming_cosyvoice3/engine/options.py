@@ -349,15 +349,18 @@ class EngineOptions:
             and vocoder sessions the rest (at least 1), none of them spinning, and each
             request's speech tokens are decoded in a thread of its own (a bounded queue)
             while the calling thread runs the flow and the vocoder on the tokens already
-            decoded. Same tokens, audio and chunks as without it (only that thread calls the
-            LLM and draws from the request's generator; the vocoder's deferral still follows
-            the wall clock). It pays where decoding (memory-bound) and the flow
-            (compute-bound) slow each other little: a long answer then takes about the longer
-            of the two at their share of the cores instead of their sum at all of them. It
-            costs each stage its other threads: on a 2-core Xeon one intra-op thread instead
-            of two took the streamed paragraph's LLM decoding from 18.4 to 25.0 s and the
-            ``balanced`` flow from 17.7 to 25.9 s, so a short answer, whose stages barely
-            overlap, is heard later. One extra thread per request in flight.
+            decoded. Same tokens, audio and chunks as an engine without it whose sessions
+            run the same thread counts (only that thread calls the LLM and draws from the
+            request's generator; the vocoder's deferral still follows the wall clock); like
+            any change of ``threads``, fewer threads per session change onnxruntime's float
+            rounding (1 against 2 moved the tiny model's samples by up to 2.4e-6). It pays
+            where decoding (memory-bound) and the flow (compute-bound) slow each other little:
+            a long answer then takes about the longer of the two at their share of the cores
+            instead of their sum at all of them. It costs each stage its other threads: on a
+            2-core Xeon one intra-op thread instead of two took the streamed paragraph's LLM
+            decoding from 18.4 to 25.0 s and the ``balanced`` flow from 17.7 to 25.9 s, so a
+            short answer, whose stages barely overlap, is heard later. One extra thread per
+            request in flight.
         providers: onnxruntime execution providers in order of preference; the CPU provider
             is always appended as the fallback.
         cache_dir: where derived files go. ``None``: a bare engine; the forms below stay

@@ -29,16 +29,16 @@ import numpy as np
 import onnx
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.graphs import (
+from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder, sample_step
+from wyoming_cosyvoice3.engine.loaders import load_llm_graph
+from wyoming_cosyvoice3.engine.model import CosyVoice3Model, ModelDims
+from wyoming_cosyvoice3.engine.options import EngineOptions, LlmPrompt
+from wyoming_cosyvoice3.engine.sessions import (
     SPEECH_EMBEDDING,
     TEXT_EMBEDDING,
     Graph,
     count_llm_layers,
 )
-from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder, sample_step
-from wyoming_cosyvoice3.engine.loaders import load_llm_graph
-from wyoming_cosyvoice3.engine.model import CosyVoice3Model, ModelDims
-from wyoming_cosyvoice3.engine.options import EngineOptions, LlmPrompt
 
 
 def _prompt(prompt_tokens: int) -> LlmPrompt:
@@ -147,7 +147,7 @@ def rss_of(args: argparse.Namespace, graph: str) -> float:
 
 
 def _child_rss(model_dir: Path, graph: str, cache_dir: Path, threads: int) -> float:
-    from wyoming_cosyvoice3.engine.graphs import return_freed_memory
+    from wyoming_cosyvoice3.engine.memory import return_freed_memory
 
     dec = LlmDecoder(_load(model_dir, graph, cache_dir, threads), prefix_cache_entries=0)
     state, _, _ = dec.prefill_prompt(_prompt(125))

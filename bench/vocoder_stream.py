@@ -59,10 +59,10 @@ import numpy.typing as npt
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.derive.common.files import keyed_name
 from wyoming_cosyvoice3.engine.derive.vocoder.hift_stream import STREAM_TAG
-from wyoming_cosyvoice3.engine.dsp import request_streams
-from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
 from wyoming_cosyvoice3.engine.loaders import load_hift_stream
+from wyoming_cosyvoice3.engine.noise import request_streams
 from wyoming_cosyvoice3.engine.options import EngineOptions, StageTimes
+from wyoming_cosyvoice3.engine.sessions import HIFT, Graph
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 
 FloatArray = npt.NDArray[np.float32]
@@ -125,7 +125,7 @@ def run_stream(
 ) -> StreamRun:
     """Stream ``mel`` in ``chunks``; the vocoder runs after chunk i when ``calls[i]``.
 
-    The source noise is a request's (:func:`~wyoming_cosyvoice3.engine.dsp.
+    The source noise is a request's (:func:`~wyoming_cosyvoice3.engine.noise.
     request_streams` of ``seed``), so runs with the same seed see the same noise. ``cpu_s``
     is the process CPU time of the pushes (noise drawing included, as in the engine).
     """

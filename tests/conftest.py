@@ -4,18 +4,28 @@
 the published graphs' structure at small widths, so every derived graph the default preset
 runs (fused LLM, int8 and fp32 streaming DiT, streamed vocoder) derives from
 it. Tests must not modify it; copy files first (see ``tiny_model_copy``).
+
+Engines on it are loaded once per session and shared read-only (``engine_support.py``):
+``bare_engine`` / ``bare_model`` / ``bare_voice`` and one engine per preset
+(``engine_quality``, ``engine_balanced``, ``engine_fast``). The parity fixture set is
+``parity``.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from engine_support import TinyEngines
+from parity_support import Parity, derived_cache_dir, load_parity
 
 from synthetic import build_synthetic_model
 from synthetic.audio import write_clip
+from wyoming_cosyvoice3.engine import CosyVoice3Engine
+from wyoming_cosyvoice3.engine.model import CosyVoice3Model
+from wyoming_cosyvoice3.engine.options import VoicePrompt
 
 MakeClip = Callable[..., Path]
 
@@ -54,6 +64,73 @@ def tiny_dit_cache_dir(tiny_engine_cache: Path) -> Path:
     size and mtime, so both find the same files). Tests that check the derivation itself
     (files written, markers, counts) use a private ``tmp_path`` instead."""
     return tiny_engine_cache
+
+
+@pytest.fixture(scope="session")
+def tiny_engines(tiny_model_dir: Path, tiny_engine_cache: Path) -> Iterator[TinyEngines]:
+    """The session's engines on ``tiny_model_dir``, one per load options (``engine_support.py``):
+    shared read-only; a test changes one only through ``monkeypatch`` or
+    ``decoding_support.fixed_decoding``, which restore it."""
+    engines = TinyEngines(tiny_model_dir, tiny_engine_cache)
+    yield engines
+    engines.close()
+
+
+@pytest.fixture(scope="session")
+def bare_engine(tiny_engines: TinyEngines) -> CosyVoice3Engine:
+    """The tiny model without a cache directory: the published graphs, the LLM in fp32."""
+    return tiny_engines.bare()
+
+
+@pytest.fixture(scope="session")
+def bare_model(bare_engine: CosyVoice3Engine) -> CosyVoice3Model:
+    """The model of ``bare_engine`` (its graphs and tokenizer), for the stage tests."""
+    return bare_engine.model
+
+
+@pytest.fixture(scope="session")
+def bare_voice(bare_engine: CosyVoice3Engine,
+               tmp_path_factory: pytest.TempPathFactory) -> VoicePrompt:
+    """A 3 s speech-like reference clip prepared by ``bare_engine``."""
+    clip = write_clip(tmp_path_factory.mktemp("clip") / "ref.wav", seconds=3.0)
+    return bare_engine.prepare_voice(clip, transcript="This is a reference clip.", name="test")
+
+
+@pytest.fixture(scope="session")
+def engine_quality(tiny_engines: TinyEngines) -> CosyVoice3Engine:
+    """The engine a server on ``quality`` loads (fp32 streaming DiT, shared engine cache)."""
+    return tiny_engines.preset("quality")
+
+
+@pytest.fixture(scope="session")
+def engine_balanced(tiny_engines: TinyEngines) -> CosyVoice3Engine:
+    """The engine a server on ``balanced`` loads (int8 streaming DiT, shared engine cache)."""
+    return tiny_engines.preset("balanced")
+
+
+@pytest.fixture(scope="session")
+def engine_fast(tiny_engines: TinyEngines) -> CosyVoice3Engine:
+    """The engine a server on ``fast`` loads (int8 streaming DiT, shared engine cache)."""
+    return tiny_engines.preset("fast")
+
+
+@pytest.fixture(scope="session")
+def parity() -> Parity:
+    """The parity fixture set (``parity_support.load_parity``: skips or fails with the
+    reason when it is missing)."""
+    return load_parity()
+
+
+@pytest.fixture(scope="session")
+def parity_streaming_files(parity: Parity) -> tuple[Path, Path]:
+    """The fp32 streaming DiT (main and time graphs) of the parity model, derived in this
+    process into the set's shared cache directory."""
+    from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import (
+        ensure_streaming_estimator,
+    )
+
+    return ensure_streaming_estimator(parity.model_dir / "flow.decoder.estimator.fp32.onnx",
+                                      derived_cache_dir(parity), "fp32", in_process=True)
 
 
 @pytest.fixture

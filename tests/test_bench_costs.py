@@ -29,7 +29,7 @@ from bench.costmodel import (
 from bench.flops import FlopCountError
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.derive.vocoder import hift_stream
-from wyoming_cosyvoice3.engine.graphs import HIFT
+from wyoming_cosyvoice3.engine.sessions import HIFT
 
 SPLIT = [9, 7, 12, 1, 20, 5]
 """Mel frames per streamed call: a first call, middle calls (one of a single frame), a final."""

@@ -14,7 +14,7 @@ from server_support import loaded_engine_options
 
 from bench import serve
 from bench.recorder import FixedDecoding, StatsRecorder
-from wyoming_cosyvoice3.engine import EngineOptions, SynthesisOptions, graphs
+from wyoming_cosyvoice3.engine import EngineOptions, SynthesisOptions, sessions
 from wyoming_cosyvoice3.engine.options import EngineObserver
 from wyoming_cosyvoice3.engine.text.frontend import TextFrontend
 from wyoming_cosyvoice3.server.hooks import ServerHooks
@@ -28,13 +28,13 @@ def recording(tmp_path: Path) -> Iterator[Path]:
     try:
         yield path
     finally:
-        graphs.set_run_observer(None)
+        sessions.set_run_observer(None)
 
 
 def test_no_observer_by_default() -> None:
     assert EngineOptions().observer is None
     assert EngineObserver().fixed_speech_tokens("Hello there.") is None
-    assert graphs._run_observer is None
+    assert sessions._run_observer is None
     # the decoding length is no option of the product: benchmark knobs stay out of it
     names = {f.name for f in fields(SynthesisOptions)} | {f.name for f in fields(EngineOptions)}
     assert not any("tokens_per_char" in name or name.startswith("fixed") for name in names)

@@ -33,7 +33,7 @@ from bench.flops import ATTENTION_OP, FP32_OPS, INT8_OPS, NBITS_OP
 from bench.stats import graph_summary
 from bench.throughput import Throughput
 from synthetic.audio import write_clip
-from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions, graphs
+from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions, sessions
 from wyoming_cosyvoice3.engine.options import LLM_FILES, PRESET_LLM_GRAPHS, PRESETS, LlmGraph
 
 TEXT = "The kitchen lights are on. The front door is locked for the night."
@@ -42,7 +42,8 @@ RATES = Throughput(100e9, 400e9, 20e9, 10e9, 1)
 
 
 def _configs() -> dict[str, dict[str, Any]]:
-    """Configuration id -> EngineOptions fields."""
+    """Configuration id -> EngineOptions fields, with ``preset``: the request options (their
+    flow record and number reading are what the engine loads for)."""
     out: dict[str, dict[str, Any]] = {
         name: {"preset": options, "llm_graph": PRESET_LLM_GRAPHS[name]}
         for name, options in PRESETS.items()
@@ -93,7 +94,7 @@ def opened_sessions(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str,
 
     monkeypatch.setattr(ort, "InferenceSession", Recording)
     yield opened
-    graphs.set_run_observer(None)
+    sessions.set_run_observer(None)
 
 
 def _lookup_only(path: str) -> bool:
@@ -107,10 +108,12 @@ def test_every_loaded_and_run_graph_is_counted(
     opened_sessions: list[tuple[str, Any]], caplog: pytest.LogCaptureFixture,
 ) -> None:
     log = RunLog()
-    fields = CONFIGS[config]
+    fields = dict(CONFIGS[config])
+    preset: SynthesisOptions = fields.pop("preset")  # the requests' options; loading takes its flow
     with caplog.at_level(logging.WARNING):
         engine = CosyVoice3Engine.load(tiny_model_dir, EngineOptions(
-            threads=1, spin_wait=False, cache_dir=tiny_engine_cache, observer=log, **fields))
+            threads=1, spin_wait=False, cache_dir=tiny_engine_cache, observer=log,
+            flow=preset.flow, read_numbers=preset.read_numbers, **fields))
     # every form asked for loaded: a derived form that fell back (one warning) is not tested
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     try:
@@ -118,7 +121,6 @@ def test_every_loaded_and_run_graph_is_counted(
         clip = write_clip(tmp_path / "ref.wav", seconds=3.0)
         voice = engine.prepare_voice(clip, transcript="This is a reference clip.")
         preparation = list(log.runs)
-        preset: SynthesisOptions = fields["preset"]
         engine.warm_up(voice, preset)  # as the server does: no request computes time points
         log.runs[:] = preparation
         for streaming in (True, False):

@@ -53,6 +53,19 @@ def assert_complete(model_dir: Path, repos: dict[str, dict[str, bytes]]) -> None
     assert partials(model_dir, "*") == []
 
 
+def cancel_once_the_big_file_started(target: Path, hub: HubMimic) -> None:
+    """Download into ``target`` until the big file's partial holds its first chunk, then
+    cancel (the download raises :class:`DownloadCancelled`)."""
+
+    def big_partial_started() -> bool:
+        return any(p.stat().st_size >= CHUNK_BYTES for p in partials(target, BIG))
+
+    with pytest.raises(DownloadCancelled):
+        ensure_model(
+            target, "int8", endpoint=hub.endpoint, progress=False, should_stop=big_partial_started
+        )
+
+
 def test_dropped_connection_resumes_with_range(tmp_path: Path, hub: HubMimic, repos) -> None:
     hub.faults.drop_once_after[BIG] = 11_000_000
     ensure_model(tmp_path / "m", "int8", endpoint=hub.endpoint, progress=False)
@@ -101,14 +114,7 @@ def test_cancel_keeps_the_partial_and_the_next_call_resumes(
     tmp_path: Path, hub: HubMimic, repos
 ) -> None:
     target = tmp_path / "m"
-
-    def big_partial_started() -> bool:
-        return any(p.stat().st_size >= CHUNK_BYTES for p in partials(target, BIG))
-
-    with pytest.raises(DownloadCancelled):
-        ensure_model(
-            target, "int8", endpoint=hub.endpoint, progress=False, should_stop=big_partial_started
-        )
+    cancel_once_the_big_file_started(target, hub)
     assert not (target / BIG).exists()
     assert [p.stat().st_size for p in partials(target, BIG)] == [CHUNK_BYTES]
     ensure_model(target, "int8", endpoint=hub.endpoint, progress=False)
@@ -120,14 +126,7 @@ def test_server_ignoring_range_restarts_the_file_cleanly(
     tmp_path: Path, hub: HubMimic, repos
 ) -> None:
     target = tmp_path / "m"
-
-    def big_partial_started() -> bool:
-        return any(p.stat().st_size >= CHUNK_BYTES for p in partials(target, BIG))
-
-    with pytest.raises(DownloadCancelled):
-        ensure_model(
-            target, "int8", endpoint=hub.endpoint, progress=False, should_stop=big_partial_started
-        )
+    cancel_once_the_big_file_started(target, hub)
     hub.faults.ignore_range = True
     ensure_model(target, "int8", endpoint=hub.endpoint, progress=False)
     assert hub.gets_of(BIG)[-1].range == f"bytes={CHUNK_BYTES}-"  # asked, got 200 + whole file

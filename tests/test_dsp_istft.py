@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.signal
 
-from wyoming_cosyvoice3.engine import dsp as vdsp
+from wyoming_cosyvoice3.engine import istft as vdsp
 
 
 def _scipy_istft(magnitude: np.ndarray, phase: np.ndarray) -> np.ndarray:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from wyoming_cosyvoice3.engine.graphs import return_freed_memory
+from wyoming_cosyvoice3.engine.memory import return_freed_memory
 
 
 def _rss_bytes() -> int:

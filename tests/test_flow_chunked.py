@@ -21,10 +21,11 @@ from decoding_support import FixedDecoding
 
 from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
+from wyoming_cosyvoice3.engine.dit_runner import chunk_attention_bias
 from wyoming_cosyvoice3.engine.flow.solver import cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import first_hop_tokens
-from wyoming_cosyvoice3.engine.graphs import ESTIMATOR, chunk_attention_bias
 from wyoming_cosyvoice3.engine.options import PRESETS, EulerSchedule
+from wyoming_cosyvoice3.engine.sessions import ESTIMATOR
 
 
 def test_chunk_bias_is_upstreams_static_chunk_mask() -> None:

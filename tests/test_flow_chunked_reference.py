@@ -41,6 +41,7 @@ import pytest
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
+from wyoming_cosyvoice3.engine.dit_runner import StreamingEstimator, _session
 from wyoming_cosyvoice3.engine.flow.solver import (
     ChunkedFlow,
     FlowCall,
@@ -48,7 +49,6 @@ from wyoming_cosyvoice3.engine.flow.solver import (
     cacheable_prompt_frames,
 )
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
-from wyoming_cosyvoice3.engine.graphs import StreamingEstimator, _session
 from wyoming_cosyvoice3.engine.options import PRESETS, EulerSchedule, VoiceFeatures, VoicePrompt
 
 ESTIMATOR = "flow.decoder.estimator.fp32.onnx"
@@ -159,6 +159,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(tiny_dit_model_dir: Path, cache_dir: Path) -> CosyVoice3Engine:
     """tiny-dit engine; its int8 streaming DiT (``balanced``) derived here in-process."""
+    # its own engine: its cache directory is the one the reference estimator reads
     ensure_streaming_estimator(tiny_dit_model_dir / ESTIMATOR, cache_dir, "int8",
                                in_process=True)
     return CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from wyoming_cosyvoice3.engine.dsp import GrowingNoise
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled, SynthesisFailed
 from wyoming_cosyvoice3.engine.flow.solver import (
     Conditioning,
@@ -20,6 +19,7 @@ from wyoming_cosyvoice3.engine.flow.solver import (
     l2_normalise,
 )
 from wyoming_cosyvoice3.engine.flow.stream import SpeedResampler, resample_mel_linear
+from wyoming_cosyvoice3.engine.noise import GrowingNoise
 from wyoming_cosyvoice3.engine.options import EulerSchedule, VoiceFeatures
 
 BINS = 80

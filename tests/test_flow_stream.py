@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.dsp import GrowingNoise
 from wyoming_cosyvoice3.engine.flow.solver import FlowCall
 from wyoming_cosyvoice3.engine.flow.stream import FlowRequest, MelStream
+from wyoming_cosyvoice3.engine.noise import GrowingNoise
 from wyoming_cosyvoice3.engine.options import (
     EulerSchedule,
     FlowFallback,

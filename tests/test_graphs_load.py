@@ -15,7 +15,9 @@ from wyoming_cosyvoice3.engine.errors import (
     ModelLoadError,
     SynthesisFailed,
 )
-from wyoming_cosyvoice3.engine.graphs import (
+from wyoming_cosyvoice3.engine.model import CosyVoice3Model, ModelDims, required_files
+from wyoming_cosyvoice3.engine.options import EngineOptions, LlmPrecision
+from wyoming_cosyvoice3.engine.sessions import (
     CAMPPLUS,
     ESTIMATOR,
     HIFT,
@@ -23,8 +25,6 @@ from wyoming_cosyvoice3.engine.graphs import (
     Graph,
     load_llm,
 )
-from wyoming_cosyvoice3.engine.model import CosyVoice3Model, ModelDims, required_files
-from wyoming_cosyvoice3.engine.options import EngineOptions, LlmPrecision
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8", "q4"])
@@ -138,7 +138,7 @@ def test_wrong_dtype_raises_signature_mismatch(tiny_model_copy: Path) -> None:
     graph.input[0].name = "token_i32"
     graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.INT32
     onnx.save_model(model, str(path))
-    from wyoming_cosyvoice3.engine.graphs import FLOW_ENCODER
+    from wyoming_cosyvoice3.engine.sessions import FLOW_ENCODER
 
     with pytest.raises(GraphSignatureMismatch, match="token"):
         Graph(path, FLOW_ENCODER)

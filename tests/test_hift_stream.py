@@ -22,8 +22,8 @@ from parity_support import load_parity
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.derive.common.files import validation_session
 from wyoming_cosyvoice3.engine.derive.vocoder import hift_exact, hift_stream
-from wyoming_cosyvoice3.engine.dsp import GrowingNoise
-from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
+from wyoming_cosyvoice3.engine.noise import GrowingNoise
+from wyoming_cosyvoice3.engine.sessions import HIFT, Graph
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, StreamedHift, VocoderStream
 
 MAX_ABS_AUDIO = 1e-4

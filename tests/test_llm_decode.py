@@ -25,8 +25,8 @@ TEXT = "The living room lights are now on."
 
 
 @pytest.fixture(scope="module")
-def model(tiny_model_dir: Path) -> CosyVoice3Model:
-    return CosyVoice3Model.load(tiny_model_dir, EngineOptions(llm_precision="fp32"))
+def model(bare_model: CosyVoice3Model) -> CosyVoice3Model:
+    return bare_model
 
 
 @pytest.fixture(scope="module")

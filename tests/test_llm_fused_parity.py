@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from parity_support import Parity, derived_cache_dir, load_parity, parity_cases
+from parity_support import Parity, derived_cache_dir, parity_cases
 
 from wyoming_cosyvoice3.engine.derive.llm.fused import ensure_fused_llm
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
@@ -21,11 +21,6 @@ from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions, LlmPrompt
 
 MODES = parity_cases("llm")
-
-
-@pytest.fixture(scope="module")
-def parity() -> Parity:
-    return load_parity()
 
 
 @pytest.fixture(scope="module")

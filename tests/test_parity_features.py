@@ -20,7 +20,6 @@ from parity_support import (
     Parity,
     assert_close,
     assert_identical,
-    load_parity,
     parity_cases,
     parity_engine,
 )
@@ -38,11 +37,6 @@ FEATURE_FUNCTIONS = {
     "fbank": ("features_fbank", F.kaldi_fbank, "wav16k"),
     "prompt_mel": ("features_prompt_mel", F.prompt_mel, "wav24k"),
 }
-
-
-@pytest.fixture(scope="module")
-def parity() -> Parity:
-    return load_parity()
 
 
 def _clip(parity: Parity, prefix: str) -> Path:

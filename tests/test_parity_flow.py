@@ -20,7 +20,6 @@ from parity_support import (
     assert_close,
     assert_identical,
     faded,
-    load_parity,
     parity_cases,
     parity_engine,
     quality_options,
@@ -36,11 +35,6 @@ FLOW = "flow.npz"
 CASES = parity_cases("flow")
 TEXT = "Hello."
 """Any one-piece speakable text: the LLM is replaced, so only the piece count matters."""
-
-
-@pytest.fixture(scope="module")
-def parity() -> Parity:
-    return load_parity()
 
 
 @pytest.fixture(scope="module")

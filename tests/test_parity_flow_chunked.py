@@ -29,10 +29,8 @@ from parity_support import (
     Parity,
     assert_close,
     assert_identical,
-    derived_cache_dir,
     faded,
     flow_case_voice,
-    load_parity,
     parity_cases,
     parity_engine,
     quality_options,
@@ -40,11 +38,11 @@ from parity_support import (
 
 from wyoming_cosyvoice3.engine.derive.flow.dit_structure import StructureError, read_dit
 from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
+from wyoming_cosyvoice3.engine.dit_runner import StreamingEstimator, _session
+from wyoming_cosyvoice3.engine.dit_runner import chunk_attention_bias as chunk_bias
 from wyoming_cosyvoice3.engine.errors import ModelLoadError
 from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, FlowCall, cacheable_prompt_frames
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
-from wyoming_cosyvoice3.engine.graphs import StreamingEstimator, _session
-from wyoming_cosyvoice3.engine.graphs import chunk_attention_bias as chunk_bias
 from wyoming_cosyvoice3.engine.options import (
     EulerSchedule,
     SynthesisOptions,
@@ -64,26 +62,15 @@ PROMPT_SEED = 0
 
 
 @pytest.fixture(scope="module")
-def parity() -> Parity:
-    return load_parity()
-
-
-@pytest.fixture(scope="module")
 def flow_refs(parity: Parity) -> Any:
     return parity.refs(FLOW)
 
 
 @pytest.fixture(scope="module")
-def streaming_files(parity: Parity) -> tuple[Path, Path]:
-    return ensure_streaming_estimator(parity.model_dir / ESTIMATOR, derived_cache_dir(parity),
-                                      "fp32", in_process=True)
-
-
-@pytest.fixture(scope="module")
-def engine(parity: Parity, streaming_files: tuple[Path, Path]) -> CosyVoice3Engine:
+def engine(parity: Parity, parity_streaming_files: tuple[Path, Path]) -> CosyVoice3Engine:
     """Full attention on the published estimator; chunk-causal flow on first use (from
-    the streaming DiT ``streaming_files`` derived into the shared cache directory)."""
-    del streaming_files
+    the streaming DiT ``parity_streaming_files`` derived into the shared cache directory)."""
+    del parity_streaming_files
     return parity_engine(parity, published_estimator=True)  # type: ignore[no-any-return]
 
 
@@ -96,8 +83,8 @@ def _upstream_noise(flow_refs: Any) -> Callable[[int], np.ndarray]:
 
 @pytest.fixture(scope="module")
 def chunked(engine: CosyVoice3Engine, flow_refs: Any,
-            streaming_files: tuple[Path, Path]) -> ChunkedFlow:
-    main, time_graph = streaming_files
+            parity_streaming_files: tuple[Path, Path]) -> ChunkedFlow:
+    main, time_graph = parity_streaming_files
     return ChunkedFlow(engine.flow, StreamingEstimator(_session(main), None, time_graph),
                        _upstream_noise(flow_refs))
 
@@ -135,11 +122,11 @@ def test_parity_structure_read_from_the_upstream_export(parity: Parity) -> None:
 
 
 def test_parity_derived_graph_equals_source_and_cache_is_exact(
-    parity: Parity, streaming_files: tuple[Path, Path],
+    parity: Parity, parity_streaming_files: tuple[Path, Path],
 ) -> None:
     """Full attention without cache equals the published graph; a cached chunk equals the
     uncached chunk-masked run (both also checked when the file is derived)."""
-    main, time_graph = streaming_files
+    main, time_graph = parity_streaming_files
     est = StreamingEstimator(_session(main), _session(time_graph))
     source = _session(parity.model_dir / ESTIMATOR)
     dit, tol = parity.dit, parity.tolerance("mel")
@@ -246,12 +233,12 @@ def test_parity_chunkmask_mel_per_chunk(
 
 def test_parity_prompt_cache_on_disk_gives_the_same_chunk(
     tmp_path: Path, parity: Parity, flow_refs: Any, engine: CosyVoice3Engine,
-    streaming_files: tuple[Path, Path]
+    parity_streaming_files: tuple[Path, Path]
 ) -> None:
     """The prompt cache written next to the voice features is read back by a new instance
     (no recomputation) and gives the same first chunk; a damaged file is recomputed. The
     schedule guides only the first half of the Euler steps, so CFG and plain rows mix."""
-    main, time_graph = streaming_files
+    main, time_graph = parity_streaming_files
     case = _off_grid_case(parity)
     voice = flow_case_voice(flow_refs, case)
     gen = np.asarray(flow_refs[f"{case}_gen_tokens"], dtype=np.int64)

@@ -19,34 +19,21 @@ import numpy as np
 import pytest
 from parity_support import (
     Parity,
-    derived_cache_dir,
     flow_case_voice,
-    load_parity,
     parity_cases,
     parity_engine,
     quality_options,
 )
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
+from wyoming_cosyvoice3.engine.dit_runner import StreamingEstimator, _session, chunk_attention_bias
 from wyoming_cosyvoice3.engine.flow import solver
 from wyoming_cosyvoice3.engine.flow.solver import ChunkedFlow, FlowCall, StepKv
 from wyoming_cosyvoice3.engine.flow.stream import prompt_noise
-from wyoming_cosyvoice3.engine.graphs import (
-    StreamingEstimator,
-    _session,
-    chunk_attention_bias,
-)
 from wyoming_cosyvoice3.engine.options import EulerSchedule, VoiceFeatures, VoicePrompt
 from wyoming_cosyvoice3.engine.pipeline import CosyVoice3Engine
 
-ESTIMATOR = "flow.decoder.estimator.fp32.onnx"
 CASES = parity_cases("flow")
-
-
-@pytest.fixture(scope="module")
-def parity() -> Parity:
-    return load_parity()
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +42,8 @@ def flow_refs(parity: Parity) -> Any:
 
 
 @pytest.fixture(scope="module")
-def streaming_files(parity: Parity) -> tuple[Path, Path]:
-    return ensure_streaming_estimator(parity.model_dir / ESTIMATOR, derived_cache_dir(parity),
-                                      "fp32", in_process=True)
-
-
-@pytest.fixture(scope="module")
-def engine(parity: Parity, streaming_files: tuple[Path, Path]) -> CosyVoice3Engine:
-    del streaming_files
+def engine(parity: Parity, parity_streaming_files: tuple[Path, Path]) -> CosyVoice3Engine:
+    del parity_streaming_files
     return parity_engine(parity, published_estimator=True)  # type: ignore[no-any-return]
 
 
@@ -107,11 +88,11 @@ def _lever_hops(tokens: int) -> list[int]:
 
 def test_bounded_left_context_stores_only_what_is_attended(
     parity: Parity, flow_refs: Any, engine: CosyVoice3Engine,
-    streaming_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+    parity_streaming_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Dropping history frames outside the left context gives the same mel as keeping them
     and masking them out of the attention, and the stored history stays within the bound."""
-    main, time_graph = streaming_files
+    main, time_graph = parity_streaming_files
     flow = ChunkedFlow(engine.flow, StreamingEstimator(_session(main), None, time_graph),
                        prompt_noise)
     case = _off_grid_case(parity)

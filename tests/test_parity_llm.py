@@ -17,7 +17,6 @@ from parity_support import (
     Parity,
     assert_close,
     assert_identical,
-    load_parity,
     parity_cases,
     parity_engine,
 )
@@ -28,11 +27,6 @@ from wyoming_cosyvoice3.engine.llm.decoder import decode_limits, log_softmax
 
 LLM = "llm.npz"
 MODES = parity_cases("llm")
-
-
-@pytest.fixture(scope="module")
-def parity() -> Parity:
-    return load_parity()
 
 
 @pytest.fixture(scope="module")

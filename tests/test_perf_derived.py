@@ -22,10 +22,11 @@ from wyoming_cosyvoice3.engine.derive.llm.embedding_table import (
     load_table_embedding,
     plain_gather_table,
 )
+from wyoming_cosyvoice3.engine.embedding import TableEmbedding
 from wyoming_cosyvoice3.engine.errors import ModelLoadError, SynthesisFailed
-from wyoming_cosyvoice3.engine.graphs import TEXT_EMBEDDING, Graph, TableEmbedding
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions, FlowPreset
+from wyoming_cosyvoice3.engine.sessions import TEXT_EMBEDDING, Graph
 
 EST = "flow.decoder.estimator.fp32.onnx"
 

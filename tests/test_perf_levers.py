@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from engine_support import TinyEngines
 
 from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import (
@@ -25,14 +26,13 @@ TEXT = "The kitchen lights are on. The front door is locked for the night."
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir: Path) -> CosyVoice3Engine:
-    return CosyVoice3Engine.load(tiny_model_dir, EngineOptions(threads=1, llm_precision="fp32"))
+def engine(bare_engine: CosyVoice3Engine) -> CosyVoice3Engine:
+    return bare_engine
 
 
 @pytest.fixture(scope="module")
-def voice(engine: CosyVoice3Engine, tmp_path_factory: pytest.TempPathFactory) -> VoicePrompt:
-    clip = write_clip(tmp_path_factory.mktemp("clip") / "ref.wav", seconds=3.0)
-    return engine.prepare_voice(clip, transcript="This is a reference clip.", name="perf")
+def voice(bare_voice: VoicePrompt) -> VoicePrompt:
+    return bare_voice
 
 
 def audio(engine: CosyVoice3Engine, voice: VoicePrompt, **opts: Any) -> np.ndarray:
@@ -101,6 +101,7 @@ def test_flow_sees_only_the_trimmed_prompt_and_llm_the_whole(
 def test_prefix_cache_gives_the_same_tokens_as_no_cache(
     tiny_model_dir: Path, voice: VoicePrompt
 ) -> None:
+    # its own engine: the test resizes and clears the prefix cache
     eng = CosyVoice3Engine.load(tiny_model_dir, EngineOptions(threads=1, llm_precision="int8"))
     prompt = eng.frontend.build_prompt("Turn on the hallway light please.", voice)
 
@@ -143,27 +144,22 @@ def test_quality_preset_is_spec_exact() -> None:
     assert q.vocoder_window_frames == 0
 
 
-@pytest.fixture(scope="module")
-def dit_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> CosyVoice3Engine:
-    """An engine on the model with an upstream-structured DiT, with its streaming DiTs (fp32
-    and int8) derived into the session's cache: every preset runs with its own DiT
-    precision."""
-    return CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
-        threads=1, llm_precision="fp32", cache_dir=tiny_dit_cache_dir))
-
-
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_validates_and_synthesises(
-    dit_engine: CosyVoice3Engine, tmp_path: Path, name: str
+    tiny_engines: TinyEngines, tmp_path: Path, name: str
 ) -> None:
+    """Each preset on the engine a server of that preset loads (on the model with an
+    upstream-structured DiT, its streaming DiTs derived into the session's cache) runs with
+    its own DiT precision."""
     from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
 
-    voice = dit_engine.prepare_voice(write_clip(tmp_path / "ref.wav", seconds=3.0),
-                                     transcript="This is a reference clip.", name="perf")
+    engine = tiny_engines.preset(name)
+    voice = engine.prepare_voice(write_clip(tmp_path / "ref.wav", seconds=3.0),
+                                 transcript="This is a reference clip.", name="perf")
     opts = PRESETS[name].replace(max_decode_tokens=30)
     opts.validate()
-    assert len(audio(dit_engine, voice, **_fields(opts))) > 0
-    estimator = dit_engine.model.estimator_for(opts.flow.precision)
+    assert len(audio(engine, voice, **_fields(opts))) > 0
+    estimator = engine.model.estimator_for(opts.flow.precision)
     assert isinstance(estimator, FullAttentionDiT)  # no fallback to the published graph
     assert estimator.path is not None
     assert ("int8main" in estimator.path.name) is (opts.flow.precision == "int8")
@@ -191,7 +187,7 @@ class _RecordingHift:
 def _stream(engine: CosyVoice3Engine, mel: np.ndarray, window: int, hops: list[int],
             runner: Any = None) -> Any:
     from wyoming_cosyvoice3.engine import constants as C
-    from wyoming_cosyvoice3.engine.dsp import GrowingNoise
+    from wyoming_cosyvoice3.engine.noise import GrowingNoise
     from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream
 
     graph = _RecordingHift(engine.model.hift)

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from decoding_support import fixed_decoding
 
-from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import (
     AudioChunk,
     CosyVoice3Engine,
-    EngineOptions,
     SynthesisCancelled,
     SynthesisOptions,
     SynthesisResult,
@@ -32,15 +29,13 @@ MEDIUM_TEXT = "The kitchen lights are on and the front door is locked."
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir: Path) -> CosyVoice3Engine:
-    # one thread and the fp32 LLM: the fastest combination for the tiny graphs
-    return CosyVoice3Engine.load(tiny_model_dir, EngineOptions(threads=1, llm_precision="fp32"))
+def engine(bare_engine: CosyVoice3Engine) -> CosyVoice3Engine:
+    return bare_engine
 
 
 @pytest.fixture(scope="module")
-def voice(engine: CosyVoice3Engine, tmp_path_factory: pytest.TempPathFactory) -> VoicePrompt:
-    clip = write_clip(tmp_path_factory.mktemp("clip") / "ref.wav", seconds=3.0)
-    return engine.prepare_voice(clip, transcript="This is a reference clip.", name="test")
+def voice(bare_voice: VoicePrompt) -> VoicePrompt:
+    return bare_voice
 
 
 class Recorder:

@@ -20,7 +20,7 @@ from server_support import client, collect, describe, make_settings, running_ser
 from web_support import listing
 from wyoming.tts import Synthesize
 
-from wyoming_cosyvoice3.engine import graphs as engine_graphs
+from wyoming_cosyvoice3.engine import sessions as engine_sessions
 from wyoming_cosyvoice3.engine.machine import (
     KEEPS_UP_RTF,
     PREDICTION_ERROR,
@@ -120,8 +120,8 @@ def test_default_threads_are_the_cpus_this_process_may_run_on(
 ) -> None:
     # --threads 0 (onnxruntime's choice) under `taskset -c 3` or a one-CPU cpuset on a
     # 64-CPU host runs one thread: the prediction is the one-thread prediction
-    monkeypatch.setattr(engine_graphs.os, "sched_getaffinity", lambda _pid: {3}, raising=False)
-    monkeypatch.setattr(engine_graphs.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(engine_sessions.os, "sched_getaffinity", lambda _pid: {3}, raising=False)
+    monkeypatch.setattr(engine_sessions.os, "cpu_count", lambda: 64)
 
     def with_threads(threads: int) -> MachineRates:
         return MachineRates(AVX512.fp32_flops, AVX512.int8_ops, AVX512.int8_bytes, threads,
@@ -130,7 +130,7 @@ def test_default_threads_are_the_cpus_this_process_may_run_on(
     default, one, two = (predict_rtf(with_threads(threads), "balanced") for threads in (0, 1, 2))
     assert with_threads(0).thread_count() == 1
     assert default == one != two
-    monkeypatch.setattr(engine_graphs.os, "sched_getaffinity", lambda _pid: {2, 3},
+    monkeypatch.setattr(engine_sessions.os, "sched_getaffinity", lambda _pid: {2, 3},
                         raising=False)
     assert with_threads(0).thread_count() == 2
     assert predict_rtf(with_threads(0), "balanced") == two

@@ -8,28 +8,19 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from server_support import collect, link_engine_cache
+from wire_support import free_port, wait_process_ready
 from wyoming.client import AsyncTcpClient
 from wyoming.event import async_read_event, async_write_event
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize
 
-from wyoming_cosyvoice3.server.healthcheck import probe
-
 STARTUP_LIMIT_S = 120.0
 """Hang guard for the model to load in the child process."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_started_as_the_readme_says(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -45,14 +36,7 @@ async def test_started_as_the_readme_says(tiny_model_dir: Path, tmp_path: Path) 
         )
         try:
             # the listener comes up before the model: describe answers, voices not yet ready
-            deadline = time.monotonic() + STARTUP_LIMIT_S
-            problem: str | None = "not started"
-            while time.monotonic() < deadline and process.poll() is None:
-                problem = await probe(uri, 2.0, require_ready=True)
-                if problem is None:
-                    break
-                await asyncio.sleep(0.2)
-            assert problem is None, log_path.read_text()
+            await wait_process_ready(process, port, STARTUP_LIMIT_S, log=log_path)
 
             async with AsyncTcpClient("127.0.0.1", port) as client:
                 await client.write_event(Describe().event())

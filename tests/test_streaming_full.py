@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,13 @@ import numpy as np
 import onnx
 import pytest
 from broken_graphs import convolutional_estimator
-from decoding_support import FixedDecoding, fixed_decoding
+from decoding_support import fixed_decoding
 
 from wyoming_cosyvoice3.engine import CosyVoice3Engine, EngineOptions, SynthesisOptions
 from wyoming_cosyvoice3.engine.derive.flow.full_attention import FullAttentionDiT
 from wyoming_cosyvoice3.engine.errors import SynthesisFailed
-from wyoming_cosyvoice3.engine.graphs import ESTIMATOR, Graph
 from wyoming_cosyvoice3.engine.options import PRESETS, FlowPreset
+from wyoming_cosyvoice3.engine.sessions import ESTIMATOR, Graph
 
 TEXT = "The kitchen lights are on and the front door is locked."
 
@@ -227,12 +228,12 @@ def test_balanced_without_the_streaming_dit_falls_back_to_smaller_bounds(
     assert quality.flow.full_attention() == quality.replace(flow={"chunk_causal": False}).flow
 
 
-@pytest.fixture(scope="module")
-def int8_engine(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> CosyVoice3Engine:
-    """The engine of today's ``balanced`` and ``fast`` (int8 streaming DiT, chunk-causal)."""
-    return CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
-        threads=1, cache_dir=tiny_dit_cache_dir, observer=FixedDecoding(2.0),
-        flow=FlowPreset(precision="int8", chunk_causal=True)))
+@pytest.fixture
+def int8_engine(engine_balanced: CosyVoice3Engine) -> Iterator[CosyVoice3Engine]:
+    """The engine of ``balanced`` (``fast`` loads the same graphs: int8 streaming DiT,
+    chunk-causal), decoding a fixed length."""
+    with fixed_decoding(engine_balanced, 2.0):
+        yield engine_balanced
 
 
 @pytest.mark.parametrize("preset", ["balanced", "fast"])

@@ -13,7 +13,8 @@ import pytest
 import soundfile
 
 from synthetic import build_synthetic_model
-from wyoming_cosyvoice3.engine.graphs import (
+from wyoming_cosyvoice3.engine.model import BUILT_IN_VOICE_FILES, required_files
+from wyoming_cosyvoice3.engine.sessions import (
     CAMPPLUS,
     ESTIMATOR,
     FLOW_ENCODER,
@@ -24,7 +25,6 @@ from wyoming_cosyvoice3.engine.graphs import (
     GraphSpec,
     llm_spec,
 )
-from wyoming_cosyvoice3.engine.model import BUILT_IN_VOICE_FILES, required_files
 
 # The tiny size's LLM widths (synthetic/config.py, documented there): the engine reads them
 # from the graphs; published: hidden 896, 24 layers, KV 2 x 64.

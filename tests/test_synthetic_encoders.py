@@ -15,7 +15,7 @@ from synthetic.tokenizer import (
     cosyvoice3_added_tokens,
 )
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.graphs import CAMPPLUS, SPEECH_TOKENIZER, Graph
+from wyoming_cosyvoice3.engine.sessions import CAMPPLUS, SPEECH_TOKENIZER, Graph
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.graphs import ESTIMATOR, FLOW_ENCODER, Graph
+from wyoming_cosyvoice3.engine.sessions import ESTIMATOR, FLOW_ENCODER, Graph
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from onnx import numpy_helper
 from tokenizers import Tokenizer
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.graphs import SPEECH_EMBEDDING, TEXT_EMBEDDING, Graph, load_llm
+from wyoming_cosyvoice3.engine.sessions import SPEECH_EMBEDDING, TEXT_EMBEDDING, Graph, load_llm
 
 # The tiny size (synthetic/config.py): hidden 64, 2 layers, 4 query heads over 2 KV heads of
 # 32, RMSNorm eps 1e-6, RoPE theta 1e6 (Qwen2's), 5 speech tokens per text token.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
+from wyoming_cosyvoice3.engine.sessions import HIFT, Graph
 
 PER_MEL = C.SAMPLES_PER_MEL_FRAME // C.ISTFT_HOP  # 120 STFT frames per mel frame
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.dsp import GrowingNoise, istft
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
+from wyoming_cosyvoice3.engine.istft import istft
+from wyoming_cosyvoice3.engine.noise import GrowingNoise
 from wyoming_cosyvoice3.engine.vocoder.hift import HiftRunner, VocoderStream, fade_in_gain
 
 FRAMES_PER_MEL = C.SAMPLES_PER_MEL_FRAME // C.ISTFT_HOP  # 120 STFT frames per mel frame
@@ -156,7 +157,7 @@ def test_streamed_equals_offline_with_tiny_hift(tiny_model_dir) -> None:
     the call length changes in onnxruntime's kernels on the published f0 path (1.1e-5;
     the derived forms remove it: test_hift_stream.py), within the 1e-4 the derivation
     validates."""
-    from wyoming_cosyvoice3.engine.graphs import HIFT, Graph
+    from wyoming_cosyvoice3.engine.sessions import HIFT, Graph
 
     runner = HiftRunner(Graph(tiny_model_dir / HIFT.file, HIFT, threads=1))
     rng = np.random.default_rng(11)

@@ -17,8 +17,8 @@ from wyoming_cosyvoice3.engine.voice.prepare import VoiceFeatureExtractor
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tiny_model_dir):
-    return CosyVoice3Model.load(tiny_model_dir, EngineOptions(llm_precision="fp32"))
+def tiny_model(bare_model):
+    return bare_model
 
 
 class _CountingModel:
@@ -72,12 +72,11 @@ def test_different_voices_give_different_features(tiny_model, make_clip, tmp_pat
     assert not np.allclose(a.prompt_mel[:50], b.prompt_mel[:50])
 
 
-def test_encoders_are_released_unless_kept(tiny_model_dir, make_clip, tmp_path):
+def test_encoders_are_released_unless_kept(tiny_model, tiny_model_dir, make_clip, tmp_path):
     clip = make_clip(tmp_path / "c.wav", seconds=1.5)
-    lazy = CosyVoice3Model.load(tiny_model_dir, EngineOptions(llm_precision="fp32"))
-    VoiceFeatureExtractor(lazy, None).prepare(clip)
-    assert not lazy.voice_encoders_loaded
-    kept = CosyVoice3Model.load(
+    VoiceFeatureExtractor(tiny_model, None).prepare(clip)
+    assert not tiny_model.voice_encoders_loaded
+    kept = CosyVoice3Model.load(  # its own model: the encoders stay loaded
         tiny_model_dir, EngineOptions(llm_precision="fp32", load_voice_encoders=True)
     )
     VoiceFeatureExtractor(kept, None).prepare(clip)
@@ -99,6 +98,7 @@ def test_disk_cache_skips_the_encoders(tiny_model, make_clip, tmp_path):
 def test_changed_encoder_file_invalidates_the_cache(tiny_model_copy, make_clip, tmp_path):
     clip = make_clip(tmp_path / "d.wav", seconds=1.5)
     cache = tmp_path / "cache"
+    # its own model on a copy: the test changes an encoder file
     model = CosyVoice3Model.load(tiny_model_copy, EngineOptions(llm_precision="fp32"))
     VoiceFeatureExtractor(model, cache).prepare(clip)
     encoder = tiny_model_copy / "campplus.onnx"

@@ -30,8 +30,8 @@ FIELDS = ("speech_tokens", "speaker_embedding", "prompt_mel")
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tiny_model_dir: Path) -> CosyVoice3Model:
-    return CosyVoice3Model.load(tiny_model_dir, EngineOptions(llm_precision="fp32"))
+def tiny_model(bare_model: CosyVoice3Model) -> CosyVoice3Model:
+    return bare_model
 
 
 @pytest.fixture
@@ -228,6 +228,7 @@ def test_engine_prepares_voices_without_loading_encoders_here(
     cache = tmp_path / "voice-cache"
     options = EngineOptions(llm_precision="fp32", voice_process=True, voice_cache_dir=cache)
     _refuse_encoders_here(monkeypatch)
+    # its own engines: voice preparation in a child process, and each closed here
     engine = CosyVoice3Engine.load(tiny_model_dir, options)
     try:
         prompt = engine.prepare_voice(clip, "Hello there.", name="a")

@@ -71,8 +71,9 @@ def server_process(port: int, model_dir: Path, data_dir: Path, *args: str,
 
 
 async def wait_process_ready(process: subprocess.Popen[bytes], port: int,
-                             limit_s: float = 120.0) -> None:
-    """Poll the health probe until the model is loaded (hang guard ``limit_s``)."""
+                             limit_s: float = 120.0, log: Path | None = None) -> None:
+    """Poll the health probe until the model is loaded (hang guard ``limit_s``); when it
+    does not get ready, the failure carries the program's ``log`` if given."""
     from wyoming_cosyvoice3.server.healthcheck import probe
 
     uri = f"tcp://127.0.0.1:{port}"
@@ -83,4 +84,5 @@ async def wait_process_ready(process: subprocess.Popen[bytes], port: int,
         if problem is None:
             return
         await asyncio.sleep(0.2)
-    raise AssertionError(f"the server did not get ready: {problem}")
+    output = f"\n{log.read_text()}" if log is not None else ""
+    raise AssertionError(f"the server did not get ready: {problem}{output}")

@@ -9,8 +9,8 @@ Public API::
     for chunk in engine.synthesize("Hello.", voice, SynthesisOptions(seed=1)):
         ...  # chunk.samples: float32 24 kHz mono
 
-``CosyVoice3Engine`` is imported lazily so that the light modules (options, errors, dsp,
-...) import without loading the model stack.
+``CosyVoice3Engine`` is imported lazily so that the light modules (options, errors, istft,
+noise, ...) import without loading the model stack.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every value names its source: the upstream repository FunAudioLLM/CosyVoice (file and
 function) or the model card of the ONNX export ``Masterx/Fun-CosyVoice3-0.5B-2512-ONNX``.
 Dimensions that the graphs carry (hidden size, layers, KV heads, head dim, vocab) are read
-from the graphs at load time (see :mod:`.graphs`); the values here are only the published
+from the graphs at load time (see :mod:`.model`); the values here are only the published
 defaults used to build synthetic models and to check them.
 """
 

@@ -81,17 +81,11 @@ from .derive.flow.full_attention import FullAttentionDiT
 from .derive.flow.streaming_estimator import load_streaming_estimator
 from .derive.llm.embedding_table import load_table_embedding
 from .derive.vocoder.hift_stream import STREAM_WARNING, open_stream_hift
+from .dit_runner import StreamingEstimator
+from .embedding import TableEmbedding
 from .errors import ModelLoadError
-from .graphs import (
-    ESTIMATOR,
-    HIFT,
-    TEXT_EMBEDDING,
-    Graph,
-    StreamingEstimator,
-    TableEmbedding,
-    load_llm,
-)
 from .options import LLM_FILES, PRESETS, EngineOptions, LlmGraph
+from .sessions import ESTIMATOR, HIFT, TEXT_EMBEDDING, Graph, load_llm
 from .vocoder.hift import StreamedHift
 
 Estimator = Graph | FullAttentionDiT

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from . import constants as C
-from .graphs import available_cpus, session_options
 from .options import LOSSLESS_LLM_GRAPHS, PRESET_STAGES, LlmGraph
+from .sessions import available_cpus, session_options
 
 _LOGGER = logging.getLogger(__name__)
 

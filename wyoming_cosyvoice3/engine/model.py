@@ -23,22 +23,9 @@ from tokenizers import Tokenizer
 
 from . import constants as C
 from .derive.flow.full_attention import FullAttentionDiT
+from .dit_runner import StreamingEstimator
+from .embedding import TableEmbedding
 from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
-from .graphs import (
-    CAMPPLUS,
-    ESTIMATOR,
-    FLOW_ENCODER,
-    HIFT,
-    SPEECH_EMBEDDING,
-    SPEECH_TOKENIZER,
-    TEXT_EMBEDDING,
-    Graph,
-    GraphSpec,
-    StreamingEstimator,
-    TableEmbedding,
-    available_cpus,
-    return_freed_memory,
-)
 from .loaders import (
     Estimator,
     fused_form_of,
@@ -51,7 +38,20 @@ from .loaders import (
     load_text_table,
     wants_streaming,
 )
+from .memory import return_freed_memory
 from .options import LLM_FILES, EngineOptions, FlowPrecision
+from .sessions import (
+    CAMPPLUS,
+    ESTIMATOR,
+    FLOW_ENCODER,
+    HIFT,
+    SPEECH_EMBEDDING,
+    SPEECH_TOKENIZER,
+    TEXT_EMBEDDING,
+    Graph,
+    GraphSpec,
+    available_cpus,
+)
 from .text.tokenizer_load import read_tokenizer
 from .vocoder.hift import StreamedHift
 
@@ -390,7 +390,7 @@ class CosyVoice3Model:
 
     def streaming_estimator(self, precision: str) -> StreamingEstimator | None:
         """The chunk-causal streaming DiT of ``precision``
-        (:class:`~.graphs.StreamingEstimator`), derived and opened on
+        (:class:`~.dit_runner.StreamingEstimator`), derived and opened on
         first use (thread-safe), or None when it cannot be made (one warning; the caller keeps
         full attention)."""
         streaming: StreamingEstimator | None = self._cached(
@@ -418,7 +418,7 @@ class CosyVoice3Model:
 
     def release_voice_encoders(self) -> None:
         """Drop the voice encoder sessions (they load again on the next use) and give their
-        memory back to the operating system (:func:`.graphs.return_freed_memory`)."""
+        memory back to the operating system (:func:`.memory.return_freed_memory`)."""
         with self._voice_lock:
             dropped = self._voice_encoders is not None
             self._voice_encoders = None

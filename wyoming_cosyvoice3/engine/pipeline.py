@@ -9,7 +9,7 @@ speed resampler and the streaming vocoder (:mod:`.vocoder`) -> the samples that 
 are yielded.
 
 Per-request state lives in a :class:`RequestState` (options, the seeded random streams of
-:func:`.dsp.request_streams`, the deadline and cancellation, stage times and timeline events,
+:func:`.noise.request_streams`, the deadline and cancellation, stage times and timeline events,
 and what has been sent) and per-piece state in a :class:`PieceState` (which holds the piece's
 mel stream), both created per call and never stored on the engine; the engine's graphs and
 helpers are shared and may serve several threads at once.
@@ -27,14 +27,13 @@ import numpy as np
 import numpy.typing as npt
 
 from . import constants as C
-from . import graphs
-from .dsp import GrowingNoise, request_streams
 from .errors import SynthesisTimeout, TextError
 from .flow.solver import FlowRunner
 from .flow.stream import ChunkedFlows, FlowRequest, MelStream, SpeedResampler
-from .graphs import return_freed_memory
 from .llm.decoder import LlmDecoder, SilentRunFilter, request_tokens
+from .memory import return_freed_memory
 from .model import CosyVoice3Model
+from .noise import GrowingNoise, request_streams
 from .options import (
     AudioChunk,
     EngineOptions,
@@ -44,6 +43,7 @@ from .options import (
     SynthesisResult,
     VoicePrompt,
 )
+from .sessions import set_run_observer
 from .text.frontend import TextFrontend
 from .text.pieces import PlannedPiece
 from .vocoder.hift import HiftRunner, VocoderStream, may_defer
@@ -190,7 +190,7 @@ class CosyVoice3Engine:
         options = options or EngineOptions()
         options.validate()
         if options.observer is not None and options.observer.observes_graph_runs:
-            graphs.set_run_observer(options.observer.graph_run)
+            set_run_observer(options.observer.graph_run)
         started = time.perf_counter()
         engine = cls(CosyVoice3Model.load(Path(model_dir), options), options)
         return_freed_memory()  # parsed ONNX protobufs are freed once the sessions exist

@@ -27,7 +27,7 @@ Three parts, in this order:
   - **history cache** (per request piece): each chunk's keys/values are appended.
 
   A chunk then runs the derived streaming estimator
-  (:class:`..graphs.StreamingEstimator`) on its new frames only: the prompt frames after the
+  (:class:`..dit_runner.StreamingEstimator`) on its new frames only: the prompt frames after the
   cached ones (first chunk only) and its generated frames, with rotary positions continuing
   after the cached frames. Memory: per cached frame, Euler step and CFG row,
   ``depth x 2 x inner x 4`` bytes (180 KB with the published dims: depth 22, inner 1024).
@@ -65,9 +65,10 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import constants as C
+from ..dit_runner import CHUNK_FRAMES, chunk_attention_bias
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed
-from ..graphs import CHUNK_FRAMES, Graph, chunk_attention_bias
 from ..options import EulerSchedule, ShouldStop, StageTimes, VoiceFeatures
+from ..sessions import Graph
 
 logger = logging.getLogger(__name__)
 
@@ -537,7 +538,7 @@ class ChunkedFlow:
     Args:
         runner: the full-attention flow (encoder, final chunks).
         estimator: the derived streaming estimator
-            (:class:`..graphs.StreamingEstimator`: ``run``, ``depth``, ``inner``).
+            (:class:`..dit_runner.StreamingEstimator`: ``run``, ``depth``, ``inner``).
         prompt_noise: ``frames -> float32 [80, frames]``, the fixed noise of the prompt frames.
         disk_dir: where prompt caches are stored (None: memory only); disk_tag: file name
             part naming the estimator (precision and source file key).

@@ -40,8 +40,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import constants as C
-from ..dsp import GrowingNoise, request_streams
-from ..graphs import CHUNK_FRAMES
+from ..dit_runner import CHUNK_FRAMES
+from ..noise import GrowingNoise, request_streams
 from ..options import EngineOptions, FlowPreset, ShouldStop, StageTimes, VoiceFeatures
 from .solver import ChunkedFlow, FlowCall, FlowRunner, KvCache
 
@@ -58,7 +58,7 @@ GRID_TOKENS = CHUNK_FRAMES // C.TOKEN_MEL_RATIO
 
 def prompt_noise(frames: int) -> FloatArray:
     """float32 [80, frames]: the first frames of the flow noise of a request with seed
-    :data:`PROMPT_NOISE_SEED` (:func:`..dsp.request_streams`)."""
+    :data:`PROMPT_NOISE_SEED` (:func:`..noise.request_streams`)."""
     noise = request_streams(PROMPT_NOISE_SEED)[1]
     return np.ascontiguousarray(noise.take(frames).T)
 

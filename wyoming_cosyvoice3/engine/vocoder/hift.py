@@ -55,12 +55,13 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import constants as C
-from ..dsp import GrowingNoise, istft
 from ..errors import GraphSignatureMismatch, SynthesisCancelled
+from ..istft import istft
+from ..noise import GrowingNoise
 from ..options import ShouldStop, StageTimes
 
 if TYPE_CHECKING:
-    from ..graphs import Graph
+    from ..sessions import Graph
 
 logger = logging.getLogger(__name__)
 

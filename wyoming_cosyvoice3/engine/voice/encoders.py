@@ -32,7 +32,7 @@ speaker embedding ``[speaker_dim]`` float32)."""
 
 
 class GraphLike(Protocol):
-    """What this module needs of :class:`..graphs.Graph`."""
+    """What this module needs of :class:`..sessions.Graph`."""
 
     path: Path
 

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import constants as C
-from ..dsp import periodic_hann
+from ..istft import periodic_hann
 
 F32 = npt.NDArray[np.float32]
 

@@ -336,7 +336,7 @@ def _portable(err: CosyVoiceError) -> CosyVoiceError:
 
 
 def _answer(job: tuple[bytes, str], encoders: list[Any], config: WorkerConfig) -> tuple[str, Any]:
-    from ..graphs import CAMPPLUS, SPEECH_TOKENIZER, Graph
+    from ..sessions import CAMPPLUS, SPEECH_TOKENIZER, Graph
     from .audio_io import decode_clip
     from .encoders import features_from_audio, run_voice_encoders
 

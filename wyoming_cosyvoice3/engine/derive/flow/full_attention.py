@@ -21,15 +21,16 @@ from typing import Any
 
 import numpy as np
 
+from ...dit_runner import chunk_attention_bias
 from ...errors import SynthesisFailed
-from ...graphs import ESTIMATOR, GraphSpec, chunk_attention_bias
+from ...sessions import ESTIMATOR, GraphSpec
 
 VELOCITY = next(iter(ESTIMATOR.outputs))
 """The contract's output name (``estimator_out``, upstream export_onnx.py)."""
 
 
 class FullAttentionDiT:
-    """A :class:`~...graphs.StreamingEstimator` run as the published estimator.
+    """A :class:`~...dit_runner.StreamingEstimator` run as the published estimator.
 
     Args:
         streaming: the streaming DiT (``run(frames, t, start_frame, attn_bias)``).

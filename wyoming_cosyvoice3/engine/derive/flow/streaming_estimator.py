@@ -1,5 +1,5 @@
 """The chunk-causal streaming DiT estimator: derived once, validated, cached (its runner is
-:class:`~...graphs.StreamingEstimator`).
+:class:`~...dit_runner.StreamingEstimator`).
 
 Why: upstream streams with a static 50-frame chunk mask (cosyvoice/flow/DiT/dit.py
 ``DiT.forward(streaming=True)`` -> ``add_optional_chunk_mask(..., static_chunk_size=50, -1)``):
@@ -35,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ...dit_runner import CHUNK_FRAMES, StreamingEstimator, _session
+from ...dit_runner import chunk_attention_bias as chunk_bias
 from ...errors import ModelLoadError
-from ...graphs import CHUNK_FRAMES, StreamingEstimator, _session
-from ...graphs import chunk_attention_bias as chunk_bias
 from ..common.files import derive_once, run_child
 
 logger = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ def load_streaming_estimator(
         ModelFilesMissing, ModelLoadError: derivation failed or the graph cannot be opened
             (callers fall back to full attention).
     """
-    from ...graphs import ESTIMATOR, ORT_ERRORS, Graph, GraphSpec, open_session
+    from ...sessions import ESTIMATOR, ORT_ERRORS, Graph, GraphSpec, open_session
     from ..common.files import derived_files_dir
 
     source = Path(model_dir) / ESTIMATOR.file

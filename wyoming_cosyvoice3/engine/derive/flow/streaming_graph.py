@@ -19,7 +19,7 @@ input                           meaning
 ``mod_<i>``, ``mod_final``      float32 [1 or B, 6D] / [1 or B, 2D]: the time graph's outputs
 ``rope_cos``, ``rope_sin``      float32 [n, head_dim]: rotary tables of the new frames'
                                 absolute positions (x-transformers ``RotaryEmbedding``),
-                                host-computed (:func:`...graphs.rope_tables`)
+                                host-computed (:func:`...dit_runner.rope_tables`)
 ``attn_bias``                   float32 [1 or B, 1, n, m + n]: 0 where a new frame may attend
                                 a key, -inf where not (upstream's chunk mask, or all zeros)
 ``conv1_past``, ``conv2_past``  float32 [B, D, K - 1]: the inputs of the two causal position

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ...embedding import TableEmbedding
 from ...errors import ModelLoadError
-from ...graphs import GraphSpec, TableEmbedding
+from ...sessions import GraphSpec
 from ..common.files import keyed_name, remove_stale, replace_atomically, run_child
 
 logger = logging.getLogger(__name__)

@@ -59,7 +59,7 @@ import numpy as np
 import onnx
 
 from ...errors import ModelLoadError
-from ...graphs import Graph, count_llm_layers, llm_spec, open_session
+from ...sessions import Graph, count_llm_layers, llm_spec, open_session
 from ..common.files import derive_reported, keyed_name, read_report, run_child
 from ..common.files import validation_session as _session
 from .fused_graph import build_fused_llm
@@ -397,13 +397,13 @@ def open_fused_llm(
     embeds: np.ndarray | None = None,
 ) -> Graph:
     """The ``variant`` LLM graph of ``source`` (derived once, :func:`ensure_fused_llm`) as a
-    checked :class:`~...graphs.Graph` whose spec keeps the contract's file name.
+    checked :class:`~...sessions.Graph` whose spec keeps the contract's file name.
 
     Args:
         source: the published graph (``llm_int8.onnx`` or ``llm.onnx``).
         variant: ``"fused"`` or ``"fused-q4"``.
         cache_dir: directory of derived files.
-        threads, providers, spin_wait: session settings (as :func:`~...graphs.open_session`).
+        threads, providers, spin_wait: session settings (as :func:`~...sessions.open_session`).
         embeds: validation embeddings float32 [1, >= 90, hidden] (default: seeded N(0, 1)).
 
     Raises:

@@ -67,9 +67,9 @@ from typing import Any
 import numpy as np
 
 from ... import constants as C
-from ...dsp import istft
 from ...errors import ModelLoadError
-from ...graphs import HIFT, Graph, GraphSpec
+from ...istft import istft
+from ...sessions import HIFT, Graph, GraphSpec
 from ..common.files import derive_reported, run_child, validation_session
 from ..common.forms import Form
 from ..common.graph import GraphIndex
@@ -818,7 +818,7 @@ def open_stream_hift(
     source: Path, cache_dir: Path, threads: int, providers: tuple[str, ...], spin_wait: bool
 ) -> tuple[Graph, StreamReport]:
     """The streamed vocoder graph of ``source`` (derived once, :func:`ensure_stream_hift`)
-    opened as a checked :class:`~...graphs.Graph`, and its report.
+    opened as a checked :class:`~...sessions.Graph`, and its report.
 
     Raises:
         ModelFilesMissing, ModelLoadError, GraphSignatureMismatch: not derivable, not valid or

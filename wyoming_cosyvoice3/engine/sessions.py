@@ -1,5 +1,4 @@
-"""The onnxruntime graphs the engine runs: one checked session per ONNX graph of the model
-directory, the runner of the derived chunk-causal streaming DiT, and returning freed heap.
+"""Checked onnxruntime sessions: one per ONNX graph of the model directory.
 
 Every graph of the contract (spec section 1, the export's model card) has a :class:`GraphSpec`
 naming the inputs and outputs it must have and their dtypes. :class:`Graph` loads the file with
@@ -11,35 +10,21 @@ upstream frontend.py (``session.get_inputs()[0].name``), so their names are not 
 contract. Their specs set ``by_position``: only the number and dtypes of inputs are checked,
 and :meth:`Graph.run` maps the spec's names onto the session's names in order.
 
-Dropping a session frees its weights but not the process's resident memory;
-:func:`return_freed_memory` gives the freed heap back.
-
-The chunk-causal streaming DiT at run time (last section: the static chunk mask, the rotary
-tables and :class:`StreamingEstimator`, the runner of the derived graph): the flow stage runs it
-(:mod:`.flow.solver`) and the derivation (:mod:`.derive.flow.streaming_estimator`) runs it to
-validate the graphs it makes; stages never import each other, so it lives outside both. The
-chunk mask is upstream's, as an additive attention bias: cosyvoice/flow/DiT/dit.py
-``DiT.forward(streaming=True)`` builds
-``add_optional_chunk_mask(x, mask, False, False, 0, static_chunk_size=50, -1)``
-(cosyvoice/utils/mask.py ``subsequent_chunk_mask``): mel frame i may attend to frame j iff
-``j < (i // 50 + 1) * 50``, chunks counted from frame 0 of the prompt, every left chunk kept.
+The benchmark's run observer (:func:`set_run_observer`) sees every run of a checked graph, and
+of the graphs served without a session (:class:`.embedding.TableEmbedding`).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
@@ -87,6 +72,13 @@ def set_run_observer(observer: RunObserver | None) -> None:
     (:class:`.options.EngineObserver`). Unset, a run costs one ``is None`` test more."""
     global _run_observer
     _run_observer = observer
+
+
+def run_observer() -> RunObserver | None:
+    """The installed run observer (None: none), for runners outside this module."""
+    return _run_observer
+
+
 LLM_FILES_BY_PRECISION = {"fp32": "llm.onnx", "int8": "llm_int8.onnx", "q4": "llm_q4.onnx"}
 
 
@@ -409,305 +401,3 @@ def load_llm(
     if layers == 0:
         raise signature_mismatch(spec, Path(path), session, "no past_key_values.<i>.key inputs")
     return Graph(Path(path), spec, threads, providers, session=session)
-
-
-# -- freed heap -------------------------------------------------------------------------------
-
-_trim_lock = threading.Lock()
-_trim: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
-_looked_up = False
-
-
-def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    global _trim, _looked_up
-    with _trim_lock:
-        if not _looked_up:
-            _looked_up = True
-            try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-                _trim = getattr(libc, "malloc_trim", None)
-            except OSError as err:
-                log.debug("no C library to trim: %s", err)
-        return _trim
-
-
-def return_freed_memory() -> bool:
-    """Ask the C library to unmap freed heap pages; True when it released some.
-
-    Loading an onnxruntime session parses the whole ONNX file on the heap; dropping a session
-    (the voice encoders after a voice is prepared, the streaming DiT's time graph) frees its
-    weights, but glibc keeps freed heap pages mapped, so the process's resident set (RSS) does
-    not shrink. ``malloc_trim(0)`` (glibc, ``man 3 malloc_trim``) releases them. Measured on the
-    full-size model: after preparing a voice, RSS 2.14 GB -> 0.80 GB (speech_tokenizer_v3.onnx
-    alone holds 0.97 GB of fp32 weights while it is loaded).
-
-    On other C libraries (musl, macOS, Windows) this is a no-op.
-
-    Safe to call at any time from any thread (glibc locks its arenas); takes milliseconds.
-    """
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    return bool(trim(0))
-
-
-# -- the streaming DiT: chunk mask ----------------------------------------------------------
-
-CHUNK_FRAMES = 50
-"""Static chunk in mel frames (cosyvoice3.yaml DiT ``static_chunk_size``; model.py:
-"token_hop_len must match training static_chunk_size", 25 tokens x 2 frames)."""
-NEG_INF = np.float32(-np.inf)
-
-
-def chunk_attention_bias(
-    start: int, count: int, cached: int, chunk_frames: int = CHUNK_FRAMES
-) -> npt.NDArray[np.float32]:
-    """Additive attention bias float32 [1, 1, count, cached + count].
-
-    Rows: new frames ``start .. start + count - 1`` (absolute indices); columns: the
-    ``cached`` frames just before ``start``, then the new frames. 0 where the static chunk
-    mask allows attention, -inf elsewhere. Cached frames are always visible (they belong to
-    earlier chunks when ``start`` is on the chunk grid, which upstream's schedule guarantees).
-    ``chunk_frames <= 0``: full attention (all zeros).
-    """
-    bias = np.zeros((1, 1, count, cached + count), dtype=np.float32)
-    if chunk_frames <= 0 or count == 0:
-        return bias
-    rows = np.arange(start, start + count)
-    keys = np.arange(start, start + count)
-    limit = (rows // chunk_frames + 1) * chunk_frames
-    bias[0, 0, :, cached:][keys[None, :] >= limit[:, None]] = NEG_INF
-    return bias
-
-
-# -- rotary tables ---------------------------------------------------------------------------
-
-def rope_tables(
-    inv_freq: np.ndarray, freq_div: float, layout: str, start: int, count: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(cos, sin) float32 [count, head_dim] for absolute positions ``start .. start+count-1``.
-
-    x-transformers ``RotaryEmbedding.forward_from_seq_len``: ``freqs = einsum(t, inv_freq) /
-    interpolation_factor``, each frequency used for a pair of channels (interleaved) or both
-    halves ("half"); computed in float32 as torch does.
-    """
-    pos = np.arange(start, start + count, dtype=np.float32)
-    freqs = (pos[:, None] * np.asarray(inv_freq, np.float32)[None, :]).astype(np.float32)
-    if freq_div != 1.0:
-        freqs = (freqs / np.float32(freq_div)).astype(np.float32)
-    if layout == "interleaved":
-        table = np.repeat(freqs, 2, axis=1)
-    else:
-        table = np.concatenate([freqs, freqs], axis=1)
-    return np.cos(table).astype(np.float32), np.sin(table).astype(np.float32)
-
-
-# -- runner ---------------------------------------------------------------------------------
-
-def _session(path: Path) -> Any:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-
-
-KeyValue = tuple[np.ndarray, np.ndarray]
-"""One block's (keys, values), float32 [B, H, frames, head_dim] each (head-major)."""
-
-
-class StreamOutputs:
-    """One call's outputs: ``velocity`` [B, 80, n], convolution pasts [B, D, K-1], and per
-    block ``new`` (keys, values) [B, H, n, head_dim] of the call's frames (empty when the
-    call was made with ``keep=False``)."""
-
-    __slots__ = ("conv1_next", "conv2_next", "new", "velocity")
-
-    def __init__(self, values: Sequence[np.ndarray]) -> None:
-        self.velocity, self.conv1_next, self.conv2_next = values[:3]
-        rest = values[3:]
-        self.new: list[KeyValue] = [(rest[2 * i], rest[2 * i + 1])
-                                    for i in range(len(rest) // 2)]
-
-
-class StreamingEstimator:
-    """Runs the derived main graph; computes modulation (time graph) once per ``t``.
-
-    Args:
-        main: onnxruntime session of the main graph, or a :class:`~.graphs.Graph` of it
-            (runs are then seen by the benchmark's run observer).
-        time_session: session of the time graph (released after :meth:`precompute`; a later
-            unseen ``t`` reopens it from ``time_path``).
-        time_path: the time graph file (None: keep ``time_session``).
-    """
-
-    def __init__(self, main: Any, time_session: Any = None, time_path: Path | None = None,
-                 session_factory: Any = None) -> None:
-        self.main = main
-        self._time = time_session
-        self.time_path = time_path
-        self._factory = session_factory or _session
-        session = getattr(main, "session", main)
-        self.path: Path | None = getattr(main, "path", None)
-        meta = session.get_modelmeta().custom_metadata_map
-        self.depth = int(meta["depth"])
-        self.dim = int(meta["dim"])
-        self.inner = int(meta["inner"])
-        self.head_dim = int(meta["head_dim"])
-        self.heads = int(meta["heads"])
-        self.conv_frames = int(meta["conv_context_frames"])
-        self.layout = meta["rope_layout"]
-        self.inv_freq = np.array([float(f) for f in meta["rope_inv_freq"].split(",")], np.float32)
-        self.freq_div = float(meta["rope_freq_div"])
-        self.outputs = ["velocity", "conv1_next", "conv2_next"] + [
-            f"new_{kind}_{i}" for i in range(self.depth) for kind in ("key", "value")]
-        self._rope_tables = rope_tables
-        self._mods: dict[float, dict[str, np.ndarray]] = {}
-        self._lock = threading.Lock()
-
-    def modulation(self, t: float) -> dict[str, np.ndarray]:
-        """``mod_<i>`` [1, 6D] and ``mod_final`` [1, 2D] for time ``t`` (cached; a time not
-        precomputed opens the time graph for this one call)."""
-        key = float(np.float32(t))
-        with self._lock:
-            hit = self._mods.get(key)
-            if hit is not None:
-                return hit
-            return self._compute([key])[key]
-
-    def _compute(self, keys: Sequence[float]) -> dict[float, dict[str, np.ndarray]]:
-        """Run the time graph for ``keys`` (lock held); an opened graph is dropped after."""
-        session = self._time
-        opened = session is None
-        if session is None:
-            if self.time_path is None:
-                raise ModelLoadError("the streaming DiT's time graph is not available")
-            session = self._factory(self.time_path)
-        names = [o.name for o in session.get_outputs()]
-        for key in keys:
-            values = session.run(names, {"t": np.array([key], dtype=np.float32)})
-            self._mods[key] = {n: np.ascontiguousarray(v)
-                               for n, v in zip(names, values, strict=True)}
-        if opened:
-            del session
-            return_freed_memory()  # the time graph's weights (0.57 GB at full size)
-        return {k: self._mods[k] for k in keys}
-
-    def precompute(self, t_values: Sequence[float]) -> None:
-        """Compute the modulation for every ``t`` with one opening of the time graph, then
-        release it (and give its freed heap back to the operating system)."""
-        with self._lock:
-            missing = sorted({float(np.float32(t)) for t in t_values} - set(self._mods))
-            if missing:
-                self._compute(missing)
-            if self.time_path is not None and self._time is not None:
-                self._time = None
-                return_freed_memory()
-
-    def empty_past(self, batch: int) -> np.ndarray:
-        """float32 [batch, H, 0, head_dim]: no cached frames."""
-        return np.zeros((batch, self.heads, 0, self.head_dim), dtype=np.float32)
-
-    def run(
-        self,
-        frames: dict[str, np.ndarray],
-        t: float,
-        start_frame: int,
-        attn_bias: np.ndarray,
-        conv_past: tuple[np.ndarray, np.ndarray] | None = None,
-        prompt: Sequence[KeyValue] | None = None,
-        hist: Sequence[KeyValue] | None = None,
-        keep: bool = True,
-    ) -> StreamOutputs:
-        """One estimator call on new frames.
-
-        Args:
-            frames: ``x``, ``mu``, ``cond`` float32 [B, 80, n] and ``spks`` [B, 80].
-            t: flow time of the Euler step.
-            start_frame: absolute index of the first new frame (rotary position).
-            attn_bias: [1, 1, n, m + n] (:func:`chunk_attention_bias`); m = mp + mh cached frames.
-            conv_past: (conv1, conv2) [B, D, K-1] or None (zeros: the utterance start).
-            prompt, hist: per block (keys, values) [B, H, mp or mh, head_dim] of the cached
-                prompt and history frames, or None (0 frames).
-            keep: return the new frames' keys/values (False: velocity and convolution
-                context only).
-        """
-        batch, _, n = frames["x"].shape
-        cos, sin = self._rope_tables(self.inv_freq, self.freq_div, self.layout, start_frame, n)
-        feeds: dict[str, np.ndarray] = dict(frames)
-        feeds.update(self.modulation(t))
-        feeds["rope_cos"], feeds["rope_sin"] = cos, sin
-        feeds["attn_bias"] = attn_bias
-        if conv_past is None:
-            zeros = np.zeros((batch, self.dim, self.conv_frames), dtype=np.float32)
-            conv_past = (zeros, zeros)
-        feeds["conv1_past"], feeds["conv2_past"] = conv_past
-        empty = self.empty_past(batch)
-        for part, cached in (("prompt", prompt), ("hist", hist)):
-            for i in range(self.depth):
-                key, value = (empty, empty) if cached is None else cached[i]
-                feeds[f"{part}_key_{i}"], feeds[f"{part}_value_{i}"] = key, value
-        names = self.outputs if keep else self.outputs[:3]
-        if hasattr(self.main, "spec"):  # a checked Graph: returns a dict
-            out = self.main.run(feeds, names)
-            return StreamOutputs([out[name] for name in names])
-        return StreamOutputs(self.main.run(names, feeds))
-
-
-class TableEmbedding:
-    """Embedding lookup with the :class:`Graph` ``run`` interface: the text embedding served
-    from the table that ``derive/llm/embedding_table.py`` extracts once from
-    ``text_embedding_fp16.onnx`` (a plain ``Gather`` [+ ``Cast``]), typically memory-mapped.
-
-    Args:
-        path: the source graph file (for messages).
-        spec: the graph's spec (input ``input_ids``, output ``inputs_embeds``).
-        table: [rows, hidden] table (fp16 or fp32, typically a read-only memory map).
-        out_dtype: dtype of the output (the graph's Cast target; float32).
-    """
-
-    def __init__(self, path: Path, spec: GraphSpec, table: np.ndarray, out_dtype: str) -> None:
-        self.path = Path(path)
-        self.spec = spec
-        self.table = table
-        self.out_dtype = np.dtype(out_dtype)
-
-    @property
-    def rows(self) -> int:
-        return int(self.table.shape[0])
-
-    def input_shape(self, name: str) -> list[int | str | None]:
-        """Declared shape of ``input_ids``: [1, "sequence_length"]."""
-        return [1, "sequence_length"]
-
-    def output_shape(self, name: str) -> list[int | str | None]:
-        """Declared shape of ``inputs_embeds``: [1, "sequence_length", hidden]."""
-        return [1, "sequence_length", int(self.table.shape[1])]
-
-    def lookup(self, ids: npt.ArrayLike) -> np.ndarray:
-        """Rows of ``ids`` (int64, any shape; negative ids count from the end like ONNX
-        Gather) as ``out_dtype`` [*ids.shape, hidden].
-
-        Raises:
-            SynthesisFailed: an id is outside ``[-rows, rows)`` (the graph fails the same way).
-        """
-        index = np.asarray(ids, dtype=np.int64)
-        if index.size and (index.min() < -self.rows or index.max() >= self.rows):
-            raise SynthesisFailed(
-                f"{self.spec.file}: token id out of range [-{self.rows}, {self.rows}) in "
-                f"input_ids {tuple(index.shape)}"
-            )
-        return np.asarray(self.table[index], dtype=self.out_dtype)
-
-    def run(
-        self, feeds: Mapping[str, np.ndarray], output_names: list[str] | None = None
-    ) -> dict[str, np.ndarray]:
-        """Like :meth:`Graph.run`: ``{"inputs_embeds": lookup(feeds["input_ids"])}``."""
-        observer = _run_observer
-        started = time.time() if observer is not None else 0.0
-        out = {"inputs_embeds": self.lookup(feeds["input_ids"])}
-        if observer is not None:
-            observer(str(self.path), feeds, started, time.time())
-        return out
-
-    def __repr__(self) -> str:
-        return f"TableEmbedding({self.spec.file!r}, rows={self.rows})"

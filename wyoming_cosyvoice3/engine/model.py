@@ -50,6 +50,7 @@ from .sessions import (
     TEXT_EMBEDDING,
     Graph,
     GraphSpec,
+    available_cpus,
 )
 from .text.tokenizer_load import read_tokenizer
 from .vocoder.hift import StreamedHift
@@ -204,6 +205,9 @@ class CosyVoice3Model:
     ) -> None:
         self.model_dir = model_dir
         self.options = options
+        self.stage_options = options.for_sessions("stages", available_cpus())
+        """``options`` as the flow and vocoder sessions open (those loaded on first use
+        too): their share of the cores with ``split_cores``, else ``options`` itself."""
         self.tokenizer = tokenizer
         self.end_of_prompt_id = end_of_prompt_id
         text_embedding = graphs["text_embedding"]
@@ -263,41 +267,45 @@ class CosyVoice3Model:
         if missing:
             raise ModelFilesMissing(str(model_dir), missing)
         tokenizer, eop = load_tokenizer(model_dir / TOKENIZER_FILE)
-        threads, providers = options.threads, options.providers
+        # with split_cores the LLM's sessions (the embeddings too: the decoding thread runs
+        # them) and the flow's and vocoder's get separate thread counts, without spinning
+        cpus = available_cpus()
+        llm_options = options.for_sessions("llm", cpus)
+        stage_options = options.for_sessions("stages", cpus)
 
-        spin = options.spin_wait
+        def graph(spec: GraphSpec, opened: EngineOptions) -> Graph:
+            return Graph(model_dir / spec.file, spec, opened.threads, opened.providers,
+                         spin_wait=opened.spin_wait)
 
-        def graph(spec: GraphSpec) -> Graph:
-            return Graph(model_dir / spec.file, spec, threads, providers, spin_wait=spin)
-
-        speech_embedding = graph(SPEECH_EMBEDDING)
-        hift_stream = load_hift_stream(model_dir, options)
+        speech_embedding = graph(SPEECH_EMBEDDING, llm_options)
+        hift_stream = load_hift_stream(model_dir, stage_options)
         # the streamed form serves every synthesis: hift.onnx, its fallback, loads at start
         # only without it (else on a whole-mel call's first use)
-        hift = load_hift(model_dir, options) if hift_stream is None else None
+        hift = load_hift(model_dir, stage_options) if hift_stream is None else None
         precision = options.flow.precision
         streaming: dict[str, StreamingEstimator | None] = {}
         if wants_streaming(options, precision):
-            streaming[precision] = load_streaming_or_none(model_dir, options, precision)
+            streaming[precision] = load_streaming_or_none(model_dir, stage_options, precision)
         # one DiT graph serves chunks and full attention when the streaming DiT loaded
-        estimator = load_estimator(model_dir, options, precision, streaming.get(precision))
-        llm = load_llm_graph(model_dir, options, threads, speech_embedding)
+        estimator = load_estimator(model_dir, stage_options, precision, streaming.get(precision))
+        llm = load_llm_graph(model_dir, llm_options, llm_options.threads, speech_embedding)
         graphs: dict[str, Graph | TableEmbedding | Estimator] = {
             "speech_embedding": speech_embedding,
             "llm": llm,
-            "flow_encoder": graph(FLOW_ENCODER),
+            "flow_encoder": graph(FLOW_ENCODER, stage_options),
             "estimator": estimator,
         }
         if hift is not None:
             graphs["hift"] = hift
         elif hift_stream is not None:  # the same speech_feat input declares the mel bins
             graphs["hift_dims"] = hift_stream.graph
-        graphs["text_embedding"] = load_text_table(model_dir, options) or graph(TEXT_EMBEDDING)
+        graphs["text_embedding"] = (load_text_table(model_dir, options)
+                                    or graph(TEXT_EMBEDDING, llm_options))
         prefill = options.llm_prefill_graph
         if prefill is not None and prefill != options.llm_graph and not (
                 prefill == "fused" and is_fused_form(llm, "fused")):
             # (a decode graph that fell back to the fused form prefills as well as it would)
-            graphs["llm_prefill"] = load_llm_graph(model_dir, options, threads,
+            graphs["llm_prefill"] = load_llm_graph(model_dir, llm_options, llm_options.threads,
                                                    speech_embedding, prefill)
         model = cls(model_dir, options, tokenizer, eop, graphs, streaming)
         model.hift_stream = hift_stream
@@ -316,6 +324,10 @@ class CosyVoice3Model:
             model.dims.hidden_size,
             model.llm.providers,
         )
+        if options.split_cores:
+            log.info("split cores: LLM sessions %d intra-op threads, flow and vocoder sessions "
+                     "%d, none spinning; each request decodes in its own thread",
+                     llm_options.threads, stage_options.threads)
         return model
 
     def _cached(self, role: str, precision: str, load: Callable[[], Any]) -> Any:
@@ -356,7 +368,7 @@ class CosyVoice3Model:
 
         def load() -> Estimator:
             log.info("loading the %s DiT estimator on first use", precision)
-            return load_estimator(self.model_dir, self.options, precision, streaming)
+            return load_estimator(self.model_dir, self.stage_options, precision, streaming)
 
         estimator: Estimator = self._cached("estimator", precision, load)
         return estimator
@@ -373,7 +385,7 @@ class CosyVoice3Model:
         with self._hift_lock:
             if self._hift is None:
                 log.info("loading %s for a whole-mel vocoder call", HIFT.file)
-                self._hift = load_hift(self.model_dir, self.options)
+                self._hift = load_hift(self.model_dir, self.stage_options)
             return self._hift
 
     def streaming_estimator(self, precision: str) -> StreamingEstimator | None:
@@ -383,7 +395,7 @@ class CosyVoice3Model:
         full attention)."""
         streaming: StreamingEstimator | None = self._cached(
             "streaming", precision,
-            lambda: load_streaming_or_none(self.model_dir, self.options, precision))
+            lambda: load_streaming_or_none(self.model_dir, self.stage_options, precision))
         return streaming
 
     def voice_encoders(self) -> tuple[Graph, Graph]:

@@ -1,7 +1,8 @@
 """The public engine: text + voice -> streamed 24 kHz audio (spec sections 4-7).
 
 The pipeline only wires the stages: text -> pieces and LLM prompts (:mod:`.text`) -> speech
-tokens (:func:`.llm.decoder.token_stream`) -> per piece, the silent-run filter and a mel stream
+tokens (:func:`.llm.decoder.request_tokens`; with ``EngineOptions.split_cores`` decoded in a
+per-request thread) -> per piece, the silent-run filter and a mel stream
 (:class:`.flow.stream.MelStream`, opened from the request's :class:`.flow.stream.FlowRequest`,
 which decides the flow's form, prompt and noise) -> the
 speed resampler and the streaming vocoder (:mod:`.vocoder`) -> the samples that became final
@@ -29,7 +30,7 @@ from . import constants as C
 from .errors import SynthesisTimeout, TextError
 from .flow.solver import FlowRunner
 from .flow.stream import ChunkedFlows, FlowRequest, MelStream, SpeedResampler
-from .llm.decoder import LlmDecoder, SilentRunFilter, token_stream
+from .llm.decoder import LlmDecoder, SilentRunFilter, request_tokens
 from .memory import return_freed_memory
 from .model import CosyVoice3Model
 from .noise import GrowingNoise, request_streams
@@ -365,22 +366,26 @@ class CosyVoice3Engine:
         flow = FlowRequest(self.chunked, req.options.flow, voice.features, req.flow_noise,
                            req.options.streaming)
         piece: PieceState | None = None
-        for index, token in token_stream(self.llm, prompts, fixed_tokens, req):
-            if piece is None:
-                piece = self._new_piece(index, req, flow.piece(0 < index < len(pieces) - 1))
-                logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
-            if token is not None:
-                samples = self._accept(piece, token, req)
-                final = False
-                next_s = piece.mel.hop_tokens / C.SPEECH_TOKEN_RATE_HZ / req.options.speed
-            else:  # end of the piece: flush every remaining token
-                samples = self._flush(piece, req)
-                final, piece, next_s = True, None, 0.0
-            if samples is not None:
-                is_last = final and index == len(pieces) - 1
-                chunk = self._chunk(samples, req, index, is_last, next_s, final)
-                if chunk is not None:
-                    yield chunk
+        # with split_cores the tokens come from a decoding thread; leaving this block in any
+        # way (end, error, cancellation, the caller closing the generator) stops and joins it
+        with request_tokens(self.llm, prompts, fixed_tokens, req,
+                            self.options.split_cores) as stream:
+            for index, token in stream:
+                if piece is None:
+                    piece = self._new_piece(index, req, flow.piece(0 < index < len(pieces) - 1))
+                    logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
+                if token is not None:
+                    samples = self._accept(piece, token, req)
+                    final = False
+                    next_s = piece.mel.hop_tokens / C.SPEECH_TOKEN_RATE_HZ / req.options.speed
+                else:  # end of the piece: flush every remaining token
+                    samples = self._flush(piece, req)
+                    final, piece, next_s = True, None, 0.0
+                if samples is not None:
+                    is_last = final and index == len(pieces) - 1
+                    chunk = self._chunk(samples, req, index, is_last, next_s, final)
+                    if chunk is not None:
+                        yield chunk
         if req.chunks_out and not req.last_sent:
             # the last piece produced no audio: close the stream with an empty last chunk
             yield self._make_chunk(np.zeros(0, dtype=np.float32), req, len(pieces) - 1, True,

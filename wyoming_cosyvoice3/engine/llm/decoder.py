@@ -10,8 +10,10 @@ returns ``logits`` of the last position and ``present.{i}.{key,value}``).
 The decoder object is shared and stateless with respect to requests: the KV cache, position and
 decoded tokens of one request live in a :class:`DecodeState`, the random generator is the
 caller's. The state after a voice's fixed prompt prefix is kept in a :class:`PrefixCache`.
-A request's tokens, piece after piece, come from :func:`token_stream`, decoded on the thread
-that runs the flow and the vocoder (the cores are busy with those graphs already).
+A request's tokens, piece after piece, come from :func:`token_stream`, through
+:func:`request_tokens`: decoded on the thread that runs the flow and the vocoder, or with
+``EngineOptions.split_cores`` in a per-request thread (:mod:`.producer`) while the caller's
+thread runs the flow and the vocoder on the tokens already decoded.
 
 KV cache hand-over (``kv_mode``). The graph itself returns ``present = Concat(past, new)``, so
 every step writes the whole cache once inside onnxruntime; the host must not add more copies.
@@ -53,6 +55,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -63,6 +66,7 @@ import onnxruntime as ort
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed, SynthesisTimeout
 from ..options import LlmPrompt, ShouldStop, StageTimes, SynthesisOptions
+from .producer import TokenProducer
 
 if TYPE_CHECKING:
     from ..model import CosyVoice3Model
@@ -601,28 +605,36 @@ def token_stream(
     prompts: list[LlmPrompt],
     fixed_tokens: list[int | None],
     req: TokenRequest,
+    stopped: ShouldStop | None = None,
 ) -> Iterator[PieceToken]:
     """``(piece index, token)`` for every accepted LLM token of every piece of a request, then
     ``(piece index, None)`` at the end of each piece.
 
-    It records "llm" timeline spans, split where the consumer ran a chunk in between.
+    Runs in the producer thread with ``split_cores``. It records "llm" timeline spans, split
+    where the consumer ran a chunk in between (in the thread: where the bounded queue was
+    full).
 
     Args:
         llm: the model's decoder (``llm.decode`` is looked up at each piece).
         prompts: one LLM prompt per text piece.
         fixed_tokens: per piece, the benchmark's fixed token count or None.
         req: the request (seeded generator, limits, cancellation, stage times).
+        stopped: the producer thread's stop flag (the consumer has gone), or None.
 
     Raises:
         as ``LlmDecoder.decode`` (cancellation, timeout, graph failure).
     """
+
+    def should_stop() -> bool:
+        return (stopped is not None and stopped()) or req.check()
+
     opts = req.options
     for index, prompt in enumerate(prompts):
         span = req.now()
         tokens = llm.decode(
             prompt,
             req.rng,
-            should_stop=req.check,
+            should_stop=should_stop,
             max_tokens=opts.max_decode_tokens,
             deadline=req.deadline_monotonic,
             times=req.times,
@@ -636,6 +648,30 @@ def token_stream(
                 span = req.now()
         req.event("llm", span)
         yield index, None
+
+
+@contextmanager
+def request_tokens(
+    llm: LlmDecoder,
+    prompts: list[LlmPrompt],
+    fixed_tokens: list[int | None],
+    req: TokenRequest,
+    threaded: bool,
+) -> Iterator[Iterator[PieceToken]]:
+    """:func:`token_stream` of the request; with ``threaded`` decoded in a
+    :class:`.producer.TokenProducer` thread (the items are the same either way: only that
+    thread calls the LLM and draws from ``req.rng``). The thread is stopped and joined when
+    the context exits, however it exits; its error is raised in the consumer."""
+    if not threaded:
+        yield token_stream(llm, prompts, fixed_tokens, req)
+        return
+    producer: TokenProducer[PieceToken] = TokenProducer(
+        lambda stop: token_stream(llm, prompts, fixed_tokens, req, stop)
+    ).start()
+    try:
+        yield iter(producer)
+    finally:
+        producer.close()
 
 
 # -- sampling -------------------------------------------------------------------------------

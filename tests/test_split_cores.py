@@ -1,0 +1,253 @@
+"""``EngineOptions.split_cores`` on the tiny synthetic model: the LLM decodes in a per-request
+thread on its own sessions' share of the cores while the calling thread runs the flow and the
+vocoder. The audio equals the engine without it; cancellation, timeouts, graph failures and
+an early close end the thread; every session got its share of the threads, none spinning."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from decoding_support import FixedDecoding
+
+from synthetic.audio import write_clip
+from wyoming_cosyvoice3.engine import (
+    AudioChunk,
+    CosyVoice3Engine,
+    EngineOptions,
+    SynthesisCancelled,
+    SynthesisOptions,
+    SynthesisResult,
+    SynthesisTimeout,
+    VoicePrompt,
+)
+from wyoming_cosyvoice3.engine.errors import SynthesisFailed
+
+TEXT = ("The kitchen lights are on. The front door is locked for the night, and the garden "
+        "sprinklers run until morning.")
+THREAD = "cosyvoice3-llm"
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path) -> dict[bool, CosyVoice3Engine]:
+    """An engine without ``split_cores`` at 1 thread per session and one with it at 2
+    threads (split 1 + 1: the same thread count per session, as onnxruntime's rounding
+    depends on it), with every derived graph a preset runs (fused LLM with its in-place KV
+    cache, streaming DiT, streamed vocoder)."""
+    return {split: CosyVoice3Engine.load(tiny_dit_model_dir, EngineOptions(
+        cache_dir=tiny_dit_cache_dir, llm_graph="fused", threads=2 if split else 1,
+        split_cores=split, observer=FixedDecoding(0.8))) for split in (False, True)}
+
+
+@pytest.fixture(scope="module")
+def voice(engines: dict[bool, CosyVoice3Engine],
+          tmp_path_factory: pytest.TempPathFactory) -> VoicePrompt:
+    clip = write_clip(tmp_path_factory.mktemp("clip") / "ref.wav", seconds=3.0)
+    return engines[False].prepare_voice(clip, transcript="This is a reference clip.",
+                                        name="split")
+
+
+def producer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD]
+
+
+def options(**changes: Any) -> SynthesisOptions:
+    # the vocoder's deferral follows the wall clock, which differs between any two runs
+    # (threaded or not) and moves samples by float rounding where it cuts the mel: off here
+    return SynthesisOptions(seed=3, max_piece_tokens=12, **changes).replace(
+        flow={"first_hop_tokens": 5}, vocoder={"defer": False})
+
+
+def decoding_threads(engine: CosyVoice3Engine, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records the thread that decodes each piece (wraps ``decode``, never replaces it)."""
+    names: list[str] = []
+    decode = engine.llm.decode
+
+    def recording(*args: Any, **kwargs: Any) -> Iterator[int]:
+        names.append(threading.current_thread().name)
+        yield from decode(*args, **kwargs)
+
+    monkeypatch.setattr(engine.llm, "decode", recording)
+    return names
+
+
+# -- same audio -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("streaming", "speed"), [(True, 1.0), (True, 1.3), (False, 1.0)])
+def test_split_cores_gives_the_same_chunks(
+    engines: dict[bool, CosyVoice3Engine], voice: VoicePrompt,
+    monkeypatch: pytest.MonkeyPatch, streaming: bool, speed: float,
+) -> None:
+    runs: dict[bool, tuple[list[AudioChunk], SynthesisResult]] = {}
+    threads: dict[bool, list[str]] = {}
+    for split, engine in engines.items():
+        threads[split] = decoding_threads(engine, monkeypatch)
+        result = SynthesisResult()
+        chunks = list(engine.synthesize(TEXT, voice, options(streaming=streaming, speed=speed),
+                                        result=result))
+        runs[split] = (chunks, result)
+    (plain, plain_result), (split_chunks, split_result) = runs[False], runs[True]
+    # several pieces; streamed, several chunks each (one-shot: one each)
+    assert plain_result.pieces >= 2
+    if streaming:
+        assert len(plain) >= 2 * plain_result.pieces
+    else:
+        assert len(plain) == plain_result.pieces
+    assert [len(c.samples) for c in split_chunks] == [len(c.samples) for c in plain]
+    for a, b in zip(plain, split_chunks, strict=True):
+        np.testing.assert_array_equal(a.samples, b.samples)
+        assert (a.piece_index, a.is_last, a.piece_done, a.next_chunk_s) == (
+            b.piece_index, b.is_last, b.piece_done, b.next_chunk_s)
+    assert split_result.times.llm_tokens == plain_result.times.llm_tokens > 0
+    # the split engine decoded every piece in its thread, the plain one in the caller's
+    caller = threading.current_thread().name
+    assert threads[True] == [THREAD] * plain_result.pieces
+    assert threads[False] == [caller] * plain_result.pieces
+    assert not producer_threads()
+
+
+# -- the thread always ends -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_cancelled_request_raises_and_leaves_no_thread(
+    engines: dict[bool, CosyVoice3Engine], voice: VoicePrompt, split: bool
+) -> None:
+    chunks = 0
+
+    def should_stop() -> bool:
+        return chunks >= 1
+
+    with pytest.raises(SynthesisCancelled):
+        for _ in engines[split].synthesize(TEXT, voice, options(), should_stop=should_stop):
+            chunks += 1
+    assert chunks == 1
+    assert not producer_threads()
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_request_timeout_raises_and_leaves_no_thread(
+    engines: dict[bool, CosyVoice3Engine], voice: VoicePrompt, split: bool
+) -> None:
+    with pytest.raises(SynthesisTimeout):
+        list(engines[split].synthesize(TEXT, voice, options(max_request_s=1e-6)))
+    assert not producer_threads()
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_llm_graph_failure_raises_and_leaves_no_thread(
+    engines: dict[bool, CosyVoice3Engine], voice: VoicePrompt,
+    monkeypatch: pytest.MonkeyPatch, split: bool,
+) -> None:
+    graph = engines[split].model.llm
+    calls = {"n": 0}
+
+    def failing(real: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] > 20:  # after the first chunks: the flow is busy meanwhile
+                raise SynthesisFailed("injected graph failure")
+            return real(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(graph, "run", failing(graph.run))
+    monkeypatch.setattr(graph, "run_bound", failing(graph.run_bound))
+    chunks = 0
+    with pytest.raises(SynthesisFailed, match="injected graph failure"):
+        for _ in engines[split].synthesize(TEXT, voice, options()):
+            chunks += 1
+    assert chunks >= 1 and calls["n"] == 21
+    assert not producer_threads()
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_closing_the_generator_early_leaves_no_thread(
+    engines: dict[bool, CosyVoice3Engine], voice: VoicePrompt,
+    monkeypatch: pytest.MonkeyPatch, split: bool,
+) -> None:
+    step = engines[split].llm.step
+
+    def slow_step(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.01)  # the thread is still decoding when the first chunk is out
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(engines[split].llm, "step", slow_step)
+    stream = engines[split].synthesize(TEXT, voice, options())
+    next(stream)
+    if split:
+        assert producer_threads()  # still decoding the rest of the request
+    stream.close()  # type: ignore[attr-defined]
+    assert not producer_threads()
+
+
+# -- the sessions' threads --------------------------------------------------------------------
+
+
+def _spins(session: ort.InferenceSession) -> bool:
+    try:
+        entry = session.get_session_options().get_session_config_entry(
+            "session.intra_op.allow_spinning")
+    except Exception:  # not set: onnxruntime's default, spinning
+        return True
+    return entry != "0"
+
+
+def sessions(engine: CosyVoice3Engine) -> dict[str, dict[str, ort.InferenceSession]]:
+    """The synthesis sessions by role: the LLM's and the flow's and vocoder's."""
+    model = engine.model
+    streaming = model.streaming_estimator(model.options.flow.precision)
+    assert model.hift_stream is not None and streaming is not None
+    llm = {"llm": model.llm.session, "speech_embedding": model.speech_embedding.session}
+    if model.llm_prefill is not None:
+        llm["llm_prefill"] = model.llm_prefill.session
+    if hasattr(model.text_embedding, "session"):
+        llm["text_embedding"] = model.text_embedding.session
+    stages = {"flow_encoder": model.flow_encoder.session,
+              "streaming_dit": streaming.main.session,
+              "vocoder": model.hift_stream.graph.session}
+    return {"llm": llm, "stages": stages}
+
+
+def test_split_sessions_get_their_share_of_the_threads_and_do_not_spin(
+    engines: dict[bool, CosyVoice3Engine],
+) -> None:
+    # the split engine was loaded with 2 threads: each role gets 1
+    for role, by_name in sessions(engines[True]).items():
+        for name, session in by_name.items():
+            opened = session.get_session_options()
+            assert (role, name, opened.intra_op_num_threads) == (role, name, 1)
+            assert not _spins(session), (role, name)
+    # a DiT loaded on first use (the other precision) gets the flow's share too
+    model = engines[True].model
+    other = "int8" if model.options.flow.precision == "fp32" else "fp32"
+    late = model.streaming_estimator(other)
+    assert late is not None
+    assert late.main.session.get_session_options().intra_op_num_threads == 1
+    assert not _spins(late.main.session)
+    for by_name in sessions(engines[False]).values():
+        for name, session in by_name.items():
+            assert (name, session.get_session_options().intra_op_num_threads) == (name, 1)
+            assert _spins(session), name
+
+
+@pytest.mark.parametrize(("threads", "cpus", "llm", "stages"), [
+    (0, 1, 1, 1), (0, 2, 1, 1), (0, 3, 1, 2), (0, 4, 2, 2), (0, 8, 4, 4),
+    (2, 8, 1, 1), (5, 1, 2, 3),
+])
+def test_for_sessions_splits_the_cores(threads: int, cpus: int, llm: int, stages: int) -> None:
+    split = EngineOptions(threads=threads, split_cores=True)
+    assert split.for_sessions("llm", cpus) == EngineOptions(threads=llm, spin_wait=False,
+                                                            split_cores=True)
+    assert split.for_sessions("stages", cpus) == EngineOptions(threads=stages, spin_wait=False,
+                                                               split_cores=True)
+    plain = EngineOptions(threads=threads)
+    assert plain.for_sessions("llm", cpus) is plain
+    assert plain.for_sessions("stages", cpus) is plain

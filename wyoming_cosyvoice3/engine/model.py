@@ -207,7 +207,7 @@ class CosyVoice3Model:
         self.options = options
         self.stage_options = options.for_sessions("stages", available_cpus())
         """``options`` as the flow and vocoder sessions open (those loaded on first use
-        too): their share of the cores with ``split_cores``, else ``options`` itself."""
+        too): with ``split_cores`` not spinning, else ``options`` itself."""
         self.tokenizer = tokenizer
         self.end_of_prompt_id = end_of_prompt_id
         text_embedding = graphs["text_embedding"]

@@ -343,23 +343,17 @@ class EngineOptions:
         spin_wait: let idle onnxruntime worker threads spin before sleeping
             (``session.intra_op.allow_spinning``): lowest latency for one busy session, but
             spinning threads steal the core from a concurrent session.
-        split_cores: give the two kinds of work of a request their own cores. The LLM
-            sessions (decoding and prefill graphs, the embeddings) get half of the cores
-            (``threads``, or for 0 the CPUs this process may run on; at least 1) and the flow
-            and vocoder sessions the rest (at least 1), none of them spinning, and each
-            request's speech tokens are decoded in a thread of its own (a bounded queue)
-            while the calling thread runs the flow and the vocoder on the tokens already
-            decoded. Same tokens, audio and chunks as an engine without it whose sessions
-            run the same thread counts (only that thread calls the LLM and draws from the
-            request's generator; the vocoder's deferral still follows the wall clock); like
-            any change of ``threads``, fewer threads per session change onnxruntime's float
-            rounding (1 against 2 moved the tiny model's samples by up to 2.4e-6). It pays
-            where decoding (memory-bound) and the flow (compute-bound) slow each other little:
-            a long answer then takes about the longer of the two at their share of the cores
-            instead of their sum at all of them. It costs each stage its other threads: on a
-            2-core Xeon one intra-op thread instead of two took the streamed paragraph's LLM
-            decoding from 18.4 to 25.0 s and the ``balanced`` flow from 17.7 to 25.9 s, so a
-            short answer, whose stages barely overlap, is heard later. One extra thread per
+        split_cores: decode each request's speech tokens in a thread of its own (a bounded
+            queue) while the calling thread runs the flow and the vocoder on the tokens
+            already decoded, every session with ``threads`` intra-op threads and none spinning
+            (a spinning thread would hold a core the other kind of work is waiting for; the
+            operating system shares the cores between the memory-bound decoding and the
+            compute-bound flow). Same tokens, audio and chunks as without it at the same
+            ``threads`` (only that thread calls the LLM and draws from the request's
+            generator; the vocoder's deferral still follows the wall clock). On the 2-core
+            Xeon of BENCHMARKS.md ("Both cores busy: decoding beside the flow") it took
+            ``balanced``'s streamed paragraph from 50.6 to 43.2 s; giving each kind of work
+            half of the cores instead (one thread each) took it to 47.6 s. One extra thread per
             request in flight.
         providers: onnxruntime execution providers in order of preference; the CPU provider
             is always appended as the fallback.
@@ -422,17 +416,13 @@ class EngineOptions:
         self.flow.validate()
 
     def for_sessions(self, role: SessionRole, cpus: int) -> EngineOptions:
-        """These options as the sessions of ``role`` open them: unchanged without
-        ``split_cores``; with it, ``threads`` is the role's share of ``threads`` (for 0, of
-        ``cpus``, the CPUs this process may run on): ``"llm"`` half of them, ``"stages"``
-        (flow and vocoder) the rest, each at least 1, and ``spin_wait`` off (a spinning
-        thread would take the core the other role's sessions run on)."""
+        """These options as the sessions of ``role`` (``"llm"``: decoding, prefill and the
+        embeddings; ``"stages"``: flow and vocoder) open them: unchanged without
+        ``split_cores``; with it, ``spin_wait`` off and ``threads`` as given (for 0, ``cpus``,
+        the CPUs this process may run on), for both roles."""
         if not self.split_cores:
             return self
-        total = self.threads or max(1, cpus)
-        llm = max(1, total // 2)
-        return dataclasses.replace(self, threads=llm if role == "llm" else max(1, total - llm),
-                                   spin_wait=False)
+        return dataclasses.replace(self, threads=self.threads or max(1, cpus), spin_wait=False)
 
 
 # -- presets ----------------------------------------------------------------------------------

@@ -186,6 +186,7 @@ class ModelLoader:
                 llm_graph=self.llm_plan.decode,
                 llm_prefill_graph=self.llm_plan.prefill,
                 threads=self.settings.threads,
+                split_cores=self.settings.split_cores,
                 providers=self.settings.providers,
                 voice_cache_dir=self.settings.cache_dir,
                 voice_process=True,  # voice encoders never load in this process

@@ -84,8 +84,10 @@ def test_the_engine_is_loaded_for_the_preset_with_the_benchmark_observer(
         chunk_causal: bool) -> None:
     """The server hands the engine the preset record (whose DiT graphs open at start) and the
     benchmark's observer, which carries the fixed decoding length."""
+    # an explicit LLM graph: the loader measures nothing (the probe is not this test's subject)
     hooks, server_argv = serve.parse(["--model-dir", str(tmp_path), "--preset", preset,
-                                      "--bench-tokens-per-char", "2", *flags])
+                                      "--llm-graph", "fused", "--bench-tokens-per-char", "2",
+                                      *flags])
     loaded = loaded_engine_options(resolve_settings(server_argv, environ={}), tmp_path, hooks)
     (options,) = loaded
     assert options.observer is hooks.observer

@@ -267,7 +267,8 @@ def test_the_server_flag_reaches_the_loaded_engine(
 
     from wyoming_cosyvoice3.server.settings import resolve_settings
 
-    settings = resolve_settings(["--model-dir", str(tmp_path), "--preset", "balanced", *argv],
-                                environ=environ)
+    # explicit preset and LLM graph: the loader measures nothing
+    settings = resolve_settings(["--model-dir", str(tmp_path), "--preset", "balanced",
+                                 "--llm-graph", "fused", *argv], environ=environ)
     (loaded,) = loaded_engine_options(settings, tmp_path)
     assert loaded.split_cores is expected

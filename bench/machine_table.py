@@ -55,8 +55,9 @@ from wyoming_cosyvoice3.engine.machine import (
     STAGE_WORK,
     LlmPlan,
     MachineRates,
+    StageSplit,
     StageWork,
-    predict_rtf,
+    predict_split,
 )
 
 from .costmodel import STAGES, CostModel, load_cost_models, stage_of
@@ -161,24 +162,29 @@ def stage_work(records: Sequence[Mapping[str, Any]], costs: Mapping[str, CostMod
 
 _PROBE_LINE = re.compile(r"machine probe: (\{.*\})\s*$")
 _PLAN_LINE = re.compile(r"LLM graphs for `[\w-]+`: ([\w-]+)(?:, prefill ([\w-]+))? \(")
+_SPLIT_LINE = re.compile(r"split cores: LLM sessions")
 
 
-def server_probes(out_dir: Path) -> dict[str, tuple[MachineRates, LlmPlan]]:
-    """Server label (``results.json``'s preset column) -> the probe it ran at start and its
-    LLM graphs, read from its log (servers without both lines are left out)."""
+def server_probes(out_dir: Path) -> dict[str, tuple[MachineRates, LlmPlan, bool]]:
+    """Server label (``results.json``'s preset column) -> the probe it ran at start, its
+    LLM graphs and whether it decoded beside the flow (its log's ``split cores:`` line), read
+    from its log (servers without the probe's and the graphs' lines are left out)."""
     raw = json.loads((out_dir / "raw.json").read_text(encoding="utf-8"))
     found = {}
     for server in raw["servers"]:
         log = out_dir / Path(server["stats_file"]).with_suffix(".log").name
         rates = plan = None
+        split = False
         if log.is_file():
             for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
                 if (match := _PROBE_LINE.search(line)) is not None:
                     rates = MachineRates.from_json(json.loads(match[1]))
                 elif (match := _PLAN_LINE.search(line)) is not None:
                     plan = LlmPlan(match[1], match[2])  # type: ignore[arg-type]
+                elif _SPLIT_LINE.search(line) is not None:
+                    split = True
         if rates is not None and plan is not None:
-            found[server["preset"]] = (rates, plan)
+            found[server["preset"]] = (rates, plan, split)
     return found
 
 
@@ -204,7 +210,9 @@ def efficiencies(efficiency_dir: Path, costs: Mapping[str, CostModel],
     for preset, (_trace, records) in paragraph_runs(efficiency_dir).items():
         if preset not in probes:
             continue
-        rates, plan = probes[preset]
+        rates, plan, split = probes[preset]
+        if split:  # stages sharing the cores: their seconds are not the stage's alone
+            continue
         work = stage_work(records, costs)
         tokens, positions = llm_counts(records)
         for stage in STAGES:
@@ -267,14 +275,22 @@ def table(args: argparse.Namespace) -> int:
     return 0
 
 
+def fitting_overlap(parts: StageSplit, measured_rtf: float) -> float:
+    """The ``SPLIT_OVERLAP`` with which ``parts`` would predict ``measured_rtf`` exactly:
+    (measured - the longer kind) / the shorter kind."""
+    longer, shorter = max(parts.llm_s, parts.stages_s), min(parts.llm_s, parts.stages_s)
+    return (measured_rtf - longer) / shorter
+
+
 def check(args: argparse.Namespace) -> int:
     """Predicted (at the probe each server logged at start) against measured
     streamed-paragraph RTF per server."""
     results = json.loads((args.out / "results.json").read_text(encoding="utf-8"))
     probes = server_probes(args.out)
-    print("| server | probe | LLM graphs | predicted RTF | measured RTF (median, n) | "
-          f"predicted / measured | within {PREDICTION_ERROR:.0%} |")
-    print("|---|---|---|---|---|---|---|")
+    print("| server | probe | LLM graphs | LLM / flow + vocoder predicted | predicted RTF | "
+          f"measured RTF (median, n) | predicted / measured | within {PREDICTION_ERROR:.0%} | "
+          "overlap that fits |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for cell in results["cells"]:
         if (cell["workload"], cell["mode"]) != ("paragraph", "streaming"):
             continue
@@ -284,14 +300,18 @@ def check(args: argparse.Namespace) -> int:
         rtfs = [r["rtf"] for r in cell["runs"] if r.get("rtf")]
         if not rtfs:
             continue
-        rates, plan = probes[cell["preset"]]
+        rates, plan, split = probes[cell["preset"]]
         measured = statistics.median(rtfs)
-        predicted = predict_rtf(rates, preset, plan)
-        graphs = plan.decode + (f" (prefill {plan.prefill})" if plan.prefill else "")
+        parts = predict_split(rates, preset, plan)
+        predicted = parts.rtf(split)
+        graphs = plan.decode + (f" (prefill {plan.prefill})" if plan.prefill else "") + (
+            ", split cores" if split else "")
+        overlap = f"{fitting_overlap(parts, measured):.2f}" if split else "-"
         print(f"| {cell['preset']} | {rates.describe()}, {rates.threads or 'default'} threads | "
-              f"{graphs} | {predicted:.2f} | {measured:.2f} ({len(rtfs)}) | "
-              f"{predicted / measured:.2f} | "
-              f"{'yes' if abs(predicted / measured - 1) <= PREDICTION_ERROR else 'no'} |")
+              f"{graphs} | {parts.llm_s:.2f} / {parts.stages_s:.2f} | {predicted:.2f} | "
+              f"{measured:.2f} ({len(rtfs)}) | {predicted / measured:.2f} | "
+              f"{'yes' if abs(predicted / measured - 1) <= PREDICTION_ERROR else 'no'} | "
+              f"{overlap} |")
     return 0
 
 

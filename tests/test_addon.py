@@ -93,14 +93,14 @@ def test_schema_option_is_a_server_setting_of_a_compatible_type(key: str) -> Non
 def test_default_and_changed_options_reach_the_server(tmp_path: Path) -> None:
     defaults = _resolve(tmp_path, _config()["options"])
     assert (defaults.preset, defaults.voice, defaults.llm_precision, defaults.threads,
-            defaults.speed, defaults.streaming, defaults.debug) == (
-        "auto", None, "int8", 0, 1.0, True, False)
+            defaults.split_cores, defaults.speed, defaults.streaming, defaults.debug) == (
+        "auto", None, "int8", 0, True, 1.0, True, False)
     changed = _resolve(tmp_path, {"preset": "fast", "voice": "en-male", "llm_precision": "q4",
-                                  "threads": 3, "speed": 1.5, "streaming": False,
-                                  "debug": True})
+                                  "threads": 3, "split_cores": False, "speed": 1.5,
+                                  "streaming": False, "debug": True})
     assert (changed.preset, changed.voice, changed.llm_precision, changed.threads,
-            changed.speed, changed.streaming, changed.debug) == (
-        "fast", "en-male", "q4", 3, 1.5, False, True)
+            changed.split_cores, changed.speed, changed.streaming, changed.debug) == (
+        "fast", "en-male", "q4", 3, False, 1.5, False, True)
     with pytest.raises(SettingsError, match="streaming"):
         _resolve(tmp_path, {"streaming": "maybe"})
 

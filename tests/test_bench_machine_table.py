@@ -11,7 +11,7 @@ from machine_figures import AVX512
 
 from bench import machine_table
 from bench.costmodel import CostModel
-from wyoming_cosyvoice3.engine.machine import LlmPlan, MachineRates, predict_rtf
+from wyoming_cosyvoice3.engine.machine import LlmPlan, MachineRates, predict_rtf, predict_split
 
 # LLM: 1 GOP int8 per new position, 0.5 GB of int8 weights; DiT: 2 GFLOP fp32 per frame
 LLM = CostModel("llm", (0.0, 0.0, 0.0), (0.0, 1e9, 0.0), 0, 0, 5 * 10**8)
@@ -71,15 +71,18 @@ def test_streamed_vocoder_counts_as_the_benchmark_counts_it() -> None:
     assert machine_table.stage_work([windowed], approx)["vocoder"][0] == pytest.approx(23e9)
 
 
-def _fake_run(out: Path, rtfs: list[float], probe: MachineRates) -> None:
-    """A benchmark output whose one server logged ``probe`` and its LLM graphs at start."""
+def _fake_run(out: Path, rtfs: list[float], probe: MachineRates, split: bool = False) -> None:
+    """A benchmark output whose one server logged ``probe`` and its LLM graphs at start (and,
+    with ``split``, that it decodes beside the flow)."""
     out.mkdir()
     server = {"preset": "balanced", "stats_file": "server-balanced.jsonl", "traces": []}
     (out / "raw.json").write_text(json.dumps({"servers": [server]}), "utf-8")
+    split_line = ("2026-12-06 03:03:58,001 INFO y: split cores: LLM sessions 2 intra-op threads, "
+                  "flow and vocoder sessions the same, none spinning\n") if split else ""
     (out / "server-balanced.log").write_text(
         f"2026-12-06 03:03:48,355 INFO x: machine probe: {json.dumps(probe.to_json())}\n"
         "2026-12-06 03:03:48,355 INFO x: LLM graphs for `balanced`: fused-b8, prefill fused "
-        "(fused-b8 decodes fastest; fused prefills 4.4x faster)\n", "utf-8")
+        f"(fused-b8 decodes fastest; fused prefills 4.4x faster)\n{split_line}", "utf-8")
     cells = [{"preset": "balanced", "workload": "paragraph", "mode": "streaming",
               "runs": [{"rtf": r} for r in rtfs]},
              {"preset": "balanced", "workload": "sentence", "mode": "streaming",
@@ -93,16 +96,37 @@ def test_check_predicts_at_the_servers_probe_against_the_median_measured(
     predicted = predict_rtf(AVX512, "balanced", plan)
     _fake_run(tmp_path / "near", [predicted * 1.2, predicted * 0.9, predicted * 1.1], AVX512)
     _fake_run(tmp_path / "far", [predicted * 2.0], AVX512)
-    assert machine_table.server_probes(tmp_path / "near") == {"balanced": (AVX512, plan)}
+    assert machine_table.server_probes(tmp_path / "near") == {
+        "balanced": (AVX512, plan, False)}
     assert machine_table.main(["check", str(tmp_path / "near")]) == 0
     near = capsys.readouterr().out
     row = next(line for line in near.splitlines() if line.startswith("| balanced"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[2] == "fused-b8 (prefill fused)" and cells[3] == f"{predicted:.2f}"
-    assert cells[4] == f"{predicted * 1.1:.2f} (3)"  # the median of the three, not the sentence
-    assert cells[5] == f"{1 / 1.1:.2f}" and cells[6] == "yes"
+    parts = predict_split(AVX512, "balanced", plan)
+    assert cells[2] == "fused-b8 (prefill fused)"
+    assert cells[3] == f"{parts.llm_s:.2f} / {parts.stages_s:.2f}"
+    assert cells[4] == f"{predicted:.2f}"
+    assert cells[5] == f"{predicted * 1.1:.2f} (3)"  # the median of the three, not the sentence
+    assert cells[6] == f"{1 / 1.1:.2f}" and cells[7] == "yes" and cells[8] == "-"
     machine_table.main(["check", str(tmp_path / "far")])
-    assert "| 0.50 | no |" in capsys.readouterr().out
+    assert "| 0.50 | no | - |" in capsys.readouterr().out
+
+
+def test_check_predicts_a_split_server_with_the_overlap_and_fits_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = LlmPlan("fused-b8", "fused")
+    parts = predict_split(AVX512, "balanced", plan)
+    longer, shorter = max(parts.llm_s, parts.stages_s), min(parts.llm_s, parts.stages_s)
+    measured = longer + 0.5 * shorter  # as if half the shorter kind added to the longer
+    _fake_run(tmp_path / "split", [measured], AVX512, split=True)
+    assert machine_table.server_probes(tmp_path / "split")["balanced"][2] is True
+    machine_table.main(["check", str(tmp_path / "split")])
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| balanced"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "fused-b8 (prefill fused), split cores"
+    assert cells[4] == f"{predict_rtf(AVX512, 'balanced', plan, split_cores=True):.2f}"
+    assert cells[8] == "0.50"
 
 
 def test_full_costs_take_the_runs_streamed_vocoder_fit(

@@ -22,12 +22,14 @@ from wyoming_cosyvoice3.engine.machine import (
     LlmCosts,
     LlmPlan,
     MachineRates,
+    StageSplit,
     choose_llm_graphs,
     choose_preset,
     evict_bytes,
     last_level_cache_bytes,
     llm_weight_bytes,
     predict_rtf,
+    predict_split,
 )
 from wyoming_cosyvoice3.engine.options import PRESET_STAGES
 
@@ -135,6 +137,36 @@ def test_keeping_up_needs_the_predictions_margin() -> None:
     faster = choose_preset(scaled(near, 1.2), 64e9)
     assert faster.preset == "fast" and faster.keeps_up
     assert faster.summary().endswith("answers play without pauses")
+
+
+def test_decoding_beside_the_flow_overlaps_the_two_kinds_of_work() -> None:
+    for rates in (AVX512, AVX2):
+        for name in ("quality", "balanced", "fast"):
+            parts = predict_split(rates, name)
+            alone = predict_rtf(rates, name)
+            beside = predict_rtf(rates, name, split_cores=True)
+            assert alone == pytest.approx(parts.llm_s + parts.stages_s, rel=1e-12)
+            # sooner than one after the other, never sooner than the longer kind alone
+            assert max(parts.llm_s, parts.stages_s) < beside < alone
+    # work that costs nothing changes nothing; equal halves overlap by the fitted fraction
+    assert StageSplit(0.0, 1.0).rtf(True) == StageSplit(0.0, 1.0).rtf(False) == 1.0
+    assert StageSplit(1.0, 0.0).rtf(True) == 1.0
+    assert StageSplit(0.5, 0.5).rtf(True) == pytest.approx(0.5 * (1 + machine.SPLIT_OVERLAP))
+    assert StageSplit(0.5, 0.5).rtf(False) == 1.0
+
+
+def test_auto_predicts_as_the_engine_will_run() -> None:
+    # a machine where fast keeps up only when its LLM decodes beside the flow (predicted at
+    # RTF 0.8 so, above the 0.87 of keeping up one after the other)
+    near = scaled(AVX512, predict_rtf(AVX512, "fast", split_cores=True) / 0.8)
+    assert predict_rtf(near, "fast") > KEEPS_UP_RTF
+    beside = choose_preset(near, 64e9, split_cores=True)
+    assert beside.preset == "fast" and beside.keeps_up and beside.split_cores
+    assert beside.predicted_rtf["fast"] == pytest.approx(0.8)
+    assert "decoding beside the flow" in beside.summary()
+    turns = choose_preset(near, 64e9)
+    assert turns.preset == "balanced" and not turns.keeps_up
+    assert "decoding beside the flow" not in turns.summary()
 
 
 @pytest.mark.parametrize("rates", [AVX512, AVX2], ids=["avx512", "avx2"])

@@ -30,7 +30,7 @@ from wyoming_cosyvoice3.engine.machine import (
     predict_rtf,
 )
 from wyoming_cosyvoice3.engine.options import PRESETS
-from wyoming_cosyvoice3.server import machine
+from wyoming_cosyvoice3.server import machine, model_loader
 from wyoming_cosyvoice3.server.machine import (
     AUTO,
     available_memory_bytes,
@@ -53,6 +53,9 @@ def scaled(rates: MachineRates, factor: float) -> MachineRates:
 SLOW = AVX512
 MEDIUM = scaled(AVX512, predict_rtf(AVX512, "fast") / (0.9 * KEEPS_UP_RTF))
 """fast keeps up with the margin (RTF 0.9 x 0.87), balanced does not."""
+MEDIUM_BESIDE = scaled(AVX512, predict_rtf(AVX512, "fast", split_cores=True)
+                       / (0.9 * KEEPS_UP_RTF))
+"""The same with the LLM decoding beside the flow (``split_cores``)."""
 
 
 def test_a_failed_probe_takes_balanced_and_the_presets_graph() -> None:
@@ -183,17 +186,23 @@ def fixed_probe(monkeypatch: pytest.MonkeyPatch, rates: MachineRates,
     return calls
 
 
+@pytest.mark.parametrize(("split_cores", "rates"), [(False, MEDIUM), (True, MEDIUM_BESIDE)],
+                         ids=["one-after-the-other", "decoding-beside"])
 async def test_auto_chooses_before_loading_logs_one_line_and_shows_it(
         tiny_model_dir: Path, tiny_engine_cache: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    calls = fixed_probe(monkeypatch, MEDIUM)
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        split_cores: bool, rates: MachineRates) -> None:
+    calls = fixed_probe(monkeypatch, rates)
+    # two CPUs on any test machine: the loader splits the cores as the settings say
+    monkeypatch.setattr(model_loader, "available_cpus", lambda: 2)
     settings = make_settings(tiny_model_dir, tmp_path / "data", tiny_engine_cache, preset="auto",
-                             threads=1, http_port=0)
+                             threads=1, http_port=0, split_cores=split_cores)
     with caplog.at_level(logging.INFO):
         async with running_server(settings) as server:
             runtime = server.runtime
             assert calls == [1]  # once, with the engine's thread count
             assert runtime.loader.preset == "fast"
+            assert runtime.loader.split_cores is split_cores
             # the piece gate starts from the prediction (fast at RTF 0.9 x 0.87 = 0.783) with
             # the prediction's error: 1 / (0.783 x 1.15) s of audio per second
             assert runtime.production.seeded
@@ -214,6 +223,7 @@ async def test_auto_chooses_before_loading_logs_one_line_and_shows_it(
     assert len(lines) == 1
     assert lines[0].startswith("preset auto took `fast`: this machine makes speech at about")
     assert "answers play without pauses" in lines[0]
+    assert ("decoding beside the flow" in lines[0]) is split_cores
     assert page["preset"]["name"] == "fast" and page["preset"]["auto"] is True
     assert page["preset"]["choice"]["summary"] == lines[0]
     assert page["preset"]["choice"]["predicted_rtf"]["fast"] == pytest.approx(

@@ -135,7 +135,7 @@ def test_every_option_is_documented() -> None:
 HELP_GROUPS = {
     "model and files": ["--options-file", "--data-dir", "--download-dir", "--model-dir",
                         "--voices", "--local-files-only", "--llm-precision", "--llm-graph",
-                        "--threads", "--split-cores", "--providers", "--no-warm-up"],
+                        "--threads", "--no-split-cores", "--providers", "--no-warm-up"],
     "speech": ["--voice", "--preset", "--speed", "--seed", "--keep-digits",
                "--samples-per-chunk", "--max-preroll-ms"],
     "server and limits": ["--uri", "--zeroconf", "--no-streaming", "--max-concurrent",

@@ -5,6 +5,7 @@ session keeps its threads and none spins."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -245,28 +246,38 @@ def test_for_sessions_keeps_the_threads_and_stops_spinning(threads: int, cpus: i
     # both kinds of work get every thread: the operating system shares the cores between the
     # decoding thread and the flow (BENCHMARKS.md: faster than a half each on two cores)
     split = EngineOptions(threads=threads, split_cores=True)
-    for role in ("llm", "stages"):
-        assert split.for_sessions(role, cpus) == EngineOptions(  # type: ignore[arg-type]
-            threads=expected, spin_wait=False, split_cores=True)
+    assert split.for_sessions(cpus) == EngineOptions(
+        threads=expected, spin_wait=False, split_cores=True)
     plain = EngineOptions(threads=threads)
-    assert plain.for_sessions("llm", cpus) is plain
-    assert plain.for_sessions("stages", cpus) is plain
+    assert plain.for_sessions(cpus) is plain
 
 
 # -- the server's flag ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("argv", "environ", "expected"), [
-    ([], {}, False),
-    (["--split-cores"], {}, True),
-    ([], {"COSYVOICE3_SPLIT_CORES": "true"}, True),
+@pytest.mark.parametrize(("argv", "environ", "options_file", "cpus", "expected"), [
+    ([], {}, None, 2, True),
+    ([], {}, None, 4, True),
+    ([], {}, None, 1, False),  # one CPU: the two kinds of work would only take turns
+    (["--no-split-cores"], {}, None, 2, False),
+    ([], {"COSYVOICE3_NO_SPLIT_CORES": "true"}, None, 2, False),
+    ([], {}, {"split_cores": False}, 2, False),
+    ([], {}, {"split_cores": True}, 2, True),
 ])
-def test_the_server_flag_reaches_the_loaded_engine(
-        tmp_path: Path, argv: list[str], environ: dict[str, str], expected: bool) -> None:
+def test_the_server_splits_the_cores_unless_told_or_alone_on_one_cpu(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str],
+        environ: dict[str, str], options_file: dict[str, bool] | None, cpus: int,
+        expected: bool) -> None:
     from server_support import loaded_engine_options
 
+    from wyoming_cosyvoice3.server import model_loader
     from wyoming_cosyvoice3.server.settings import resolve_settings
 
+    monkeypatch.setattr(model_loader, "available_cpus", lambda: cpus)
+    if options_file is not None:
+        path = tmp_path / "options.json"
+        path.write_text(json.dumps(options_file), encoding="utf-8")
+        argv = [*argv, "--options-file", str(path)]
     # explicit preset and LLM graph: the loader measures nothing
     settings = resolve_settings(["--model-dir", str(tmp_path), "--preset", "balanced",
                                  "--llm-graph", "fused", *argv], environ=environ)

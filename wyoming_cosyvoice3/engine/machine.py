@@ -19,7 +19,9 @@ The probe (:func:`probe_rates`, 3-8 s) measures
 those figures. :func:`predict_rtf` predicts a preset's real-time factor on a streamed
 paragraph: per stage its work per second of audio (:data:`STAGE_WORK`: LLM tokens and
 prefilled positions; flow and vocoder operations counted on the full-size graphs) at the
-probed costs, times the stage's efficiency measured in full-size runs. :func:`choose_preset`
+probed costs, times the stage's efficiency measured in full-size runs; the stages add up,
+or, with the LLM decoding beside the flow (``EngineOptions.split_cores``), overlap
+(:class:`StageSplit`). :func:`choose_preset`
 takes the most exact preset that keeps up with playback with the prediction's error as margin
 (:func:`keeps_up_rtf`).
 """
@@ -697,18 +699,63 @@ def preset_peak_bytes(preset: str, plan: LlmPlan | None = None) -> float:
     return PRESET_MEMORY[preset].peak_bytes + extra
 
 
-def predict_rtf(rates: MachineRates, preset: str, plan: LlmPlan | None = None) -> float:
-    """Predicted real-time factor (seconds of work per second of audio) of ``preset`` on a
-    streamed paragraph at ``rates``, with ``plan``'s LLM graphs (default
-    :func:`choose_llm_graphs` for ``rates``).
+SPLIT_OVERLAP = 0.6
+"""With ``EngineOptions.split_cores``, the fraction of the shorter kind of work (the LLM's, or
+the flow's and vocoder's together) that still adds to the longer one's time: the two run at
+once, each slower than alone because they share the cores and the memory bus, and the flow
+waits for the LLM's first tokens. Fitted to ``balanced``'s streamed paragraph through the
+server on the 2-core Xeon of BENCHMARKS.md ("Both cores busy"): 0.61 from the stage seconds
+measured without the option in the same run, 0.62 in a later run from the stages predicted
+at its server's probe (``python -m bench.machine_table check``, column "overlap that fits")."""
+
+
+@dataclass(frozen=True)
+class StageSplit:
+    """Predicted seconds per audio second of the two kinds of work ``split_cores`` runs at
+    once.
+
+    Attributes:
+        llm_s: the LLM: prefill and decoding (memory-bound).
+        stages_s: the flow and the vocoder (compute-bound).
+    """
+
+    llm_s: float
+    stages_s: float
+
+    def rtf(self, split_cores: bool) -> float:
+        """The real-time factor: the sum one after the other; with ``split_cores`` the longer
+        kind plus :data:`SPLIT_OVERLAP` of the shorter."""
+        if not split_cores:
+            return self.llm_s + self.stages_s
+        return (max(self.llm_s, self.stages_s)
+                + SPLIT_OVERLAP * min(self.llm_s, self.stages_s))
+
+
+def predict_split(rates: MachineRates, preset: str, plan: LlmPlan | None = None) -> StageSplit:
+    """Predicted seconds per audio second of the LLM and of the flow with the vocoder for
+    ``preset`` on a streamed paragraph at ``rates`` with ``plan``'s LLM graphs (default
+    :func:`choose_llm_graphs` for ``rates``), each as if it ran alone.
 
     Raises:
         KeyError: ``preset`` has no cost table.
     """
     plan = plan or choose_llm_graphs(preset, rates.llm)
-    stages = STAGE_WORK[preset]
-    return (LLM_WORK[preset].seconds_per_audio_s(rates, plan)
-            + sum(stage.seconds_per_audio_s(rates) for stage in stages.values()))
+    return StageSplit(LLM_WORK[preset].seconds_per_audio_s(rates, plan),
+                      sum(stage.seconds_per_audio_s(rates)
+                          for stage in STAGE_WORK[preset].values()))
+
+
+def predict_rtf(rates: MachineRates, preset: str, plan: LlmPlan | None = None,
+                split_cores: bool = False) -> float:
+    """Predicted real-time factor (seconds of work per second of audio) of ``preset`` on a
+    streamed paragraph at ``rates``, with ``plan``'s LLM graphs (default
+    :func:`choose_llm_graphs` for ``rates``), the LLM decoding beside the flow with
+    ``split_cores`` (:meth:`StageSplit.rtf`).
+
+    Raises:
+        KeyError: ``preset`` has no cost table.
+    """
+    return predict_split(rates, preset, plan).rtf(split_cores)
 
 
 @dataclass(frozen=True)
@@ -722,6 +769,8 @@ class PresetChoice:
         available_bytes: memory available to this process when it chose (None: unknown).
         reason: why this preset, in a few words.
         plan: the chosen preset's LLM graphs (None when the probe failed).
+        split_cores: the predictions are for the LLM decoding beside the flow
+            (``EngineOptions.split_cores``).
     """
 
     preset: str
@@ -730,6 +779,7 @@ class PresetChoice:
     available_bytes: float | None = None
     reason: str = ""
     plan: LlmPlan | None = None
+    split_cores: bool = False
 
     @property
     def keeps_up(self) -> bool:
@@ -757,7 +807,8 @@ class PresetChoice:
         memory = ("" if self.available_bytes is None
                   else f", {self.available_bytes / 1e9:.1f} GB available")
         llm = "" if self.plan is None else f"; LLM {self.plan.decode}" + (
-            f" (prefill {self.plan.prefill})" if self.plan.prefill else "")
+            f" (prefill {self.plan.prefill})" if self.plan.prefill else "") + (
+            ", decoding beside the flow" if self.split_cores else "")
         return (f"preset auto took `{self.preset}`: this machine makes speech at about "
                 f"{speed:.2g}x playback speed with it (predicted RTF {rtf:.2f}; {others}; "
                 f"{self.rates.describe()}, {self.rates.threads or 'default'} threads"
@@ -774,12 +825,15 @@ class PresetChoice:
         }
 
 
-def choose_preset(rates: MachineRates, available_bytes: float | None) -> PresetChoice:
+def choose_preset(rates: MachineRates, available_bytes: float | None,
+                  split_cores: bool = False) -> PresetChoice:
     """The most exact preset that keeps up with playback and fits in memory.
 
     Args:
         rates: this machine's rates (:func:`probe_rates`, with LLM costs).
         available_bytes: memory this process may still use; None: not limited.
+        split_cores: the engine will decode beside the flow (``EngineOptions.split_cores``;
+            :meth:`StageSplit.rtf`).
 
     Returns:
         The choice: the first of :data:`PRESET_ORDER` with predicted RTF <=
@@ -796,13 +850,15 @@ def choose_preset(rates: MachineRates, available_bytes: float | None) -> PresetC
         return plan
 
     plans = {name: plan_for(name) for name in PRESET_ORDER}
-    predicted = {name: predict_rtf(rates, name, plans[name]) for name in PRESET_ORDER}
+    predicted = {name: predict_rtf(rates, name, plans[name], split_cores)
+                 for name in PRESET_ORDER}
 
     def fits(name: str) -> bool:
         return available_bytes is None or preset_peak_bytes(name, plans[name]) <= available_bytes
 
     def choice(name: str, reason: str) -> PresetChoice:
-        return PresetChoice(name, predicted, rates, available_bytes, reason, plans[name])
+        return PresetChoice(name, predicted, rates, available_bytes, reason, plans[name],
+                            split_cores)
 
     for name in PRESET_ORDER:
         if predicted[name] <= keeps_up_rtf(name) and fits(name):

@@ -205,9 +205,9 @@ class CosyVoice3Model:
     ) -> None:
         self.model_dir = model_dir
         self.options = options
-        self.stage_options = options.for_sessions("stages", available_cpus())
-        """``options`` as the flow and vocoder sessions open (those loaded on first use
-        too): with ``split_cores`` not spinning, else ``options`` itself."""
+        self.opened_options = options.for_sessions(available_cpus())
+        """``options`` as the sessions loaded on first use open: with ``split_cores`` not
+        spinning, else ``options`` itself."""
         self.tokenizer = tokenizer
         self.end_of_prompt_id = end_of_prompt_id
         text_embedding = graphs["text_embedding"]
@@ -267,32 +267,30 @@ class CosyVoice3Model:
         if missing:
             raise ModelFilesMissing(str(model_dir), missing)
         tokenizer, eop = load_tokenizer(model_dir / TOKENIZER_FILE)
-        # with split_cores the LLM's sessions (the embeddings too: the decoding thread runs
-        # them) and the flow's and vocoder's get separate thread counts, without spinning
-        cpus = available_cpus()
-        llm_options = options.for_sessions("llm", cpus)
-        stage_options = options.for_sessions("stages", cpus)
+        # with split_cores no session spins: a spinning thread would hold a core the other
+        # kind of work waits for
+        opened = options.for_sessions(available_cpus())
 
-        def graph(spec: GraphSpec, opened: EngineOptions) -> Graph:
+        def graph(spec: GraphSpec) -> Graph:
             return Graph(model_dir / spec.file, spec, opened.threads, opened.providers,
                          spin_wait=opened.spin_wait)
 
-        speech_embedding = graph(SPEECH_EMBEDDING, llm_options)
-        hift_stream = load_hift_stream(model_dir, stage_options)
+        speech_embedding = graph(SPEECH_EMBEDDING)
+        hift_stream = load_hift_stream(model_dir, opened)
         # the streamed form serves every synthesis: hift.onnx, its fallback, loads at start
         # only without it (else on a whole-mel call's first use)
-        hift = load_hift(model_dir, stage_options) if hift_stream is None else None
+        hift = load_hift(model_dir, opened) if hift_stream is None else None
         precision = options.flow.precision
         streaming: dict[str, StreamingEstimator | None] = {}
         if wants_streaming(options, precision):
-            streaming[precision] = load_streaming_or_none(model_dir, stage_options, precision)
+            streaming[precision] = load_streaming_or_none(model_dir, opened, precision)
         # one DiT graph serves chunks and full attention when the streaming DiT loaded
-        estimator = load_estimator(model_dir, stage_options, precision, streaming.get(precision))
-        llm = load_llm_graph(model_dir, llm_options, llm_options.threads, speech_embedding)
+        estimator = load_estimator(model_dir, opened, precision, streaming.get(precision))
+        llm = load_llm_graph(model_dir, opened, opened.threads, speech_embedding)
         graphs: dict[str, Graph | TableEmbedding | Estimator] = {
             "speech_embedding": speech_embedding,
             "llm": llm,
-            "flow_encoder": graph(FLOW_ENCODER, stage_options),
+            "flow_encoder": graph(FLOW_ENCODER),
             "estimator": estimator,
         }
         if hift is not None:
@@ -300,12 +298,12 @@ class CosyVoice3Model:
         elif hift_stream is not None:  # the same speech_feat input declares the mel bins
             graphs["hift_dims"] = hift_stream.graph
         graphs["text_embedding"] = (load_text_table(model_dir, options)
-                                    or graph(TEXT_EMBEDDING, llm_options))
+                                    or graph(TEXT_EMBEDDING))
         prefill = options.llm_prefill_graph
         if prefill is not None and prefill != options.llm_graph and not (
                 prefill == "fused" and is_fused_form(llm, "fused")):
             # (a decode graph that fell back to the fused form prefills as well as it would)
-            graphs["llm_prefill"] = load_llm_graph(model_dir, llm_options, llm_options.threads,
+            graphs["llm_prefill"] = load_llm_graph(model_dir, opened, opened.threads,
                                                    speech_embedding, prefill)
         model = cls(model_dir, options, tokenizer, eop, graphs, streaming)
         model.hift_stream = hift_stream
@@ -326,8 +324,8 @@ class CosyVoice3Model:
         )
         if options.split_cores:
             log.info("split cores: LLM sessions %d intra-op threads, flow and vocoder sessions "
-                     "%d, none spinning; each request decodes in its own thread",
-                     llm_options.threads, stage_options.threads)
+                     "the same, none spinning; each request decodes in its own thread",
+                     opened.threads)
         return model
 
     def _cached(self, role: str, precision: str, load: Callable[[], Any]) -> Any:
@@ -368,7 +366,7 @@ class CosyVoice3Model:
 
         def load() -> Estimator:
             log.info("loading the %s DiT estimator on first use", precision)
-            return load_estimator(self.model_dir, self.stage_options, precision, streaming)
+            return load_estimator(self.model_dir, self.opened_options, precision, streaming)
 
         estimator: Estimator = self._cached("estimator", precision, load)
         return estimator
@@ -385,7 +383,7 @@ class CosyVoice3Model:
         with self._hift_lock:
             if self._hift is None:
                 log.info("loading %s for a whole-mel vocoder call", HIFT.file)
-                self._hift = load_hift(self.model_dir, self.stage_options)
+                self._hift = load_hift(self.model_dir, self.opened_options)
             return self._hift
 
     def streaming_estimator(self, precision: str) -> StreamingEstimator | None:
@@ -395,7 +393,7 @@ class CosyVoice3Model:
         full attention)."""
         streaming: StreamingEstimator | None = self._cached(
             "streaming", precision,
-            lambda: load_streaming_or_none(self.model_dir, self.stage_options, precision))
+            lambda: load_streaming_or_none(self.model_dir, self.opened_options, precision))
         return streaming
 
     def voice_encoders(self) -> tuple[Graph, Graph]:

@@ -35,9 +35,6 @@ LLM_GRAPHS: tuple[str, ...] = ("published", "fused", "fused-b8", "fused-q4")
 LOSSLESS_LLM_GRAPHS: tuple[LlmGraph, ...] = ("fused", "fused-b8")
 """Derived LLM graphs that keep the published int8 weights (the others' prefill candidates)."""
 FlowPrecision = Literal["fp32", "int8"]
-SessionRole = Literal["llm", "stages"]
-"""Whose sessions :meth:`EngineOptions.for_sessions` sizes: the LLM's or the flow's and the
-vocoder's."""
 LLM_FILES: dict[str, str] = {"fp32": "llm.onnx", "int8": "llm_int8.onnx", "q4": "llm_q4.onnx"}
 """LLM graph file per precision (model card of the ONNX export)."""
 _Record = TypeVar("_Record")
@@ -354,7 +351,9 @@ class EngineOptions:
             Xeon of BENCHMARKS.md ("Both cores busy: decoding beside the flow") it took
             ``balanced``'s streamed paragraph from 50.6 to 43.2 s; giving each kind of work
             half of the cores instead (one thread each) took it to 47.6 s. One extra thread per
-            request in flight.
+            request in flight. The server turns it on where it may use 2 or more CPUs
+            (``--no-split-cores`` turns it off); ``--preset auto`` predicts with it
+            (:meth:`.machine.StageSplit.rtf`).
         providers: onnxruntime execution providers in order of preference; the CPU provider
             is always appended as the fallback.
         cache_dir: where derived files go. ``None``: a bare engine; the forms below stay
@@ -415,11 +414,11 @@ class EngineOptions:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
         self.flow.validate()
 
-    def for_sessions(self, role: SessionRole, cpus: int) -> EngineOptions:
-        """These options as the sessions of ``role`` (``"llm"``: decoding, prefill and the
-        embeddings; ``"stages"``: flow and vocoder) open them: unchanged without
-        ``split_cores``; with it, ``spin_wait`` off and ``threads`` as given (for 0, ``cpus``,
-        the CPUs this process may run on), for both roles."""
+    def for_sessions(self, cpus: int) -> EngineOptions:
+        """These options as every session opens them: unchanged without ``split_cores``; with
+        it, ``spin_wait`` off and ``threads`` as given (for 0, ``cpus``, the CPUs this process
+        may run on), the LLM's sessions and the flow's and vocoder's alike (the operating
+        system shares the cores between the decoding thread and the calling thread)."""
         if not self.split_cores:
             return self
         return dataclasses.replace(self, threads=self.threads or max(1, cpus), spin_wait=False)

@@ -26,6 +26,7 @@ from ..engine.machine import (
     preset_peak_bytes,
     probe_rates,
 )
+from ..engine.sessions import available_cpus
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -109,7 +110,8 @@ Probe = Callable[[int, float], MachineRates]
 
 def choose_for_this_machine(preset: str = AUTO, threads: int = 0, budget_s: float = 1.0,
                             probe: Probe | None = None,
-                            memory: Callable[[], float | None] | None = None) -> MachineChoice:
+                            memory: Callable[[], float | None] | None = None,
+                            split_cores: bool = False) -> MachineChoice:
     """Probe this machine; resolve ``preset`` (``auto``: :func:`~..engine.machine.choose_preset`)
     and its LLM graphs (:func:`~..engine.machine.choose_llm_graphs`, one graph when a second
     does not fit in memory). Never raises: a failed probe gives :data:`FALLBACK_PRESET` for
@@ -121,6 +123,8 @@ def choose_for_this_machine(preset: str = AUTO, threads: int = 0, budget_s: floa
         budget_s: the probe's timing budget.
         probe, memory: replace :func:`~..engine.machine.probe_rates` /
             :func:`available_memory_bytes` (tests).
+        split_cores: the engine will decode beside the flow (``EngineOptions.split_cores``):
+            ``auto`` predicts the presets so.
     """
     available = (memory or available_memory_bytes)()
     try:
@@ -133,7 +137,7 @@ def choose_for_this_machine(preset: str = AUTO, threads: int = 0, budget_s: floa
                 if preset == AUTO else None)
         return MachineChoice(name, LlmPlan(plan.decode, None, reason), None, auto)
     if preset == AUTO:
-        auto = choose_preset(rates, available)
+        auto = choose_preset(rates, available, split_cores)
         assert auto.plan is not None
         return MachineChoice(auto.preset, auto.plan, rates, auto)
     plan = choose_llm_graphs(preset, rates.llm)
@@ -151,8 +155,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0,
                         help="onnxruntime threads as the server's --threads (0: its choice)")
     parser.add_argument("--budget-s", type=float, default=1.0, help="probe timing budget")
+    parser.add_argument("--no-split-cores", dest="split_cores", action="store_false",
+                        help="predict as the server's --no-split-cores (the LLM decoding "
+                             "between the flow's calls instead of beside them)")
     args = parser.parse_args(argv)
-    choice = choose_for_this_machine(AUTO, args.threads, args.budget_s)
+    split_cores = args.split_cores and available_cpus() >= 2
+    choice = choose_for_this_machine(AUTO, args.threads, args.budget_s,
+                                     split_cores=split_cores)
     rates, auto = choice.rates, choice.preset_choice
     if rates is not None:
         print(f"rates: {rates.describe()} ({rates.threads or 'default'} threads, "
@@ -164,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "position (products only)")
         for name in ("quality", "balanced", "fast"):
             plan = choose_llm_graphs(name, rates.llm)
-            print(f"{name}: predicted RTF {predict_rtf(rates, name, plan):.3f}; LLM "
+            rtf = predict_rtf(rates, name, plan, split_cores)
+            print(f"{name}: predicted RTF {rtf:.3f}; LLM "
                   f"{plan.decode}{f' (prefill {plan.prefill})' if plan.prefill else ''}")
     assert auto is not None
     print(auto.summary())

@@ -30,6 +30,7 @@ from pathlib import Path
 from ..engine.errors import CosyVoiceError, ModelFilesMissing, ModelNotReady
 from ..engine.machine import FALLBACK_PRESET, PREDICTION_ERRORS, LlmPlan, PresetChoice
 from ..engine.options import EngineOptions, SynthesisOptions
+from ..engine.sessions import available_cpus
 from . import download_wait
 from .engine_port import (
     Engine,
@@ -116,6 +117,10 @@ class ModelLoader:
         self.preset_choice: PresetChoice | None = None
         """What ``--preset auto`` chose and predicted (None: a preset was given)."""
         self.llm_plan: LlmPlan | None = None
+        self.split_cores = settings.split_cores and available_cpus() >= 2
+        """Each request decodes in a thread of its own (``EngineOptions.split_cores``): on
+        unless ``--no-split-cores`` or this process may use only one CPU (the two kinds of work
+        would take turns on it anyway)."""
         """The LLM graphs the engine loads (None until chosen at start)."""
 
     # --- state ----------------------------------------------------------------------------
@@ -186,7 +191,7 @@ class ModelLoader:
                 llm_graph=self.llm_plan.decode,
                 llm_prefill_graph=self.llm_plan.prefill,
                 threads=self.settings.threads,
-                split_cores=self.settings.split_cores,
+                split_cores=self.split_cores,
                 providers=self.settings.providers,
                 voice_cache_dir=self.settings.cache_dir,
                 voice_process=True,  # voice encoders never load in this process
@@ -236,7 +241,8 @@ class ModelLoader:
         explicit = self.settings.llm_graph != "preset"
         if explicit and self.settings.preset != AUTO:
             return LlmPlan(self.settings.llm_graph, None, "--llm-graph")  # type: ignore[arg-type]
-        choice = choose_for_this_machine(self.settings.preset, self.settings.threads)
+        choice = choose_for_this_machine(self.settings.preset, self.settings.threads,
+                                         split_cores=self.split_cores)
         if choice.rates is not None:  # one line a benchmark can read back (machine_table)
             _LOGGER.info("machine probe: %s", json.dumps(choice.rates.to_json()))
         self.preset = choice.preset

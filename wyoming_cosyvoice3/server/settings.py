@@ -118,7 +118,7 @@ class Settings:
     llm_precision: str = "int8"
     llm_graph: str = "preset"
     threads: int = 0
-    split_cores: bool = False
+    split_cores: bool = True
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     speed: float = 1.0
     preset: str = AUTO
@@ -283,11 +283,11 @@ OPTIONS: tuple[_Option, ...] = (
             MODEL, choices=("preset", *LLM_GRAPHS)),
     _Option("--threads", "threads", "onnxruntime threads per graph; 0 = one per core (default)",
             MODEL, convert=_non_negative_int),
-    _Option("--split-cores", "split_cores", "decode the LLM in a thread of its own beside the "
-            "flow and the vocoder, every graph with all its threads and none spinning (same "
-            "audio; on a 2-core x86 machine a long answer took 0.85x the time; not in "
-            "--preset auto's prediction yet)", MODEL, convert=None,
-            kind="bool-true"),
+    _Option("--no-split-cores", "split_cores", "decode the LLM one step at a time between "
+            "the flow's and the vocoder's calls instead of in a thread of its own beside them "
+            "(the default where this process may use 2 or more cores: same audio, and on a "
+            "2-core x86 machine a long answer took 0.85x the time)", MODEL, convert=None,
+            kind="bool-false"),
     _Option("--providers", "providers", "onnxruntime execution providers, comma-separated "
             "(default CPUExecutionProvider)", MODEL, convert=_providers),
     _Option("--no-warm-up", "warm_up", "skip the short warm-up synthesis after loading",

@@ -37,6 +37,16 @@ is held at most until its first chunk lasts until its second (a fraction of a se
 any chunk-to-chunk measurement (the first chunk of a fresh server's first response) ``r`` is
 the response's audio per second of work so far, start-up included, which errs slow.
 
+When the engine decodes the speech tokens in a thread of its own beside the flow
+(``EngineOptions.split_cores``, the server's default on 2 or more CPUs), chunk to chunk is not
+what a piece sustains: tokens decoded while earlier audio was being made let a piece's first
+chunks follow each other faster than the decoding runs, and a long piece's later chunks then
+wait for the decoding (on the 2-core Xeon of BENCHMARKS.md ``fast``'s decoding was busy 85-98 %
+of the paragraph at 22-38 tokens/s while the DiT idled, so a rate learned from one-sentence
+answers let the paragraph's long pieces start too early and pause inside). There ``r`` is the
+audio produced per second of engine work since each engine request began, start-up included
+(``decoding_ahead``), which the decoding cannot run ahead of.
+
 The expected length of a piece is the speech of its text (:func:`expected_speech_s`) times
 the ratio measured on earlier pieces (:meth:`ProductionHistory.length_ratio`) times
 :data:`LENGTH_MARGIN`; for the last piece of an engine request, whose hold lengthens the
@@ -329,6 +339,9 @@ class PieceGate:
         history: the runtime's :class:`ProductionHistory` (updated at :meth:`close`).
         clock: monotonic seconds (tests pass their own).
         first_audio_limit_s: :data:`FIRST_AUDIO_LIMIT_S`.
+        decoding_ahead: the engine decodes the tokens in a thread of its own
+            (``EngineOptions.split_cores``): ``r`` is audio per second of engine work, start-up
+            included, instead of chunk to chunk (module docstring).
 
     Attributes:
         first_sent_at: ``clock()`` when the first audio was sent, or None.
@@ -347,6 +360,7 @@ class PieceGate:
         history: ProductionHistory,
         clock: Callable[[], float] = time.monotonic,
         first_audio_limit_s: float = FIRST_AUDIO_LIMIT_S,
+        decoding_ahead: bool = False,
     ) -> None:
         if max_hold_s < 0:
             raise ValueError(f"max_hold_s must be >= 0, got {max_hold_s}")
@@ -355,6 +369,7 @@ class PieceGate:
         self.history = history
         self._clock = clock
         self.first_audio_limit_s = first_audio_limit_s
+        self.decoding_ahead = decoding_ahead
         self._lock = asyncio.Lock()
         self._timer: asyncio.Task[None] | None = None
         self._texts = 0
@@ -417,10 +432,10 @@ class PieceGate:
             await self._finish_piece()
 
     def rate(self) -> float | None:
-        """``r``: audio seconds per second within pieces, this response blended with the
-        history (:data:`PRIOR_WEIGHT_S`); without either, audio per second of work so far;
-        None before any audio."""
-        audio, work = self.steady_audio_s, self.steady_work_s
+        """``r``: audio seconds per second within pieces (with ``decoding_ahead``: per second
+        of engine work), this response blended with the history (:data:`PRIOR_WEIGHT_S`);
+        without either, audio per second of work so far; None before any audio."""
+        audio, work = self._measured()
         prior = self.history.rate()
         if prior is not None and not (self.history.seeded and work > 0 and audio > 0):
             # a predicted prior counts only until this response measured production
@@ -429,10 +444,21 @@ class PieceGate:
             work += weight
         if work > 0 and audio > 0:
             return audio / work
-        work = self.work_s
-        if self._work_since is not None:
-            work += self._clock() - self._work_since
+        work = self._work_so_far()
         return self.produced_s / work if work > 0 and self.produced_s > 0 else None
+
+    def _work_so_far(self) -> float:
+        """Seconds the engine requests of this response have worked, the running one to now."""
+        if self._work_since is None:
+            return self.work_s
+        return self.work_s + self._clock() - self._work_since
+
+    def _measured(self) -> tuple[float, float]:
+        """(audio seconds, work seconds) this response's rate is measured from: within pieces
+        after their first chunk, or with ``decoding_ahead`` all of it."""
+        if self.decoding_ahead:
+            return self.produced_s, self._work_so_far()
+        return self.steady_audio_s, self.steady_work_s
 
     async def audio(self, events: list[Event], duration_s: float, piece_index: int = 0,
                     next_chunk_s: float = 0.0, piece_done: bool = False) -> None:
@@ -499,7 +525,7 @@ class PieceGate:
         """End of the response: count it in the history and stop the timer (held audio is
         not sent; call :meth:`release` first)."""
         self._cancel_timer()
-        self.history.add_response(self.steady_audio_s, self.steady_work_s)
+        self.history.add_response(*self._measured())
         if self.holds:
             _LOGGER.debug("held pieces (audible s, key): %s",
                           ", ".join(f"{s:.2f} {k}" for s, k in self.holds))

@@ -313,8 +313,9 @@ def note_first_chunk(stats: RequestStats, gate: PieceGate | None, t0: float) -> 
 
 def piece_gate(runtime: ServerRuntime, sink: EventSink) -> PieceGate:
     """The piece gate of one response (``--max-preroll-ms`` bounds each hold; 0 sends at
-    once)."""
-    return PieceGate(sink.send, runtime.settings.max_preroll_ms / 1000.0, runtime.production)
+    once), measuring the rate as the engine produces (``decoding_ahead`` with split cores)."""
+    return PieceGate(sink.send, runtime.settings.max_preroll_ms / 1000.0, runtime.production,
+                     decoding_ahead=runtime.loader.split_cores)
 
 
 async def finish_gate(runtime: ServerRuntime, gate: PieceGate, sink: EventSink) -> None:

@@ -34,7 +34,7 @@ from wyoming.audio import AudioChunk
 from wyoming.event import Event
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
-from bench.player import simulate_playback
+from bench.player import PlaybackReport, simulate_playback
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
 from wyoming_cosyvoice3.engine.machine import PREDICTION_ERROR
 from wyoming_cosyvoice3.engine.options import AudioChunk as EngineChunk
@@ -790,3 +790,57 @@ async def test_a_measured_piece_outweighs_a_predicted_prior() -> None:
         await other.audio([_chunk_event(0.25)], 0.25, 0)
     rate = other.rate()
     assert rate is not None and rate > 0.7  # blended with the measured history
+
+
+
+async def _decoded_ahead_answers(decoding_ahead: bool) -> tuple[float, PlaybackReport]:
+    """Two answers through one history as an engine decoding its tokens in a thread beside
+    the flow makes them: a one-sentence answer whose later chunks came from tokens decoded
+    while its first was made (its first 1 s chunk 2.5 s after the request, then 2 s at 3.8 s
+    and 1 s at 4.5 s: 1.5 s of audio a second chunk to chunk, 0.89 over its work), then a
+    long piece that starts alike and is then paced by the decoding (4 s chunks every 5 s:
+    0.8). Returns the rate the sentence left in the history and the player's report of the
+    long piece."""
+    clock = FakeClock()
+    sent: list[tuple[float, float]] = []
+
+    async def send(event: Event) -> None:
+        sent.append((clock.now_s, len(event.payload or b"") / 2 / RATE_HZ))
+
+    history = ProductionHistory()
+
+    async def answer(expected_s: float, chunks: tuple[tuple[float, float, float], ...]) -> None:
+        start_s = clock.now_s
+        gate = PieceGate(send, 60.0, history, clock=clock, first_audio_limit_s=1e9,
+                         decoding_ahead=decoding_ahead)
+        gate.begin_text([expected_s], max_chunk_s=4.0)
+        for at_s, chunk_s, next_s in chunks:
+            await _advance(gate, clock, start_s + at_s)
+            await gate.audio([_chunk_event(chunk_s)], chunk_s, 0, next_chunk_s=next_s)
+        await gate.end_text()
+        await gate.release()
+        await gate.close()
+
+    await answer(4.0, ((2.5, 1.0, 2.0), (3.8, 2.0, 1.0), (4.5, 1.0, 0.0)))
+    recorded = history.rate()
+    assert recorded is not None
+    sent.clear()
+    clock.now_s = 100.0
+    await answer(13.0, ((2.5, 1.0, 2.0), (3.8, 2.0, 4.0), (8.8, 4.0, 4.0), (13.8, 4.0, 2.0),
+                        (16.3, 2.0, 0.0)))
+    return recorded, simulate_playback([(t - 100.0, d) for t, d in sent], piece_starts_s=[0.0])
+
+
+async def test_decoding_ahead_measures_the_rate_over_the_engine_work() -> None:
+    # chunk to chunk the sentence looked 1.5x faster than playback; over its work (the 2.5 s
+    # to its first chunk included) it made 4 s of audio in 4.5 s
+    ahead_rate, ahead = await _decoded_ahead_answers(True)
+    chunk_rate, behind = await _decoded_ahead_answers(False)
+    assert ahead_rate == pytest.approx(4.0 / 4.5)
+    assert chunk_rate == pytest.approx(3.0 / 2.0)
+    # the long piece plays through only with the rate over the work: taught 1.5 by the
+    # sentence, the other gate lets it start at 3.8 s with 3 s in hand, so it runs dry from
+    # 6.8 s until the 4 s chunk of 8.8 s and from 12.8 s until the one of 13.8 s
+    assert ahead.inside_stalls == 0, ahead
+    assert behind.inside_stalls == 2, behind
+    assert behind.inside_stall_s == pytest.approx(3.0, abs=0.01)

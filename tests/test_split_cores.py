@@ -283,3 +283,27 @@ def test_the_server_splits_the_cores_unless_told_or_alone_on_one_cpu(
                                  "--llm-graph", "fused", *argv], environ=environ)
     (loaded,) = loaded_engine_options(settings, tmp_path)
     assert loaded.split_cores is expected
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_the_piece_gate_measures_as_the_engine_decodes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpus: int) -> None:
+    # decoding beside the flow, tokens decoded ahead make chunk-to-chunk rates too fast: the
+    # gate of every response then measures over the engine's work (test_server_pauses.py)
+    from types import SimpleNamespace
+
+    from wyoming_cosyvoice3.server import model_loader
+    from wyoming_cosyvoice3.server.runtime import ServerRuntime
+    from wyoming_cosyvoice3.server.settings import resolve_settings
+    from wyoming_cosyvoice3.server.speech import piece_gate
+
+    monkeypatch.setattr(model_loader, "available_cpus", lambda: cpus)
+    settings = resolve_settings(["--model-dir", str(tmp_path), "--preset", "balanced"],
+                                environ={})
+    runtime = ServerRuntime(settings)
+    try:
+        gate = piece_gate(runtime, SimpleNamespace(send=None))  # type: ignore[arg-type]
+        assert runtime.loader.split_cores is (cpus >= 2)
+        assert gate.decoding_ahead is (cpus >= 2)
+    finally:
+        runtime.shutdown()

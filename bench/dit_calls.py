@@ -1,7 +1,8 @@
 """The streaming DiT's calls at their compute cost: two main graphs timed call by call.
 
 ``python -m bench.dit_calls --model-dir DIR --cache-dir CACHE --baseline-main FILE
-[--precision int8] [--records SERVER.jsonl] [--repeats 5] [--threads 0] [--out calls.json]``
+[--precision int8] [--records SERVER.jsonl] [--repeats 5] [--threads 0] [--out calls.json]``;
+``python -m bench.dit_calls --model-dir DIR --cache-dir CACHE --profile 26,80,160 [--cached 250]``
 
 The graph this tree derives (into ``--cache-dir``, when it is not there yet) and a baseline
 main graph (``--baseline-main``: a main graph of the same inputs and outputs that another
@@ -20,6 +21,11 @@ plus its int8 operations at the int8 rate, :func:`.stats.run_bounds`, operations
 each graph by :mod:`.costmodel`, rates measured by :mod:`.throughput` at the start and end of
 the run, the better of the two) and the ratio measured / minimum; and the largest difference
 between the two graphs' velocities (relative to the baseline's largest value).
+
+``--profile F,F,...`` instead profiles this tree's main graph with onnxruntime's profiler, one
+call of F new frames after ``--cached`` ones per shape (same inputs as the timing), and prints
+each operator type's kernel time per call, its share and its node count (the nodes after
+onnxruntime's own fusions): where a call's time goes, without the timing's comparison.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -210,11 +217,85 @@ def table(result: dict[str, Any]) -> Iterable[str]:
            f"{total['current_s'] / total['baseline_s']:.3f}")
 
 
+PROFILE_WARMUP = 2
+"""Runs before the profiled ones (arena growth, first-run allocations)."""
+
+
+def profile_shapes(args: argparse.Namespace) -> dict[str, Any]:
+    """Per shape: wall milliseconds per call and per operator type the kernel milliseconds
+    per call and the node count, from onnxruntime's profiler (the module doc)."""
+    import onnxruntime as ort
+
+    from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import (
+        ensure_streaming_estimator,
+    )
+    from wyoming_cosyvoice3.engine.sessions import session_options
+
+    source = Path(args.model_dir) / "flow.decoder.estimator.fp32.onnx"
+    main, time_graph = ensure_streaming_estimator(source, Path(args.cache_dir), args.precision)
+    frames_list = [int(f) for f in str(args.profile).split(",") if f.strip()]
+    result: dict[str, Any] = {"main": str(main), "cached": args.cached, "shapes": []}
+    for frames in frames_list:
+        options = session_options(args.threads, True, True)
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"dit_calls_{frames}")
+        session = ort.InferenceSession(str(main), options, providers=[CPU_PROVIDER])
+        spec = GraphSpec(main.name, {i.name: "float32" for i in session.get_inputs()},
+                         {o.name: "float32" for o in session.get_outputs()})
+        caller = Caller(Graph(main, spec, session=session, shrink_arena=True), time_graph)
+        call = _inputs(caller, frames, args.cached, seed=frames)
+        walls = []
+        for _ in range(PROFILE_WARMUP + args.repeats):
+            began = time.perf_counter()
+            caller.run(**call)
+            walls.append(time.perf_counter() - began)
+        trace = Path(session.end_profiling())
+        try:
+            events = json.loads(trace.read_text())
+        finally:
+            trace.unlink(missing_ok=True)
+        result["shapes"].append({"frames": frames,
+                                 "wall_ms": 1e3 * statistics.median(walls[PROFILE_WARMUP:]),
+                                 **_op_times(events, args.repeats)})
+    return result
+
+
+def _op_times(events: list[dict[str, Any]], runs: int) -> dict[str, Any]:
+    """Kernel microseconds per operator type over the last ``runs`` model runs, per run."""
+    starts = sorted(e["ts"] for e in events
+                    if e.get("cat") == "Session" and e.get("name") == "model_run")
+    first = starts[-runs] if len(starts) >= runs else 0
+    total: Counter[str] = Counter()
+    nodes: dict[str, set[str]] = {}
+    for event in events:
+        name = event.get("name", "")
+        if event.get("cat") != "Node" or not name.endswith("_kernel_time") or event["ts"] < first:
+            continue
+        op = event.get("args", {}).get("op_name", "?")
+        total[op] += event["dur"]
+        nodes.setdefault(op, set()).add(name)
+    return {"kernel_ms": sum(total.values()) / runs / 1e3,
+            "ops": [{"op": op, "ms": us / runs / 1e3, "nodes": len(nodes[op])}
+                    for op, us in total.most_common()]}
+
+
+def profile_table(result: dict[str, Any], top: int = 12) -> Iterable[str]:
+    """The profile as text lines."""
+    yield f"{Path(result['main']).name}, {result['cached']} cached frames"
+    for shape in result["shapes"]:
+        kernel = shape["kernel_ms"]
+        yield (f"F={shape['frames']}: {shape['wall_ms']:.1f} ms per call, kernels "
+               f"{kernel:.1f} ms")
+        for row in shape["ops"][:top]:
+            yield (f"  {row['op']:<26} {row['ms']:8.2f} ms {100 * row['ms'] / kernel:5.1f} % "
+                   f"({row['nodes']} nodes)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", required=True)
     p.add_argument("--cache-dir", required=True, help="where this tree's graphs are derived")
-    p.add_argument("--baseline-main", required=True,
+    p.add_argument("--baseline-main", default=None,
                    help="a main graph file of the same form (another tree's derived graph)")
     p.add_argument("--precision", choices=("fp32", "int8"), default="int8")
     p.add_argument("--records", type=Path, default=None,
@@ -223,10 +304,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--throughput-seconds", type=float, default=1.5,
                    help="time budget of each MatMul rate measurement")
+    p.add_argument("--profile", default=None, metavar="F,F,...",
+                   help="profile this tree's main graph per operator type at these new-frame "
+                        "counts instead of timing two graphs")
+    p.add_argument("--cached", type=int, default=250,
+                   help="cached frames of the profiled calls")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    result = run(args)
-    for line in table(result):
+    if args.profile is not None:
+        result = profile_shapes(args)
+        lines = profile_table(result)
+    else:
+        if args.baseline_main is None:
+            p.error("--baseline-main is needed (or --profile)")
+        result = run(args)
+        lines = table(result)
+    for line in lines:
         print(line)
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

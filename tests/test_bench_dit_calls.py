@@ -40,3 +40,23 @@ def test_two_graphs_over_a_call_mix_from_records(
     assert total["calls"] == 3
     assert total["current_min_s"] == pytest.approx(
         sum(r["calls"] * r["current_min_ms"] for r in result["shapes"]) / 1e3)
+
+
+def test_profile_per_operator_type(
+    tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path, tmp_path: Path
+) -> None:
+    """``--profile``: kernel time per operator type of this tree's main graph per shape."""
+    from bench.dit_calls import main
+
+    out = tmp_path / "profile.json"
+    assert main(["--model-dir", str(tiny_dit_model_dir), "--cache-dir", str(tiny_dit_cache_dir),
+                 "--profile", "26,40", "--cached", "60", "--repeats", "2", "--threads", "1",
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [s["frames"] for s in result["shapes"]] == [26, 40]
+    for shape in result["shapes"]:
+        ops = {row["op"]: row for row in shape["ops"]}
+        # the fused attention, one per block, and the int8 products are in every call
+        assert ops["MultiHeadAttention"]["nodes"] >= 1
+        assert shape["kernel_ms"] == pytest.approx(sum(r["ms"] for r in shape["ops"]))
+        assert shape["wall_ms"] > 0

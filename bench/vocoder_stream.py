@@ -4,7 +4,7 @@
 vocoder as the engine loads it (:func:`~wyoming_cosyvoice3.engine.loaders.load_hift_stream`,
 one onnxruntime thread): the
 streamed form of ``hift.onnx`` (:mod:`~wyoming_cosyvoice3.engine.derive.vocoder.hift_stream`,
-tag ``stream3``: each mel frame runs once, convolution context and source phase carried)
+tag ``stream4``: each mel frame runs once, convolution context and source phase carried)
 pushed flow chunk by flow chunk through :class:`~wyoming_cosyvoice3.engine.vocoder.hift.
 VocoderStream`, against one call over the same mel and the same source noise of the graph the
 streamed form is validated against: ``hift.onnx`` rewritten to round alike at every call

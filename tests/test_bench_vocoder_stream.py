@@ -1,5 +1,5 @@
 """bench/vocoder_stream.py on the tiny-dit synthetic model: the product's streamed vocoder
-(stream3, loaded by the engine's loaders) runs each mel frame once per flow chunk and matches
+(stream4, loaded by the engine's loaders) runs each mel frame once per flow chunk and matches
 one call of the exact rewrite of hift.onnx it is validated against within 1e-4;
 the tables carry their rows; the windowed fallback mode still counts its calls and re-run
 frames."""
@@ -33,7 +33,7 @@ def test_product_streamed_against_one_call(
     # would run 20 + 60 + 90 = 170 frames)
     assert (cost["streamed_calls"], cost["streamed_frames_run"]) == (3, 90)
     assert cost["one_call_frames_run"] == 90
-    assert ".exact-" in cost["one_call_graph"] and ".stream3-" in cost["streamed_graph"]
+    assert ".exact-" in cost["one_call_graph"] and ".stream4-" in cost["streamed_graph"]
     assert sorted(p.name for p in tiny_dit_cache_dir.glob("hift.*.onnx")) == sorted(
         [cost["one_call_graph"], cost["streamed_graph"]])
     assert cost["max_abs"] <= MAX_ABS
@@ -49,7 +49,7 @@ def test_product_streamed_against_one_call(
     rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ")}
     assert rows["one call"].startswith("| one call | exact | 1 | 90 | ")
     assert rows["streamed per flow chunk"].startswith(
-        "| streamed per flow chunk | stream3 | 3 | 90 | ")
+        "| streamed per flow chunk | stream4 | 3 | 90 | ")
     assert rows["CPU ratio, median of per-round ratios"].startswith(
         f"| CPU ratio, median of per-round ratios | {cost['paired_ratio']:.3f} ")
     assert f"| {cost['ratio_of_medians']:.3f} | <= 1.10 |" in rows["CPU ratio of the medians"]

@@ -74,7 +74,7 @@ async def test_default_preset_runs_the_int8_streaming_dit_end_to_end(
             # preset's 24-frame windows, was not loaded, and no other vocoder form derived
             assert engine.model._hift is None
             assert [p.name.split("-")[0] for p in (data_dir / "engine-cache").glob("hift.*.onnx")
-                    ] == ["hift.stream3"]
+                    ] == ["hift.stream4"]
             assert balanced.vocoder_window_frames > 0
     for response in (one_shot, streamed):
         check_audio_format(response)

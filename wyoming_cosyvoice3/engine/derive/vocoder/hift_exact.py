@@ -50,6 +50,7 @@ import numpy as np
 
 from ... import constants as C
 from ..common.graph import GraphIndex
+from .hift_lean import lean_generator, phase_path
 
 MAX_BLOCK_K = 128
 """Products per Conv piece: MLAS's smallest K block (``MLAS_SGEMM_STRIDEK``), so a piece is
@@ -72,24 +73,6 @@ class ExactCounts:
     resizes: int
 
 
-def phase_path(gr: GraphIndex) -> set[str]:
-    """Output names of the nodes upstream of a ``CumSum`` (its data input's producers)."""
-    seen: set[str] = set()
-    stack = [node.input[0] for node in gr.nodes if node.op_type == "CumSum"]
-    nodes: set[str] = set()
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        node = gr.producer.get(name)
-        if node is None:
-            continue
-        nodes.add(node.output[0])
-        stack.extend(i for i in node.input if i)
-    return nodes
-
-
 def probe_feeds(frames: int = PROBE_FRAMES, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random ``speech_feat`` float32 [1, 80, frames] (log mel around -5) and
     ``noise`` float32 [1, 480 frames, 9] (U[0, 1))."""
@@ -101,11 +84,16 @@ def probe_feeds(frames: int = PROBE_FRAMES, seed: int = 0) -> dict[str, np.ndarr
     }
 
 
-def exact_one_call(model: Any) -> tuple[Any, dict[str, list[int]], ExactCounts]:
+def exact_one_call(model: Any, lean: bool = True
+                   ) -> tuple[Any, dict[str, list[int]], ExactCounts]:
     """``model`` (the published ``hift.onnx`` as an onnx.ModelProto, changed in place) with
-    :func:`exact_phase_path` applied: the vocoder the product runs for one call. Returns
-    (the model, :func:`weight_shapes`, the counts)."""
+    :func:`~.hift_lean.lean_generator`'s and :func:`exact_phase_path`'s rewrites: the vocoder
+    the product runs for one call (the streamed form's first-and-final call computes exactly
+    this; ``lean`` False: without the lean rewrites, for checking them). Returns (the model,
+    :func:`weight_shapes`, the counts)."""
     shapes = weight_shapes(model, probe_feeds())
+    if lean:
+        lean_generator(model)
     return model, shapes, exact_phase_path(model, shapes)
 
 

@@ -42,6 +42,11 @@ the f0 path differently per call length, and the accumulated phase multiplies on
 into up to 1e-3 of audio); streamed calls and one call then add the same numbers in the same
 order on that path, and elsewhere differ only by float rounding that nothing amplifies.
 
+The generator is first rewritten to do less work for the same numbers up to float rounding
+(:mod:`.hift_lean`: upsampling convolutions at the low rate, Snakes without their scalings), as
+in the one-call graph; the validation also bounds that graph's audio against the one-call graph
+without these rewrites (the same :data:`MAX_ABS`).
+
 Found by structure: padding sites are the ``pads`` attribute of a ``Conv``, a ``Pad`` node,
 or a ``Concat`` on the last axis with a zero ``ConstantOfShape`` block; the look-ahead of
 each stream at every joining node is measured on the published graph by perturbing the last
@@ -81,10 +86,11 @@ from .hift_exact import (
     rad_difference,
     weight_shapes,
 )
+from .hift_lean import lean_generator
 
 logger = logging.getLogger(__name__)
 
-STREAM_TAG = "stream3"
+STREAM_TAG = "stream4"
 """File tag of the derived graph (bumped when the recipe changes)."""
 FIRST_INPUT = "stream_first"
 FINAL_INPUT = "stream_final"
@@ -124,6 +130,8 @@ class StreamReport:
             (:data:`FLOOR_PREFIXES`) against one call of it over all of it (onnxruntime's own
             rounding per call length, which the rewrite of :mod:`.hift_exact` removes).
         published_audio: one call of the one-call graph against one call of ``hift.onnx``.
+        lean_audio: one call of the one-call graph against one call of it without
+            :mod:`.hift_lean`'s rewrites (their rounding; checked against ``allowed_audio``).
         published_rad: the same on the source's rad values (the CumSum's input).
         allowed_audio: the bound ``max_abs_audio`` was checked against (:data:`MAX_ABS`).
         splits: the validated splits (mel frames per call).
@@ -142,6 +150,7 @@ class StreamReport:
     allowed_audio: float
     splits: list[list[int]] = field(default_factory=list)
     derive_s: float = 0.0
+    lean_audio: float = 0.0
 
 
 def stream_spec(n_states: int) -> GraphSpec:
@@ -365,8 +374,11 @@ States = list[tuple[list[int], int, str]]
 """Per state: its shape with -1 on the time axis, the time axis, its kind."""
 
 
-def add_stream_state(model: Any, seed: int = 0) -> tuple[Any, _Plan, States]:
-    """Rewrite ``model`` (onnx.ModelProto, changed in place) into the streamed graph.
+def add_stream_state(model: Any, seed: int = 0, lean: bool = True
+                     ) -> tuple[Any, _Plan, States]:
+    """Rewrite ``model`` (onnx.ModelProto, changed in place) into the streamed graph; ``lean``:
+    from the generator with :func:`.hift_lean.lean_generator`'s rewrites (less work, the same
+    numbers up to float rounding).
 
     Returns:
         (the model, the plan, per state: (shape with -1 on the time axis, axis, kind)).
@@ -380,6 +392,8 @@ def add_stream_state(model: Any, seed: int = 0) -> tuple[Any, _Plan, States]:
         shapes = weight_shapes(model, probe_feeds(PROBE_FRAMES, seed))
     except Exception as exc:  # onnxruntime raises untyped errors
         raise ModelLoadError(f"the vocoder does not run for probing: {exc}") from exc
+    if lean:
+        lean_generator(model)
     plan = _plan(model, seed)
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
@@ -711,6 +725,13 @@ def validate(
     one, published, ours = (validation_session(m) for m in (exact, source, derived))
     magnitude, phase = one.run(["magnitude", "phase"], feeds)
     reference = _audio(magnitude, phase)
+    try:
+        plain, _, _ = exact_one_call(onnx.load(str(source)), lean=False)
+        lean_audio = float(np.abs(
+            _audio(*validation_session(plain).run(["magnitude", "phase"], feeds)) - reference
+        ).max())
+    except Exception as exc:  # onnxruntime raises untyped errors
+        raise ModelLoadError(f"the one-call vocoder does not run: {exc}") from exc
     whole = _audio(*published.run(["magnitude", "phase"], feeds))
     shapes, axes = [s for s, _, _ in states], [a for _, a, _ in states]
     first = 0
@@ -756,7 +777,13 @@ def validate(
         max_abs_audio=worst, floor_prefix_audio=floor_prefix,
         published_audio=float(np.abs(whole - reference).max()), published_rad=rad,
         allowed_audio=MAX_ABS, splits=splits, derive_s=time.perf_counter() - started,
+        lean_audio=lean_audio,
     )
+    if not report.lean_audio <= MAX_ABS:
+        raise ModelLoadError(
+            f"the lean one-call vocoder's audio differs from the one without the lean rewrite by "
+            f"{report.lean_audio:.3g} (allowed {MAX_ABS})"
+        )
     if not worst <= MAX_ABS:
         raise ModelLoadError(
             f"the streamed hift's audio differs from one call's by {worst:.3g} (allowed "

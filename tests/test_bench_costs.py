@@ -8,6 +8,7 @@ int8 operations and int8 weight bytes; weights sliced by constant bounds count."
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from bench.costmodel import (
 )
 from bench.flops import FlopCountError
 from wyoming_cosyvoice3.engine import constants as C
-from wyoming_cosyvoice3.engine.derive.vocoder import hift_stream
+from wyoming_cosyvoice3.engine.derive.vocoder import hift_lean, hift_stream
 from wyoming_cosyvoice3.engine.sessions import HIFT
 
 SPLIT = [9, 7, 12, 1, 20, 5]
@@ -81,8 +82,14 @@ def _own_count(path: Path, feeds: dict[str, Any]) -> flops.OpCount:
 
 
 def _hift_count(tiny_model_dir: Path, frames: int) -> flops.OpCount:
-    """One call of hift.onnx over ``frames`` mel frames, counted directly (no fit)."""
-    stripped = flops.load_stripped(tiny_model_dir / HIFT.file).model
+    """One call of hift.onnx with the lean rewrite the streamed form is derived from
+    (engine/derive/vocoder/hift_lean.py) over ``frames`` mel frames, counted directly (no
+    fit)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model = onnx.load(str(tiny_model_dir / HIFT.file))
+        hift_lean.lean_generator(model)
+        onnx.save(model, str(Path(tmp) / HIFT.file))
+        stripped = flops.load_stripped(Path(tmp) / HIFT.file).model
     dims = concrete_dims(stripped, FAMILIES["hift"], {"F": frames})
     return flops.count_ops(stripped, dims)
 

@@ -55,7 +55,7 @@ Vocoder stage
 * ``vocoder`` (every synthesis call):
 
   1. streamed, convolution context, delay lines and source phase carried -- ``stream_vocoder``
-     (auto) -- vocoder/hift_stream (stream3);
+     (auto) -- vocoder/hift_stream (stream4, after vocoder/hift_lean);
   2. the published ``hift.onnx``, loaded only when there is no streamed form (or on the first
      whole-mel call outside synthesis): each streamed chunk re-runs it over all mel so far, or
      over a lossy preset's left window (``vocoder_window_frames``; the source phase restarts

@@ -117,11 +117,11 @@ class ModelLoader:
         self.preset_choice: PresetChoice | None = None
         """What ``--preset auto`` chose and predicted (None: a preset was given)."""
         self.llm_plan: LlmPlan | None = None
+        """The LLM graphs the engine loads (None until chosen at start)."""
         self.split_cores = settings.split_cores and available_cpus() >= 2
         """Each request decodes in a thread of its own (``EngineOptions.split_cores``): on
         unless ``--no-split-cores`` or this process may use only one CPU (the two kinds of work
         would take turns on it anyway)."""
-        """The LLM graphs the engine loads (None until chosen at start)."""
 
     # --- state ----------------------------------------------------------------------------
 

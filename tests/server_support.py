@@ -214,6 +214,16 @@ def whole_text_plan(text: str) -> list[PlannedPiece]:
     return [PlannedPiece(text, len(text.split()))]
 
 
+def stand_in_pieces(text: str | Sequence[PlannedPiece],
+                    sentence_end: str = r"(?<=[.!?。])\s*") -> list[str]:
+    """The pieces a stand-in engine speaks: each sentence (cut where the regular expression
+    ``sentence_end`` matches) of ``text``, or of each planned piece (a plan's piece
+    boundaries stay piece boundaries, as in the real engine)."""
+    texts = [text] if isinstance(text, str) else [piece.text for piece in text]
+    return [sentence for part in texts for sentence in re.split(sentence_end, part)
+            if re.search(r"\w", sentence)]
+
+
 def spoken_text(text: str | Sequence[PlannedPiece]) -> str:
     """The text a stand-in engine speaks: ``text``, or a plan's pieces joined (the stand-ins
     plan a text as one piece, :func:`whole_text_plan`, so this is the request's text)."""
@@ -319,9 +329,9 @@ STALL_S = 20.0
 class FaultyEngine:
     """A fast stand-in engine for fault injection (no model needed beyond readable clips).
 
-    Prepares voices like a model would (reads the clip). Each sentence of the text gives
-    three chunks of 0.2 s (10 ms apart, ``should_stop`` checked before each); markers in a
-    sentence change that:
+    Prepares voices like a model would (reads the clip). Each piece
+    (:func:`stand_in_pieces`, cut at :attr:`sentence_end`) gives three chunks of 0.2 s
+    (10 ms apart, ``should_stop`` checked before each); markers in a piece change that:
 
     * ``FAIL``: a coded ``SynthesisFailed`` after its first chunk;
     * ``CRASH``: a plain ``RuntimeError`` (a bug) after its first chunk;
@@ -334,11 +344,15 @@ class FaultyEngine:
     ``record`` is False (for memory measurements).
     """
 
+    sentence_end = r"(?<=[.!?。])\s*"
+
     def __init__(self, model_dir: Path, options: EngineOptions, record: bool = True) -> None:
         self.model_dir = model_dir
         self.record = record
         self.gate = threading.Event()
         self.texts: list[str] = []
+        self.plans: list[list[str]] = []
+        """The pieces of each request (:func:`stand_in_pieces`)."""
         self.outcomes: list[str] = []
         self.stop_flags: list[bool] = []
         self.ended: list[float] = []
@@ -380,14 +394,15 @@ class FaultyEngine:
                    options: SynthesisOptions | None = None,
                    should_stop: ShouldStop | None = None,
                    result: SynthesisResult | None = None) -> Iterator[EngineChunk]:
-        text = spoken_text(text)
+        pieces = stand_in_pieces(text, self.sentence_end)
         if self.record:
             with self.lock:
-                self.texts.append(text)
+                self.texts.append(spoken_text(text))
+                self.plans.append(pieces)
         self.started.release()
         outcome = "unfinished"
         try:
-            yield from self._chunks(text, should_stop or (lambda: False))
+            yield from self._chunks(pieces, should_stop or (lambda: False))
             outcome = "completed"
         except SynthesisCancelled:
             outcome = "cancelled"
@@ -405,8 +420,7 @@ class FaultyEngine:
                     self.stop_flags.append(bool(should_stop and should_stop()))
                     self.ended.append(time.monotonic())
 
-    def _chunks(self, text: str, should_stop: ShouldStop) -> Iterator[EngineChunk]:
-        pieces = [p for p in re.split(r"(?<=[.!?。])\s*", text) if re.search(r"\w", p)]
+    def _chunks(self, pieces: list[str], should_stop: ShouldStop) -> Iterator[EngineChunk]:
         samples = (0.1 * np.sin(np.arange(4800) * 0.05)).astype(np.float32)
         for index, piece in enumerate(pieces):
             if "HOLD" in piece:

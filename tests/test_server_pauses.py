@@ -517,8 +517,9 @@ class PiecePacedEngine(FaultyEngine):
     """Each sentence is one piece (``piece_index`` 0, 1, ... within the request) with exactly
     its expected length of audio (``expected_speech_s``), made at r = 2/3."""
 
-    def _chunks(self, text: str, should_stop: ShouldStop) -> Iterator[EngineChunk]:
-        pieces = [p for p in re.split(r"(?<=[.!?])\s+", text) if p.strip()]
+    sentence_end = r"(?<=[.!?])\s+"
+
+    def _chunks(self, pieces: list[str], should_stop: ShouldStop) -> Iterator[EngineChunk]:
         samples = (0.1 * np.sin(np.arange(round(RATE_HZ * CHUNK_S)) * 0.05)).astype(np.float32)
         for index, piece in enumerate(pieces):
             time.sleep(INTERVAL_S)  # the piece's start-up
@@ -566,7 +567,8 @@ async def test_streamed_answer_opening_with_a_long_sentence_starts_early(
                 if AudioChunk.is_type(event.type):
                     chunk = AudioChunk.from_event(event)
                     arrivals.append((time.monotonic() - t0, len(chunk.audio) / 2 / chunk.rate))
-        assert engine.texts[0] == head
+        # one engine request whose first piece is the head
+        assert len(engine.plans) == 1 and engine.plans[0][0] == head
     report = simulate_playback(arrivals, JITTER_S, piece_starts_s=[0.0, head_s])
     assert report.start_s is not None and report.start_s < FIRST_AUDIO_LIMIT_S + JITTER_S
     assert not [g for g, k in zip(report.gaps, report.gap_between, strict=True)
@@ -675,13 +677,16 @@ def test_plan_bound_has_a_floor() -> None:
 
 
 class RecordingPacedEngine(PiecePacedEngine):
-    """The paced engine with word-token planning; records each request's piece bound."""
+    """The paced engine with word-token planning; records each request's piece bound,
+    flow option and planned pieces."""
 
     def __init__(self, model_dir: Path, options: EngineOptions) -> None:
         super().__init__(model_dir, options)
         self.planner = WordPlanner()
         self.max_piece_tokens: list[int] = []
         self.whole_middle_pieces: list[bool] = []
+        self.planned: list[list[str]] = []
+        """The planned pieces of each request."""
 
     def text_token_count(self, text: str) -> int | None:
         return self.planner.text_token_count(text)
@@ -695,6 +700,7 @@ class RecordingPacedEngine(PiecePacedEngine):
         assert options is not None
         self.max_piece_tokens.append(options.max_piece_tokens)
         self.whole_middle_pieces.append(options.flow.whole_middle_pieces)
+        self.planned.append([text] if isinstance(text, str) else [p.text for p in text])
         return super().synthesize(text, voice, options, should_stop, result)
 
 
@@ -712,18 +718,24 @@ async def test_slow_server_asks_the_engine_for_sentence_pieces(
         engine = server.runtime.loader.engine
         assert isinstance(engine, RecordingPacedEngine)
         # the bound is handed over when the engine request starts: no need to wait for the
-        # paced audio (about 20 s) before the client leaves. With holds the short first
-        # sentence is a request of its own (split_first_clause), the rest the second
-        head, rest = _first(text)
-        for _ in range(2 if bounded and rest else 1):
-            assert await asyncio.to_thread(engine.started.acquire, True, READ_TIMEOUT_S)
+        # paced audio (about 20 s) before the client leaves
+        assert await asyncio.to_thread(engine.started.acquire, True, READ_TIMEOUT_S)
+    head, rest = _first(text)
     if bounded:
+        # with holds the short first sentence is a part of its own (split_first_clause),
+        # planned unbounded (it fits the planned hold), and the rest is planned with the
+        # bound; both are spoken as one engine request, the head its first piece
         assert rest and head == _sentence(8)
-        # the first sentence fits the planned hold: its request is not bounded
-        assert engine.max_piece_tokens[0] == 80 and engine.max_piece_tokens[-1] < 80
-        assert engine.planner.bounds[-1] == engine.max_piece_tokens[-1]
+        assert len(engine.planner.bounds) == 2 and engine.planner.bounds[0] is None
+        bound = engine.planner.bounds[1]
+        assert bound is not None and bound < 80
+        assert len(engine.planned) == 1 and engine.planned[0][0] == head
+        assert " ".join(engine.planned[0][1:]) == rest
+        assert len(engine.planned[0]) > 2
+        assert all(len(piece.split()) <= bound for piece in engine.planned[0][1:])
+        assert engine.max_piece_tokens == [bound]
         # pieces held until they play through: the middle ones are made in one chunk each
-        assert engine.whole_middle_pieces == [False, True]
+        assert engine.whole_middle_pieces == [True]
     else:
         assert engine.max_piece_tokens == [80]
         assert engine.whole_middle_pieces == [False]

@@ -47,8 +47,8 @@ JITTER_S = 0.1
 class PacedEngine(FaultyEngine):
     """0.2 s of audio every 0.3 s, ``expected_speech_s(text)`` seconds in all."""
 
-    def _chunks(self, text: str, should_stop: ShouldStop) -> Iterator[EngineChunk]:
-        count = round(expected_speech_s(text) / CHUNK_S)
+    def _chunks(self, pieces: list[str], should_stop: ShouldStop) -> Iterator[EngineChunk]:
+        count = round(expected_speech_s(" ".join(pieces)) / CHUNK_S)
         samples = (0.1 * np.sin(np.arange(round(24000 * CHUNK_S)) * 0.05)).astype(np.float32)
         for _ in range(count):
             if should_stop():

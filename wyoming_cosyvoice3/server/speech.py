@@ -17,6 +17,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -103,11 +104,18 @@ async def voice_or_error(runtime: ServerRuntime, sink: EventSink,
 
 
 async def speak(
-    runtime: ServerRuntime, sink: EventSink, text: str, slot: VoiceSlot, stats: RequestStats,
-    t0: float, extra_stop: threading.Event | None = None, gate: PieceGate | None = None,
-    language_hint: str | None = None,
+    runtime: ServerRuntime, sink: EventSink, parts: Sequence[str], slot: VoiceSlot,
+    stats: RequestStats, t0: float, extra_stop: threading.Event | None = None,
+    gate: PieceGate | None = None, language_hint: str | None = None,
 ) -> None:
-    """Synthesise ``text`` and send its audio-chunk events (audio-start already sent).
+    """Synthesise ``parts`` as one engine request and send its audio-chunk events
+    (audio-start already sent).
+
+    ``parts`` are texts that read on from each other (usually one; :func:`first_pieces` cuts
+    a long first sentence in two). Each is planned on its own, so that a part boundary is a
+    piece boundary, and the plans are spoken as one request: with split cores the engine
+    decodes the next part's tokens while the flow and vocoder still work on the part before
+    (two requests would leave the decoding idle for that time).
 
     With ``gate`` the events go through the response's piece gate (:mod:`.preroll`), which
     may hold back each piece's audio until it can play through; ``stats.first_chunk_s`` is
@@ -165,18 +173,23 @@ async def speak(
     whole_middle = False  # without a gate every piece streams (nothing holds it)
     if slot.prompt is None:
         raise CosyVoiceError(f"voice {slot.entry.name!r} is not prepared")
+    text = " ".join(parts)
     speech: str | list[PlannedPiece] = text
     if gate is not None:
-        max_tokens, expected, planned = await plan_pieces(runtime, gate, text,
-                                                          options.language_hint,
-                                                          options.read_numbers)
-        if planned is not None:
-            speech = planned  # the engine speaks its plan: the text is cut once
-        if max_tokens is not None:
-            options = options.replace(max_piece_tokens=max_tokens)
+        plans = [await plan_pieces(runtime, gate, part, options.language_hint,
+                                   options.read_numbers) for part in parts]
+        bounds = [plan.max_tokens for plan in plans if plan.max_tokens is not None]
+        if all(plan.pieces is not None for plan in plans):
+            # the engine speaks the plans: the text is cut once, each part into its own pieces
+            speech = [piece for plan in plans for piece in plan.pieces or ()]
+            expected = [s for plan in plans if plan.pieces for s in plan.expected_s] or [0.0]
+        else:  # the engine plans (and reports its error) itself
+            expected = [expected_speech_s(text)]
+        if bounds:
+            options = options.replace(max_piece_tokens=min(bounds))
         # pieces bounded: synthesis is (or may be) slower than playback, so a middle piece is
         # held until most of it is made, and streaming it in chunks would only cost time
-        whole_middle = options.flow.whole_middle_pieces and max_tokens is not None
+        whole_middle = options.flow.whole_middle_pieces and bool(bounds)
         gate.begin_text(expected,
                         options.flow.max_hop_tokens / SPEECH_TOKEN_RATE_HZ / options.speed)
     options = options.replace(flow={"whole_middle_pieces": whole_middle})
@@ -277,10 +290,11 @@ async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
 
 
 def first_pieces(runtime: ServerRuntime, gate: PieceGate | None, text: str) -> list[str]:
-    """``text`` as the texts of the engine requests of a response's start: a long first
-    sentence gives a short first request, cut at a clause boundary
+    """``text`` as the parts of a response's first engine request (:func:`speak`): a long
+    first sentence gives a short first part, cut at a clause boundary
     (:func:`~..engine.text.pieces.split_first_clause`, :data:`.preroll.FIRST_PIECE_MAX_S`),
-    so the first piece can play through early. Only when audio may be held (``gate`` with a
+    which becomes the request's first piece, so it can play through early. Only when audio
+    may be held (``gate`` with a
     bound), nothing was produced yet, and production is not known to be faster than
     playback (a fast machine keeps the sentence whole: one LLM pass, unbroken prosody).
     """
@@ -353,9 +367,8 @@ async def run_one_shot(runtime: ServerRuntime, sink: EventSink, request: SpeakRe
         try:
             text = await speech_text(request.text)
             hint = text_language(text, request.voice.language, slot)
-            for part in first_pieces(runtime, gate, text):
-                await speak(runtime, sink, part, slot, stats, request.received, gate=gate,
-                            language_hint=hint)
+            await speak(runtime, sink, first_pieces(runtime, gate, text), slot, stats,
+                        request.received, gate=gate, language_hint=hint)
         finally:
             await finish_gate(runtime, gate, sink)  # the audio made so far, also on error
         note_first_chunk(stats, gate, request.received)

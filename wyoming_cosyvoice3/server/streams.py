@@ -295,9 +295,8 @@ async def _speak_items(
             gate.first_audio_from = stream.first_text_at or item.queued_at
         try:
             hint = stream.language_hint(item.text)
-            for part in first_pieces(runtime, gate, item.text):  # a long first sentence: 2
-                await speak(runtime, sink, part, slot, stats, item.queued_at, stream.cancelled,
-                            gate=gate, language_hint=hint)
+            await speak(runtime, sink, first_pieces(runtime, gate, item.text), slot, stats,
+                        item.queued_at, stream.cancelled, gate=gate, language_hint=hint)
             if stream.items.empty() and not stream.has_carry:  # waiting for text: holding
                 # audio back gains nothing
                 await gate.release()

@@ -34,7 +34,7 @@ from wyoming_cosyvoice3.engine.options import (
     VoiceFeatures,
     VoicePrompt,
 )
-from wyoming_cosyvoice3.engine.text.pieces import PlannedPiece
+from wyoming_cosyvoice3.engine.text.pieces import MorePieces, PlannedPiece
 from wyoming_cosyvoice3.server.cli import RunningServer
 from wyoming_cosyvoice3.server.engine_port import Engine, EngineFactory, default_engine_factory
 from wyoming_cosyvoice3.server.hooks import ServerHooks
@@ -280,17 +280,31 @@ class SpyEngine:
     def synthesize(self, text: str | Sequence[PlannedPiece], voice: VoicePrompt,
                    options: SynthesisOptions | None = None,
                    should_stop: ShouldStop | None = None,
-                   result: SynthesisResult | None = None) -> Iterator[EngineChunk]:
+                   result: SynthesisResult | None = None,
+                   more: MorePieces | None = None) -> Iterator[EngineChunk]:
         text = spoken_text(text)  # the inner engine plans the raw text itself
+        options = options or SynthesisOptions()
         with self.lock:
             self.texts.append(text)
             self.voices.append(voice.name)
-            self.hints.append(None if options is None else options.language_hint)
+            self.hints.append(options.language_hint)
+            request = len(self.texts) - 1
+
+        def inner_more() -> list[PlannedPiece]:  # the inner engine plans the text taken
+            assert more is not None
+            taken = spoken_text(more())
+            if not taken:
+                return []
+            with self.lock:
+                self.texts[request] += " " + taken
+            return self.inner.plan_pieces(taken, options.language_hint,
+                                          options.max_piece_tokens, options.read_numbers)
+
         self.started.release()
         outcome = "unfinished"
         try:
-            chunks = self.inner.synthesize(text, voice, options or SynthesisOptions(),
-                                           should_stop, result)
+            chunks = self.inner.synthesize(text, voice, options, should_stop, result,
+                                           None if more is None else inner_more)
             for chunk in chunks:
                 if chunk.is_last and self.hold_last is not None:
                     for _ in range(600):  # bounded wait, 60 s
@@ -340,11 +354,15 @@ class FaultyEngine:
     * ``STALL``: after its first chunk, one step of :data:`STALL_S` seconds that does not
       look at ``should_stop`` (a long model step on a slow CPU).
 
-    Records ``texts``, ``outcomes`` and ``stop_flags`` like :class:`SpyEngine` unless
-    ``record`` is False (for memory measurements).
+    Records ``texts`` (with the text ``more`` handed over), ``plans``, ``outcomes`` and
+    ``stop_flags`` like :class:`SpyEngine` unless ``record`` is False (for memory
+    measurements).
     """
 
     sentence_end = r"(?<=[.!?。])\s*"
+    follow_up = True
+    """Ask ``more`` for the pieces that came meanwhile (at the first chunk of the last piece
+    so far); False: never (each request speaks only what it was given)."""
 
     def __init__(self, model_dir: Path, options: EngineOptions, record: bool = True) -> None:
         self.model_dir = model_dir
@@ -393,16 +411,29 @@ class FaultyEngine:
     def synthesize(self, text: str | Sequence[PlannedPiece], voice: VoicePrompt,
                    options: SynthesisOptions | None = None,
                    should_stop: ShouldStop | None = None,
-                   result: SynthesisResult | None = None) -> Iterator[EngineChunk]:
+                   result: SynthesisResult | None = None,
+                   more: MorePieces | None = None) -> Iterator[EngineChunk]:
         pieces = stand_in_pieces(text, self.sentence_end)
         if self.record:
             with self.lock:
                 self.texts.append(spoken_text(text))
                 self.plans.append(pieces)
+                request = len(self.texts) - 1
         self.started.release()
         outcome = "unfinished"
+        asked_at = 0  # pieces when ``more`` was last asked
         try:
-            yield from self._chunks(pieces, should_stop or (lambda: False))
+            for chunk in self._chunks(pieces, should_stop or (lambda: False)):
+                if (more is not None and self.follow_up and asked_at < len(pieces)
+                        and chunk.piece_index == len(pieces) - 1):
+                    # as the real engine with its LLM ahead: asked while the last piece plays
+                    asked_at = len(pieces)
+                    taken = more()
+                    pieces.extend(stand_in_pieces(taken, self.sentence_end))
+                    if self.record and taken:
+                        with self.lock:
+                            self.texts[request] += " " + spoken_text(taken)
+                yield chunk
             outcome = "completed"
         except SynthesisCancelled:
             outcome = "cancelled"

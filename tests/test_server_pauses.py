@@ -54,7 +54,7 @@ from wyoming_cosyvoice3.server.preroll import (
     needed_hold_s,
     piece_limit_s,
 )
-from wyoming_cosyvoice3.server.speech import MIN_PIECE_TOKENS, _plan_pieces
+from wyoming_cosyvoice3.server.speech import MIN_PIECE_TOKENS, planned_pieces
 
 MakeClip = Callable[..., Path]
 RATE_HZ = 24000
@@ -657,22 +657,22 @@ def test_plan_bounds_pieces_by_the_texts_own_tokens_per_second() -> None:
     planner = WordPlanner()
     limit_s = piece_limit_s(8.0, 0.5)
     assert limit_s is not None
-    max_tokens, expected, _ = _plan_pieces(planner, text, None, limit_s)
+    max_tokens, expected, _ = planned_pieces(planner, text, None, limit_s)
     tokens_per_s = 80 / expected_speech_s(text)
     assert max_tokens == int(limit_s * tokens_per_s) == 19
     assert planner.bounds == [19]
     # the planner packs two sentences (16 tokens) per piece under the 19-token bound
     assert expected == [pytest.approx(expected_speech_s(f"{sentence} {sentence}"))] * 5
     # no bound: upstream's packing (80 tokens: all ten sentences in one piece)
-    max_tokens, expected, _ = _plan_pieces(planner, text, None, None)
+    max_tokens, expected, _ = planned_pieces(planner, text, None, None)
     assert max_tokens is None and expected == [pytest.approx(expected_speech_s(text))]
     # a text shorter than the limit is not bounded
-    assert _plan_pieces(planner, sentence, None, limit_s)[0] is None
+    assert planned_pieces(planner, sentence, None, limit_s)[0] is None
 
 
 def test_plan_bound_has_a_floor() -> None:
     text = " ".join([_sentence(8)] * 10)
-    max_tokens, _, _ = _plan_pieces(WordPlanner(), text, None, 0.1)
+    max_tokens, _, _ = planned_pieces(WordPlanner(), text, None, 0.1)
     assert max_tokens == MIN_PIECE_TOKENS
 
 
@@ -696,12 +696,12 @@ class RecordingPacedEngine(PiecePacedEngine):
                     read_numbers: bool = True) -> list[PlannedPiece]:
         return self.planner.plan_pieces(text, language_hint, max_piece_tokens, read_numbers)
 
-    def synthesize(self, text, voice, options=None, should_stop=None, result=None):  # type: ignore[no-untyped-def]
+    def synthesize(self, text, voice, options=None, should_stop=None, result=None, more=None):  # type: ignore[no-untyped-def]
         assert options is not None
         self.max_piece_tokens.append(options.max_piece_tokens)
         self.whole_middle_pieces.append(options.flow.whole_middle_pieces)
         self.planned.append([text] if isinstance(text, str) else [p.text for p in text])
-        return super().synthesize(text, voice, options, should_stop, result)
+        return super().synthesize(text, voice, options, should_stop, result, more)
 
 
 @pytest.mark.parametrize(("max_preroll_ms", "bounded"), [(8000, True), (0, False)])

@@ -1,5 +1,6 @@
-"""Streamed sentences queued behind a running one are spoken as one engine request,
-through the real server and a Wyoming client over TCP."""
+"""Streamed sentences queued behind a running one are spoken as one engine request, or join
+the running one when it asks for more, through the real server and a Wyoming client over
+TCP."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from server_support import (
 from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from wyoming_cosyvoice3.server.preroll import expected_speech_s
+from wyoming_cosyvoice3.server.settings import Limits
 from wyoming_cosyvoice3.server.streams import MERGE_BUDGET_S
 
 MakeClip = Callable[..., Path]
@@ -33,9 +35,10 @@ async def test_queued_sentences_merge_up_to_the_budget(tmp_path: Path,
     settings = make_settings(fake_model_dir(tmp_path, make_clip), tmp_path / "data")
     async with running_server(settings, recording_faulty_factory(holder)) as server, \
             client(server) as cl:
+        engine = holder[0]
+        engine.follow_up = False  # each request speaks what it was given: merging alone
         await cl.write_event(SynthesizeStart().event())
         await cl.write_event(SynthesizeChunk(text="Hello HOLD there. Two").event())
-        engine = holder[0]
         # the first sentence starts as soon as it is complete, alone
         assert await asyncio.to_thread(wait_until, lambda: len(engine.texts) == 1)
         assert engine.texts == ["Hello HOLD there."]
@@ -49,6 +52,58 @@ async def test_queued_sentences_merge_up_to_the_budget(tmp_path: Path,
     assert engine.texts == ["Hello HOLD there.", "Two. Three. Four.", LONG, "Tail."]
     # all six sentences spoken: three 0.2 s chunks per sentence of the stand-in engine
     assert len(result.samples) == 6 * 3 * 4800
+
+
+async def test_sentences_queued_meanwhile_join_the_running_request(
+        tmp_path: Path, make_clip: MakeClip) -> None:
+    # the engine asks for more text while its last piece plays (the real engine: once the
+    # LLM has decoded it): the sentences queued meanwhile join the running request, merged
+    # up to the budget at each ask, so the LLM never waits for a new request
+    holder: list[FaultyEngine] = []
+    settings = make_settings(fake_model_dir(tmp_path, make_clip), tmp_path / "data")
+    async with running_server(settings, recording_faulty_factory(holder)) as server, \
+            client(server) as cl:
+        engine = holder[0]
+        await cl.write_event(SynthesizeStart().event())
+        await cl.write_event(SynthesizeChunk(text="Hello HOLD there. Two").event())
+        assert await asyncio.to_thread(wait_until, lambda: len(engine.texts) == 1)
+        for text in (". Three. Fo", "ur. ", LONG + " ", "Tail. "):
+            await cl.write_event(SynthesizeChunk(text=text).event())
+        await asyncio.sleep(1.0)  # the server reads the chunks while the first sentence holds
+        engine.gate.set()
+        await cl.write_event(SynthesizeStop().event())
+        result = await collect(cl, "synthesize-stopped")
+    assert not result.errors
+    assert engine.texts == ["Hello HOLD there. Two. Three. Four. " + LONG + " Tail."]
+    assert engine.plans == [["Hello HOLD there.", "Two.", "Three.", "Four.", LONG, "Tail."]]
+    assert engine.outcomes == ["completed"]
+    assert len(result.samples) == 6 * 3 * 4800
+
+
+async def test_an_error_behind_queued_sentences_is_not_taken(
+        tmp_path: Path, make_clip: MakeClip) -> None:
+    # the sentence before the error joins the running request, the error ends the response
+    # after all the audio before it, and nothing after the error is spoken
+    holder: list[FaultyEngine] = []
+    settings = make_settings(fake_model_dir(tmp_path, make_clip), tmp_path / "data",
+                             limits=Limits(max_text_chars=40))
+    async with running_server(settings, recording_faulty_factory(holder)) as server, \
+            client(server) as cl:
+        engine = holder[0]
+        await cl.write_event(SynthesizeStart().event())
+        await cl.write_event(SynthesizeChunk(text="One HOLD. Two. ").event())
+        assert await asyncio.to_thread(wait_until, lambda: len(engine.texts) == 1)
+        await cl.write_event(SynthesizeChunk(text="Three is far too long " * 3).event())
+        await asyncio.sleep(1.0)
+        engine.gate.set()
+        await cl.write_event(SynthesizeStop().event())
+        result = await collect(cl, "synthesize-stopped")
+    assert [e.code for e in result.errors] == ["text-too-long"]
+    assert engine.texts == ["One HOLD. Two."]
+    assert len(result.samples) == 2 * 3 * 4800
+    types = result.types
+    last_audio = max(i for i, t in enumerate(types) if t == "audio-chunk")
+    assert last_audio < types.index("error") < types.index("audio-stop")
 
 
 async def test_merge_stops_at_errors_and_the_end_marker() -> None:

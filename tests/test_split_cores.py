@@ -26,9 +26,11 @@ from wyoming_cosyvoice3.engine import (
     SynthesisOptions,
     SynthesisResult,
     SynthesisTimeout,
+    TextError,
     VoicePrompt,
 )
 from wyoming_cosyvoice3.engine.errors import SynthesisFailed
+from wyoming_cosyvoice3.engine.text.pieces import PlannedPiece
 
 TEXT = ("The kitchen lights are on. The front door is locked for the night, and the garden "
         "sprinklers run until morning.")
@@ -110,6 +112,50 @@ def test_split_cores_gives_the_same_chunks(
     caller = threading.current_thread().name
     assert threads[True] == [THREAD] * plain_result.pieces
     assert threads[False] == [caller] * plain_result.pieces
+    assert not producer_threads()
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_pieces_asked_for_while_decoding_give_the_audio_of_one_plan(
+    engines: dict[bool, CosyVoice3Engine], voice: VoicePrompt,
+    monkeypatch: pytest.MonkeyPatch, split: bool,
+) -> None:
+    # a request given the first piece of a plan, asking for the others one by one through
+    # ``more``, speaks the audio of the request given the whole plan: the pieces reach the
+    # decoding loop, the seeded streams go on, and only the true last chunk is the last
+    engine = engines[split]
+    plan = engine.plan_pieces(TEXT, None, 12, True)
+    assert len(plan) >= 3
+    whole = list(engine.synthesize(plan, voice, options()))
+    threads = decoding_threads(engine, monkeypatch)
+    later = [[piece] for piece in plan[1:]]
+    asked: list[tuple[str, int]] = []  # (thread, pieces decoded) at each call
+
+    def more() -> list[PlannedPiece]:
+        asked.append((threading.current_thread().name, len(threads)))
+        return later.pop(0) if later else []
+
+    result = SynthesisResult()
+    fed = list(engine.synthesize(plan[:1], voice, options(), result=result, more=more))
+    decoder = THREAD if split else threading.current_thread().name
+    # asked once after each piece was decoded, in the thread that decodes
+    assert asked == [(decoder, n) for n in range(1, len(plan) + 1)]
+    assert result.pieces == len(plan)
+    assert [len(c.samples) for c in fed] == [len(c.samples) for c in whole]
+    for a, b in zip(whole, fed, strict=True):
+        np.testing.assert_array_equal(a.samples, b.samples)
+        assert (a.piece_index, a.is_last, a.piece_done, a.next_chunk_s) == (
+            b.piece_index, b.is_last, b.piece_done, b.next_chunk_s)
+    assert sum(c.is_last for c in fed) == 1 and fed[-1].is_last
+    assert not producer_threads()
+
+
+def test_more_must_return_planned_pieces(engines: dict[bool, CosyVoice3Engine],
+                                         voice: VoicePrompt) -> None:
+    plan = engines[True].plan_pieces(TEXT, None, 12, True)
+    with pytest.raises(TextError):
+        list(engines[True].synthesize(plan[:1], voice, options(),
+                                      more=lambda: ["not planned"]))  # type: ignore[list-item,return-value]
     assert not producer_threads()
 
 

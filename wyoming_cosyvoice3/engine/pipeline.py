@@ -45,7 +45,7 @@ from .options import (
 )
 from .sessions import set_run_observer
 from .text.frontend import TextFrontend
-from .text.pieces import PlannedPiece
+from .text.pieces import MorePieces, PlannedPiece
 from .vocoder.hift import HiftRunner, VocoderStream, may_defer
 from .voice.prepare import VoiceFeatureExtractor
 from .voice.worker import worker_for
@@ -277,6 +277,7 @@ class CosyVoice3Engine:
         options: SynthesisOptions | None = None,
         should_stop: ShouldStop | None = None,
         result: SynthesisResult | None = None,
+        more: MorePieces | None = None,
     ) -> Iterator[AudioChunk]:
         """Synthesise ``text`` with ``voice``, yielding 24 kHz chunks as soon as they exist.
 
@@ -291,6 +292,15 @@ class CosyVoice3Engine:
             should_stop: checked before every model step (LLM step, flow encoder, Euler step,
                 vocoder); True raises :class:`SynthesisCancelled`.
             result: filled with timings and the audio length while the request runs.
+            more: text that arrives while the request runs: called once the LLM has decoded
+                every piece so far (in the decoding thread with ``split_cores``), before the
+                last of them ends; returns further pieces, as :meth:`plan_pieces` returns
+                them, to speak in this request, or an empty sequence to end it. The LLM then
+                goes on decoding while the flow and vocoder finish the pieces before, where a
+                request of its own would wait for them. The request's random streams go on
+                too, so the audio is that of one request given all its pieces at once (with
+                ``flow.whole_middle_pieces``, a piece that was the last when it began is
+                streamed in chunks instead of made whole).
 
         Yields:
             :class:`AudioChunk` objects; the last has ``is_last`` True (a zero-length chunk when
@@ -298,13 +308,15 @@ class CosyVoice3Engine:
 
         Raises:
             SynthesisCancelled, SynthesisTimeout, SynthesisFailed; ValueError for bad options;
-            TextError: ``text`` is neither a ``str`` nor a sequence of :class:`PlannedPiece`.
+            TextError: ``text`` is neither a ``str`` nor a sequence of :class:`PlannedPiece`,
+            or ``more`` returned something else.
         """
         options = options or SynthesisOptions()
         options.validate()  # before the first chunk is asked for: bad options fail at the call
         if not isinstance(text, str):
             text = _checked_plan(text)
-        return self._synthesize(text, voice, options, should_stop, result or SynthesisResult())
+        return self._synthesize(text, voice, options, should_stop, result or SynthesisResult(),
+                                more)
 
     def _synthesize(
         self,
@@ -313,10 +325,11 @@ class CosyVoice3Engine:
         options: SynthesisOptions,
         should_stop: ShouldStop | None,
         result: SynthesisResult,
+        more: MorePieces | None,
     ) -> Iterator[AudioChunk]:
         req = RequestState.create(options, should_stop, result)
         try:
-            yield from self._run(text, voice, req)
+            yield from self._run(text, voice, req, more)
         finally:
             req.result.total_s = req.now()
             req.result.audio_s = req.samples_out / C.OUTPUT_SAMPLE_RATE_HZ
@@ -346,7 +359,7 @@ class CosyVoice3Engine:
             return_freed_memory()
 
     def _run(self, text: str | tuple[PlannedPiece, ...], voice: VoicePrompt,
-             req: RequestState) -> Iterator[AudioChunk]:
+             req: RequestState, more: MorePieces | None) -> Iterator[AudioChunk]:
         started = req.now()
         if isinstance(text, str):
             pieces = self.frontend.split_pieces(text, req.options.language_hint,
@@ -363,13 +376,25 @@ class CosyVoice3Engine:
         observer = self.options.observer
         fixed_tokens = [None if observer is None else observer.fixed_speech_tokens(p)
                         for p in pieces]
+
+        def take_more() -> None:  # in the decoding thread (token_stream)
+            assert more is not None
+            began = req.now()
+            for planned in _checked_plan(more()):
+                pieces.append(planned.text)
+                prompts.append(self.frontend.build_prompt(planned.text, voice))
+                fixed_tokens.append(None if observer is None
+                                    else observer.fixed_speech_tokens(planned.text))
+            req.result.pieces = len(pieces)
+            req.times.frontend_s += req.now() - began
+
         flow = FlowRequest(self.chunked, req.options.flow, voice.features, req.flow_noise,
                            req.options.streaming)
         piece: PieceState | None = None
         # with split_cores the tokens come from a decoding thread; leaving this block in any
         # way (end, error, cancellation, the caller closing the generator) stops and joins it
-        with request_tokens(self.llm, prompts, fixed_tokens, req,
-                            self.options.split_cores) as stream:
+        with request_tokens(self.llm, prompts, fixed_tokens, req, self.options.split_cores,
+                            None if more is None else take_more) as stream:
             for index, token in stream:
                 if piece is None:
                     piece = self._new_piece(index, req, flow.piece(0 < index < len(pieces) - 1))

@@ -18,7 +18,7 @@ from ..engine.options import (
     SynthesisResult,
     VoicePrompt,
 )
-from ..engine.text.pieces import PlannedPiece
+from ..engine.text.pieces import MorePieces, PlannedPiece
 from .settings import Settings
 
 
@@ -58,10 +58,11 @@ class Engine(PiecePlanner, Protocol):
     def synthesize(
         self, text: str | Sequence[PlannedPiece], voice: VoicePrompt,
         options: SynthesisOptions = ..., should_stop: ShouldStop | None = None,
-        result: SynthesisResult | None = None,
+        result: SynthesisResult | None = None, more: MorePieces | None = None,
     ) -> Iterator[AudioChunk]:
         """Speak ``text``, or the pieces :meth:`plan_pieces` returned for it (spoken as
-        planned: normalised and cut once)."""
+        planned: normalised and cut once), then the pieces ``more`` hands over while the
+        request runs (called from an engine thread)."""
 
 
 EngineFactory = Callable[[Path, EngineOptions], Engine]

@@ -329,9 +329,10 @@ class _Piece:
 class PieceGate:
     """Per-response gate between the synthesis and the connection (one per response).
 
-    Call :meth:`begin_text` before each engine request, :meth:`audio` for each of its chunks,
-    :meth:`end_text` after it (also after a failure), :meth:`release` when production stops
-    for a while, and :meth:`close` at the end of the response.
+    Call :meth:`begin_text` before each engine request, :meth:`add_pieces` when it takes
+    more, :meth:`audio` for each of its chunks, :meth:`end_text` after it (also after a
+    failure), :meth:`release` when production stops for a while, and :meth:`close` at the
+    end of the response.
 
     Args:
         send: writes one event to the client (``EventSink.send``).
@@ -414,6 +415,11 @@ class PieceGate:
         self._texts += 1
         self._expected = list(piece_expected_s) or [0.0]
         self._work_since = now
+
+    def add_pieces(self, piece_expected_s: Sequence[float]) -> None:
+        """The running engine request took more pieces (a stream's later text); their
+        expected speech in seconds, in order."""
+        self._expected.extend(piece_expected_s)
 
     def stop_work(self) -> None:
         """The engine request stopped working (done or failed): its work time is counted."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..engine.errors import CosyVoiceError, SynthesisCancelled
 from ..engine.options import AudioChunk, ShouldStop, SynthesisOptions, SynthesisResult, VoicePrompt
-from ..engine.text.pieces import PlannedPiece
+from ..engine.text.pieces import MorePieces, PlannedPiece
 from .engine_port import Engine
 from .settings import Settings
 
@@ -87,8 +87,10 @@ class SynthesisRunner:
         should_stop: ShouldStop,
         on_chunk: Callable[[AudioChunk], Awaitable[None]],
         result: SynthesisResult | None = None,
+        more: MorePieces | None = None,
     ) -> float:
-        """Run one engine request in a worker thread, awaiting ``on_chunk`` for each chunk.
+        """Run one engine request in a worker thread, awaiting ``on_chunk`` for each chunk
+        (``more``: the engine's, called from an engine thread).
 
         Each ``next()`` of the engine's iterator runs in the executor, so the event loop
         stays free; the worker slot is held until the iterator is finished or closed, so a
@@ -124,7 +126,7 @@ class SynthesisRunner:
             if should_stop():
                 raise SynthesisCancelled("the request was cancelled before synthesis started")
             work.pending = loop.run_in_executor(
-                self.executor, _start, engine, text, voice, options, should_stop, result
+                self.executor, _start, engine, text, voice, options, should_stop, result, more
             )
             await _wait_step(work.pending, should_stop)
             work.iterator = work.pending.result()
@@ -219,9 +221,10 @@ class _Abandoned(SynthesisCancelled):
 def _start(
     engine: Engine, text: str | Sequence[PlannedPiece], voice: VoicePrompt,
     options: SynthesisOptions,
-    should_stop: ShouldStop, result: SynthesisResult | None,
+    should_stop: ShouldStop, result: SynthesisResult | None, more: MorePieces | None,
 ) -> Iterator[AudioChunk]:
-    return iter(engine.synthesize(text, voice, options, should_stop=should_stop, result=result))
+    return iter(engine.synthesize(text, voice, options, should_stop=should_stop, result=result,
+                                  more=more))
 
 
 def _next_chunk(iterator: Iterator[AudioChunk]) -> AudioChunk | None:

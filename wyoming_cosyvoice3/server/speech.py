@@ -33,7 +33,7 @@ from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, Synth
 from ..engine.options import AudioChunk
 from ..engine.text.markdown import markdown_to_speech
 from ..engine.text.normalize import language_cues, winner
-from ..engine.text.pieces import PlannedPiece, split_first_clause
+from ..engine.text.pieces import MorePieces, PlannedPiece, split_first_clause
 from .engine_port import PiecePlanner
 from .preroll import (
     FIRST_PIECE_MAX_S,
@@ -107,6 +107,7 @@ async def speak(
     runtime: ServerRuntime, sink: EventSink, parts: Sequence[str], slot: VoiceSlot,
     stats: RequestStats, t0: float, extra_stop: threading.Event | None = None,
     gate: PieceGate | None = None, language_hint: str | None = None,
+    more: MorePieces | None = None,
 ) -> None:
     """Synthesise ``parts`` as one engine request and send its audio-chunk events
     (audio-start already sent).
@@ -129,7 +130,8 @@ async def speak(
 
     ``language_hint`` becomes ``SynthesisOptions.language_hint`` (the text normaliser's
     language when a text has no cue of its own; a stream passes its earlier sentences'
-    language).
+    language). ``more`` goes to the engine: the pieces of text that came meanwhile, asked
+    for while the request runs (a stream's later sentences, :mod:`.streams`).
 
     Raises:
         ClientGone: the client disconnected (the engine was stopped).
@@ -195,8 +197,8 @@ async def speak(
     options = options.replace(flow={"whole_middle_pieces": whole_middle})
     try:
         try:
-            stats.compute_s += await runtime.runner.run_synthesis(speech, slot.prompt,
-                                                                  options, stop, on_chunk)
+            stats.compute_s += await runtime.runner.run_synthesis(
+                speech, slot.prompt, options, stop, on_chunk, more=more)
         finally:
             if gate is not None:
                 gate.stop_work()
@@ -239,10 +241,11 @@ class PiecePlan(NamedTuple):
     pieces: list[PlannedPiece] | None
 
 
-def _plan_pieces(engine: PiecePlanner, text: str, language_hint: str | None,
-                 limit_s: float | None, read_numbers: bool = True) -> PiecePlan:
+def planned_pieces(engine: PiecePlanner, text: str, language_hint: str | None,
+                   limit_s: float | None, read_numbers: bool = True) -> PiecePlan:
     """The piece bound in text tokens for ``limit_s`` seconds of speech (None: no bound),
-    the pieces the engine cuts with it and their expected seconds (worker thread).
+    the pieces the engine cuts with it and their expected seconds (about 1 ms per 100
+    characters: a worker thread's call, or on the event loop for a few sentences).
 
     The bound is this text's own tokens per second of expected speech times ``limit_s``,
     between :data:`MIN_PIECE_TOKENS` and upstream's ``DEFAULT_MAX_PIECE_TOKENS``; a text
@@ -261,6 +264,15 @@ def _plan_pieces(engine: PiecePlanner, text: str, language_hint: str | None,
                      pieces)
 
 
+def piece_bound_s(runtime: ServerRuntime, gate: PieceGate) -> float | None:
+    """Longest expected speech of a piece (:func:`.preroll.piece_limit_s` at the measured
+    rate, in seconds of ``expected_speech_s`` as the pieces are measured), or None: no
+    bound."""
+    history = runtime.production
+    limit_s = piece_limit_s(gate.max_hold_s, history.rate())
+    return None if limit_s is None else limit_s / history.length_ratio()
+
+
 async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
                       language_hint: str | None, read_numbers: bool = True) -> PiecePlan:
     """How the engine should cut ``text`` into pieces for ``gate``, and what to expect.
@@ -275,16 +287,12 @@ async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
         and cut, made in a worker thread, about 1 ms per 100 characters), which the request
         then synthesises as they are.
     """
-    history = runtime.production
-    limit_s = piece_limit_s(gate.max_hold_s, history.rate())
-    if limit_s is not None:  # in seconds of expected_speech_s, as the pieces are measured
-        limit_s /= history.length_ratio()
     engine = runtime.loader.engine
     if engine is None:  # not loaded: the request fails when it asks for synthesis
         return PiecePlan(None, [expected_speech_s(text)], None)
     try:
-        return await asyncio.to_thread(_plan_pieces, engine, text, language_hint, limit_s,
-                                       read_numbers)
+        return await asyncio.to_thread(planned_pieces, engine, text, language_hint,
+                                       piece_bound_s(runtime, gate), read_numbers)
     except CosyVoiceError:  # the engine reports it itself when asked to synthesise
         return PiecePlan(None, [expected_speech_s(text)], None)
 

@@ -7,7 +7,8 @@ the connection's worker runs :func:`run_stream`,
 which speaks each complete sentence as soon as it is queued, while later text still arrives.
 Sentences that are already queued when the worker turns to the next one are spoken as one
 engine request, up to :data:`MERGE_BUDGET_S` of expected speech (fewer LLM prefills of the
-voice prompt, fewer first hops); the first sentence never waits for another.
+voice prompt, fewer first hops); the first sentence never waits for another. Sentences queued
+while a request runs join it when its LLM has decoded the text it had (:class:`FollowUp`).
 The whole response is one ``audio-start`` (24000 Hz, 16 bit, mono), the audio of every
 sentence, one ``audio-stop`` and ``synthesize-stopped`` -- also after an error, so a client
 such as Home Assistant, which waits for ``synthesize-stopped``, is never left hanging.
@@ -16,6 +17,7 @@ such as Home Assistant, which waits for ``synthesize-stopped``, is never left ha
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -29,6 +31,7 @@ from wyoming.tts import SynthesizeStopped
 from ..engine.errors import CosyVoiceError, TextError, TextTooLong
 from ..engine.text.markdown import MarkdownSpeech
 from ..engine.text.normalize import language_cues, winner
+from ..engine.text.pieces import PlannedPiece
 from .preroll import PieceGate, expected_speech_s
 from .protocol import ClientGone, EventSink, RequestStats, SpeakRequest, check_chunk_text
 from .runtime import ServerRuntime
@@ -38,7 +41,9 @@ from .speech import (
     finish_gate,
     first_pieces,
     note_first_chunk,
+    piece_bound_s,
     piece_gate,
+    planned_pieces,
     speak,
     voice_or_error,
 )
@@ -238,6 +243,89 @@ class StreamRequest:
             self.items.put_nowait(None)
 
 
+class FollowUp:
+    """The engine's ``more`` for one engine request of a stream: the sentences queued since
+    it began, handed over once the LLM has decoded what the request had, so that the
+    decoding goes on while the flow and vocoder finish the request's last piece (a request
+    of their own would wait for them, about 2 s of an idle LLM per request on a 2-core
+    machine). Called from an engine thread; the taking runs on the event loop.
+
+    Hands over the queued sentences merged as :meth:`StreamRequest.merge_queued` merges
+    them, planned with the bound of the moment, and tells the gate their expected speech;
+    stops at an error or the end marker (they come after the request, in order), when the
+    stream is abandoned or the server stops, and once the request has run half the time
+    limit (``max_request_s`` counts per request). Nothing is taken that is not spoken: a
+    sentence the engine cannot plan is left for a request of its own, which reports why.
+    """
+
+    def __init__(self, runtime: ServerRuntime, stream: StreamRequest, gate: PieceGate,
+                 stats: RequestStats, loop: asyncio.AbstractEventLoop) -> None:
+        self.runtime = runtime
+        self.stream = stream
+        self.gate = gate
+        self.stats = stats
+        self.loop = loop
+        self.deadline = time.monotonic() + runtime.settings.limits.max_request_s / 2
+
+    def __call__(self) -> list[PlannedPiece]:
+        """The pieces to speak next in the request (engine thread); [] ends it."""
+        taken: concurrent.futures.Future[list[PlannedPiece]] = concurrent.futures.Future()
+
+        def take() -> None:
+            if taken.set_running_or_notify_cancel():
+                try:
+                    taken.set_result(self._take())
+                except BaseException as err:  # handed to the engine thread, which fails
+                    taken.set_exception(err)
+
+        try:
+            self.loop.call_soon_threadsafe(take)
+        except RuntimeError:  # the event loop is closed: the server is gone
+            return []
+        try:
+            return taken.result(timeout=FOLLOW_UP_WAIT_S)
+        except concurrent.futures.TimeoutError:
+            if taken.cancel():  # never ran: nothing was taken
+                return []
+            return taken.result()  # it ran meanwhile; it never waits
+
+    def _take(self) -> list[PlannedPiece]:
+        """Take and plan the queued sentences (event loop; never awaits)."""
+        stream, runtime = self.stream, self.runtime
+        engine = runtime.loader.engine
+        if (engine is None or stream.cancelled.is_set() or runtime.stopping.is_set()
+                or time.monotonic() > self.deadline):
+            return []
+        if stream.has_carry:
+            item = stream.carry
+        elif not stream.items.empty():
+            item = stream.items.get_nowait()
+            stream.carry, stream.has_carry = item, True
+        else:
+            return []
+        if not isinstance(item, StreamText):
+            return []  # an error or the end: after this request
+        stream.has_carry = False
+        merged = stream.merge_queued(item)
+        try:
+            plan = planned_pieces(engine, merged.text, stream.language_hint(merged.text),
+                                  piece_bound_s(runtime, self.gate),
+                                  runtime.loader.request_options().read_numbers)
+        except CosyVoiceError:
+            stream.carry, stream.has_carry = merged, True  # its own request reports it
+            return []
+        self.stats.chars += len(merged.text)
+        self.stats.sentences += 1
+        if plan.pieces:
+            self.gate.add_pieces(plan.expected_s)
+        return plan.pieces or []
+
+
+FOLLOW_UP_WAIT_S = 5.0
+"""Longest wait of an engine thread for the event loop to hand over a stream's next sentences
+(the taking itself never waits: a busy loop answers within milliseconds)."""
+
+
 async def run_stream(runtime: ServerRuntime, sink: EventSink, stream: StreamRequest) -> None:
     """Answer one streaming request, writing its events to ``sink`` (see module docstring).
 
@@ -295,8 +383,10 @@ async def _speak_items(
             gate.first_audio_from = stream.first_text_at or item.queued_at
         try:
             hint = stream.language_hint(item.text)
+            more = FollowUp(runtime, stream, gate, stats, asyncio.get_running_loop())
             await speak(runtime, sink, first_pieces(runtime, gate, item.text), slot, stats,
-                        item.queued_at, stream.cancelled, gate=gate, language_hint=hint)
+                        item.queued_at, stream.cancelled, gate=gate, language_hint=hint,
+                        more=more)
             if stream.items.empty() and not stream.has_carry:  # waiting for text: holding
                 # audio back gains nothing
                 await gate.release()

@@ -54,7 +54,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -606,9 +606,14 @@ def token_stream(
     fixed_tokens: list[int | None],
     req: TokenRequest,
     stopped: ShouldStop | None = None,
+    more: Callable[[], None] | None = None,
 ) -> Iterator[PieceToken]:
     """``(piece index, token)`` for every accepted LLM token of every piece of a request, then
     ``(piece index, None)`` at the end of each piece.
+
+    ``more`` is called once the last piece in ``prompts`` is decoded, before its end marker
+    (so the consumer knows which piece is the request's last when it sees the marker); it
+    may append to ``prompts`` and ``fixed_tokens``, and the pieces it adds are decoded next.
 
     Runs in the producer thread with ``split_cores``. It records "llm" timeline spans, split
     where the consumer ran a chunk in between (in the thread: where the bounded queue was
@@ -647,6 +652,8 @@ def token_stream(
                 req.event("llm", span, handed)
                 span = req.now()
         req.event("llm", span)
+        if more is not None and index == len(prompts) - 1 and not should_stop():
+            more()
         yield index, None
 
 
@@ -657,16 +664,17 @@ def request_tokens(
     fixed_tokens: list[int | None],
     req: TokenRequest,
     threaded: bool,
+    more: Callable[[], None] | None = None,
 ) -> Iterator[Iterator[PieceToken]]:
-    """:func:`token_stream` of the request; with ``threaded`` decoded in a
+    """:func:`token_stream` of the request (``more`` as there); with ``threaded`` decoded in a
     :class:`.producer.TokenProducer` thread (the items are the same either way: only that
     thread calls the LLM and draws from ``req.rng``). The thread is stopped and joined when
     the context exits, however it exits; its error is raised in the consumer."""
     if not threaded:
-        yield token_stream(llm, prompts, fixed_tokens, req)
+        yield token_stream(llm, prompts, fixed_tokens, req, more=more)
         return
     producer: TokenProducer[PieceToken] = TokenProducer(
-        lambda stop: token_stream(llm, prompts, fixed_tokens, req, stop)
+        lambda stop: token_stream(llm, prompts, fixed_tokens, req, stop, more)
     ).start()
     try:
         yield iter(producer)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .script import char_script
@@ -38,6 +38,11 @@ class PlannedPiece:
 
     text: str
     text_tokens: int
+
+
+MorePieces = Callable[[], Sequence[PlannedPiece]]
+"""Asked by a running request for the pieces to speak after those it has
+(``CosyVoice3Engine.synthesize``'s ``more``); an empty sequence ends the request."""
 
 SENTENCE_MARKS = frozenset("。？！；：、….?!;:।؟۔")
 """Sentence ends: upstream's zh and en sets, plus the ellipsis, danda and Arabic marks."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from server_support import (
     FaultyEngine,
+    Response,
     client,
     collect,
     fake_model_dir,
@@ -28,15 +29,15 @@ MakeClip = Callable[..., Path]
 LONG = "Then " + "many words here " * 22 + "end."  # 21 s expected: over the budget alone
 
 
-async def test_queued_sentences_merge_up_to_the_budget(tmp_path: Path,
-                                                        make_clip: MakeClip) -> None:
-    assert expected_speech_s(LONG) > MERGE_BUDGET_S
+async def _six_sentences(tmp_path: Path, make_clip: MakeClip,
+                         follow_up: bool) -> tuple[FaultyEngine, Response]:
+    """One stream: a first sentence that holds the engine while five more arrive."""
     holder: list[FaultyEngine] = []
     settings = make_settings(fake_model_dir(tmp_path, make_clip), tmp_path / "data")
     async with running_server(settings, recording_faulty_factory(holder)) as server, \
             client(server) as cl:
         engine = holder[0]
-        engine.follow_up = False  # each request speaks what it was given: merging alone
+        engine.follow_up = follow_up
         await cl.write_event(SynthesizeStart().event())
         await cl.write_event(SynthesizeChunk(text="Hello HOLD there. Two").event())
         # the first sentence starts as soon as it is complete, alone
@@ -49,9 +50,18 @@ async def test_queued_sentences_merge_up_to_the_budget(tmp_path: Path,
         await cl.write_event(SynthesizeStop().event())
         result = await collect(cl, "synthesize-stopped")
     assert not result.errors
-    assert engine.texts == ["Hello HOLD there.", "Two. Three. Four.", LONG, "Tail."]
     # all six sentences spoken: three 0.2 s chunks per sentence of the stand-in engine
     assert len(result.samples) == 6 * 3 * 4800
+    return engine, result
+
+
+async def test_queued_sentences_merge_up_to_the_budget(tmp_path: Path,
+                                                        make_clip: MakeClip) -> None:
+    # an engine that never asks for more (each request speaks what it was given): the
+    # sentences queued behind the first are merged up to the budget per request
+    assert expected_speech_s(LONG) > MERGE_BUDGET_S
+    engine, _ = await _six_sentences(tmp_path, make_clip, follow_up=False)
+    assert engine.texts == ["Hello HOLD there.", "Two. Three. Four.", LONG, "Tail."]
 
 
 async def test_sentences_queued_meanwhile_join_the_running_request(
@@ -59,25 +69,10 @@ async def test_sentences_queued_meanwhile_join_the_running_request(
     # the engine asks for more text while its last piece plays (the real engine: once the
     # LLM has decoded it): the sentences queued meanwhile join the running request, merged
     # up to the budget at each ask, so the LLM never waits for a new request
-    holder: list[FaultyEngine] = []
-    settings = make_settings(fake_model_dir(tmp_path, make_clip), tmp_path / "data")
-    async with running_server(settings, recording_faulty_factory(holder)) as server, \
-            client(server) as cl:
-        engine = holder[0]
-        await cl.write_event(SynthesizeStart().event())
-        await cl.write_event(SynthesizeChunk(text="Hello HOLD there. Two").event())
-        assert await asyncio.to_thread(wait_until, lambda: len(engine.texts) == 1)
-        for text in (". Three. Fo", "ur. ", LONG + " ", "Tail. "):
-            await cl.write_event(SynthesizeChunk(text=text).event())
-        await asyncio.sleep(1.0)  # the server reads the chunks while the first sentence holds
-        engine.gate.set()
-        await cl.write_event(SynthesizeStop().event())
-        result = await collect(cl, "synthesize-stopped")
-    assert not result.errors
+    engine, _ = await _six_sentences(tmp_path, make_clip, follow_up=True)
     assert engine.texts == ["Hello HOLD there. Two. Three. Four. " + LONG + " Tail."]
     assert engine.plans == [["Hello HOLD there.", "Two.", "Three.", "Four.", LONG, "Tail."]]
     assert engine.outcomes == ["completed"]
-    assert len(result.samples) == 6 * 3 * 4800
 
 
 async def test_an_error_behind_queued_sentences_is_not_taken(

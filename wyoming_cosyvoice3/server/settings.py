@@ -70,8 +70,9 @@ class Limits:
             answered; more get one ``server-busy`` error per burst.
         max_queued_requests: syntheses waiting for a free worker, over all connections; one
             more is refused with ``server-busy``.
-        max_request_s: wall-clock seconds one synthesis (a one-shot text, or one sentence of
-            a stream) may run once it has a worker; then ``timeout``.
+        max_request_s: wall-clock seconds one synthesis (a one-shot text, or the sentences
+            of a stream spoken together: a running one takes no more sentences after half of
+            this) may run once it has a worker; then ``timeout``.
         max_connections: simultaneous client connections; one more gets
             ``too-many-connections`` and is closed.
         idle_timeout_s: a connection with nothing to answer that sends no event for this long

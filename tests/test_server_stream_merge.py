@@ -5,8 +5,11 @@ TCP."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 from server_support import (
     FaultyEngine,
@@ -18,9 +21,12 @@ from server_support import (
     recording_faulty_factory,
     running_server,
     wait_until,
+    whole_text_plan,
 )
 from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
+from wyoming_cosyvoice3.engine.options import SynthesisOptions
+from wyoming_cosyvoice3.engine.text.pieces import PlannedPiece
 from wyoming_cosyvoice3.server.preroll import expected_speech_s
 from wyoming_cosyvoice3.server.settings import Limits
 from wyoming_cosyvoice3.server.streams import MERGE_BUDGET_S
@@ -128,3 +134,54 @@ async def test_merge_stops_at_errors_and_the_end_marker() -> None:
     second = await stream2.next_item()
     assert second is not None and not isinstance(second, StreamError)
     assert second.text == "Two."
+
+
+class _Planner:
+    """The engine's planning calls: no token count (no bound), the text as one piece."""
+
+    def text_token_count(self, text: str) -> int | None:
+        return None
+
+    def plan_pieces(self, text: str, language_hint: str | None = None,
+                    max_piece_tokens: int | None = None,
+                    read_numbers: bool = True) -> list[PlannedPiece]:
+        return whole_text_plan(text)
+
+
+async def test_follow_up_takes_nothing_late_or_when_stopping() -> None:
+    """The running request is handed nothing once it has run half the time limit, while the
+    server stops or once the stream is abandoned: those sentences stay queued (or are
+    dropped with the stream) and nothing taken is lost."""
+    from wyoming_cosyvoice3.server.preroll import PieceGate, ProductionHistory
+    from wyoming_cosyvoice3.server.protocol import RequestStats, SpeakRequest
+    from wyoming_cosyvoice3.server.streaming_text import SentenceBuffer
+    from wyoming_cosyvoice3.server.streams import FollowUp, StreamRequest
+
+    async def send(event: object) -> None:
+        del event
+
+    stream = StreamRequest(request=SpeakRequest(), buffer=SentenceBuffer(), max_chars=1000)
+    await stream.add_text({"text": "One. Two. "})
+    runtime = SimpleNamespace(
+        loader=SimpleNamespace(engine=_Planner(), request_options=SynthesisOptions),
+        stopping=threading.Event(), production=ProductionHistory(),
+        settings=SimpleNamespace(limits=Limits(max_request_s=10.0)))
+    gate = PieceGate(send, 0.0, runtime.production)
+    gate.begin_text([1.0])
+    stats = RequestStats(kind="stream")
+    before = time.monotonic()
+    more = FollowUp(runtime, stream, gate, stats, asyncio.get_running_loop())  # type: ignore[arg-type]
+    assert before + 5.0 <= more.deadline <= time.monotonic() + 5.0  # half of max_request_s
+    more.deadline = time.monotonic() - 0.1  # the request has run half the limit
+    assert await asyncio.to_thread(more) == []
+    more.deadline = time.monotonic() + 60.0
+    runtime.stopping.set()
+    assert await asyncio.to_thread(more) == []
+    assert stream.items.qsize() == 2 and not stream.has_carry  # nothing was taken
+    runtime.stopping.clear()
+    taken = await asyncio.to_thread(more)
+    assert [piece.text for piece in taken] == ["One. Two."]  # merged, as at a request's start
+    assert stream.items.empty() and (stats.chars, stats.sentences) == (9, 1)
+    await stream.add_text({"text": "Three. "})
+    stream.abandon()
+    assert await asyncio.to_thread(more) == []

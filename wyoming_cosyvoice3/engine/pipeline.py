@@ -37,6 +37,7 @@ from .noise import GrowingNoise, request_streams
 from .options import (
     AudioChunk,
     EngineOptions,
+    LlmPrompt,
     ShouldStop,
     StageTimes,
     SynthesisOptions,
@@ -360,34 +361,37 @@ class CosyVoice3Engine:
 
     def _run(self, text: str | tuple[PlannedPiece, ...], voice: VoicePrompt,
              req: RequestState, more: MorePieces | None) -> Iterator[AudioChunk]:
-        started = req.now()
-        if isinstance(text, str):
-            pieces = self.frontend.split_pieces(text, req.options.language_hint,
-                                                req.options.max_piece_tokens,
-                                                req.options.read_numbers)
-        else:  # planned by the caller through plan_pieces: normalised and cut once
-            pieces = [piece.text for piece in text]
-        prompts = [self.frontend.build_prompt(piece, voice) for piece in pieces]
-        req.times.frontend_s += req.now() - started
-        req.event("frontend", started)
-        req.result.pieces = len(pieces)
-        if not pieces:
-            return
         observer = self.options.observer
-        fixed_tokens = [None if observer is None else observer.fixed_speech_tokens(p)
-                        for p in pieces]
+        pieces: list[str] = []
+        prompts: list[LlmPrompt] = []
+        fixed_tokens: list[int | None] = []
+
+        def add(texts: list[str]) -> None:
+            """Append pieces with their LLM prompts (and the benchmark's fixed lengths)."""
+            for piece in texts:
+                pieces.append(piece)
+                prompts.append(self.frontend.build_prompt(piece, voice))
+                fixed_tokens.append(None if observer is None
+                                    else observer.fixed_speech_tokens(piece))
+            req.result.pieces = len(pieces)
 
         def take_more() -> None:  # in the decoding thread (token_stream)
             assert more is not None
             began = req.now()
-            for planned in _checked_plan(more()):
-                pieces.append(planned.text)
-                prompts.append(self.frontend.build_prompt(planned.text, voice))
-                fixed_tokens.append(None if observer is None
-                                    else observer.fixed_speech_tokens(planned.text))
-            req.result.pieces = len(pieces)
+            add([planned.text for planned in _checked_plan(more())])
             req.times.frontend_s += req.now() - began
 
+        started = req.now()
+        if isinstance(text, str):
+            add(self.frontend.split_pieces(text, req.options.language_hint,
+                                           req.options.max_piece_tokens,
+                                           req.options.read_numbers))
+        else:  # planned by the caller through plan_pieces: normalised and cut once
+            add([piece.text for piece in text])
+        req.times.frontend_s += req.now() - started
+        req.event("frontend", started)
+        if not pieces:
+            return
         flow = FlowRequest(self.chunked, req.options.flow, voice.features, req.flow_noise,
                            req.options.streaming)
         piece: PieceState | None = None

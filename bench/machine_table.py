@@ -163,12 +163,14 @@ def stage_work(records: Sequence[Mapping[str, Any]], costs: Mapping[str, CostMod
 _PROBE_LINE = re.compile(r"machine probe: (\{.*\})\s*$")
 _PLAN_LINE = re.compile(r"LLM graphs for `[\w-]+`: ([\w-]+)(?:, prefill ([\w-]+))? \(")
 _SPLIT_LINE = re.compile(r"split cores: LLM sessions")
+_TIMED_LINE = re.compile(r"LLM decode step timed at load .*; ([\w-]+) decodes$")
 
 
 def server_probes(out_dir: Path) -> dict[str, tuple[MachineRates, LlmPlan, bool]]:
     """Server label (``results.json``'s preset column) -> the probe it ran at start, its
-    LLM graphs and whether it decoded beside the flow (its log's ``split cores:`` line), read
-    from its log (servers without the probe's and the graphs' lines are left out)."""
+    LLM graphs (the decode graph as the engine's timed steps chose it, when they ran) and
+    whether it decoded beside the flow (its log's ``split cores:`` line), read from its log
+    (servers without the probe's and the graphs' lines are left out)."""
     raw = json.loads((out_dir / "raw.json").read_text(encoding="utf-8"))
     found = {}
     for server in raw["servers"]:
@@ -183,6 +185,10 @@ def server_probes(out_dir: Path) -> dict[str, tuple[MachineRates, LlmPlan, bool]
                     plan = LlmPlan(match[1], match[2])  # type: ignore[arg-type]
                 elif _SPLIT_LINE.search(line) is not None:
                     split = True
+                elif (match := _TIMED_LINE.search(line)) is not None and plan is not None:
+                    # the engine's timed steps chose the decode graph among the plan's
+                    prefill = plan.prefill_graph if match[1] != plan.prefill_graph else None
+                    plan = LlmPlan(match[1], prefill)  # type: ignore[arg-type]
         if rates is not None and plan is not None:
             found[server["preset"]] = (rates, plan, split)
     return found

@@ -71,9 +71,11 @@ def test_streamed_vocoder_counts_as_the_benchmark_counts_it() -> None:
     assert machine_table.stage_work([windowed], approx)["vocoder"][0] == pytest.approx(23e9)
 
 
-def _fake_run(out: Path, rtfs: list[float], probe: MachineRates, split: bool = False) -> None:
+def _fake_run(out: Path, rtfs: list[float], probe: MachineRates, split: bool = False,
+              timed: str | None = None) -> None:
     """A benchmark output whose one server logged ``probe`` and its LLM graphs at start (and,
-    with ``split``, that it decodes beside the flow)."""
+    with ``split``, that it decodes beside the flow; with ``timed``, that its timed decode
+    steps chose that graph)."""
     out.mkdir()
     server = {"preset": "balanced", "stats_file": "server-balanced.jsonl", "traces": []}
     (out / "raw.json").write_text(json.dumps({"servers": [server]}), "utf-8")
@@ -82,12 +84,25 @@ def _fake_run(out: Path, rtfs: list[float], probe: MachineRates, split: bool = F
     (out / "server-balanced.log").write_text(
         f"2026-12-06 03:03:48,355 INFO x: machine probe: {json.dumps(probe.to_json())}\n"
         "2026-12-06 03:03:48,355 INFO x: LLM graphs for `balanced`: fused-b8, prefill fused "
-        f"(fused-b8 decodes fastest; fused prefills 4.4x faster)\n{split_line}", "utf-8")
+        f"(fused-b8 decodes fastest; fused prefills 4.4x faster; fused timed at load)\n"
+        + (f"2026-12-06 03:03:50,001 INFO z: LLM decode step timed at load (200 cached "
+           f"positions, medians): fused-b8 24.1 ms, fused 22.0 ms; {timed} decodes\n"
+           if timed else "") + split_line, "utf-8")
     cells = [{"preset": "balanced", "workload": "paragraph", "mode": "streaming",
               "runs": [{"rtf": r} for r in rtfs]},
              {"preset": "balanced", "workload": "sentence", "mode": "streaming",
               "runs": [{"rtf": 99.0}]}]
     (out / "results.json").write_text(json.dumps({"cells": cells}), "utf-8")
+
+
+def test_the_decode_graph_is_the_one_the_timed_steps_chose(tmp_path: Path) -> None:
+    # the timed steps keep the plan's graph, or take the prefill graph for decoding as well
+    _fake_run(tmp_path / "kept", [1.0], AVX512, timed="fused-b8")
+    _fake_run(tmp_path / "other", [1.0], AVX512, timed="fused")
+    assert machine_table.server_probes(tmp_path / "kept")["balanced"][1] == LlmPlan(
+        "fused-b8", "fused")
+    assert machine_table.server_probes(tmp_path / "other")["balanced"][1] == LlmPlan(
+        "fused", None)
 
 
 def test_check_predicts_at_the_servers_probe_against_the_median_measured(

@@ -48,7 +48,9 @@ def test_each_kind_decodes_with_its_fastest_graph_and_prefills_fast() -> None:
     # the AVX-512 machine: 8-bit blocks decode fastest of the lossless forms, but prefill
     # 4.4x slower than per-tensor int8, so balanced prefills with fused
     assert choose_llm_graphs("balanced", AVX512.llm) == LlmPlan(
-        "fused-b8", "fused", "fused-b8 decodes fastest; fused prefills 4.4x faster")
+        "fused-b8", "fused",
+        "fused-b8 decodes fastest; fused prefills 4.4x faster; fused timed at load",
+        ("fused",))
     assert choose_llm_graphs("quality", AVX512.llm).decode == "fused-b8"
     # fast may take 4-bit weights; it never prefills with them (slowest everywhere)
     fast = choose_llm_graphs("fast", AVX512.llm)
@@ -56,7 +58,8 @@ def test_each_kind_decodes_with_its_fastest_graph_and_prefills_fast() -> None:
     # the AVX2 machine: per-tensor int8 decodes and prefills fastest of the lossless forms:
     # one graph
     assert choose_llm_graphs("balanced", AVX2.llm) == LlmPlan(
-        "fused", None, "fused decodes and prefills fastest")
+        "fused", None, "fused decodes and prefills fastest; fused-b8 timed at load",
+        ("fused-b8",))
     assert (choose_llm_graphs("fast", AVX2.llm).decode,
             choose_llm_graphs("fast", AVX2.llm).prefill) == ("fused-q4", "fused")
 
@@ -75,11 +78,25 @@ def test_fast_never_decodes_or_prefills_slower_than_balanced() -> None:
 
 def test_a_second_prefill_graph_only_for_a_large_gain() -> None:
     # 1.4x faster prefill is not worth a second copy of the weights (0.36 GB)
-    costs = LlmCosts({"fused": 30e-3, "fused-b8": 20e-3}, {"fused": 1.0e-3, "fused-b8": 1.4e-3})
+    costs = LlmCosts({"fused": 50e-3, "fused-b8": 20e-3}, {"fused": 1.0e-3, "fused-b8": 1.4e-3})
     assert choose_llm_graphs("balanced", costs) == LlmPlan(
         "fused-b8", None, "fused-b8 decodes fastest; fused prefills only 1.4x faster")
     # without measured costs: the preset's default graph
     assert choose_llm_graphs("fast", None).decode == PRESET_STAGES["fast"].llm.graph
+
+
+def test_graphs_the_probe_reads_close_are_timed_again_at_load() -> None:
+    # the AVX-512 probe reads all three forms within 1.2x: fast's other two are timed at load
+    fast = choose_llm_graphs("fast", AVX512.llm)
+    assert fast.candidates == ("fused", "fused-b8")
+    # a graph read more than twice as slow as the fastest is not loaded for timing; one at
+    # exactly twice is
+    costs = LlmCosts({"fused": 40e-3, "fused-b8": 40.1e-3, "fused-q4": 20e-3},
+                     {"fused": 1e-3, "fused-b8": 3e-3, "fused-q4": 5e-3})
+    assert choose_llm_graphs("fast", costs).candidates == ("fused",)
+    assert choose_llm_graphs("balanced", costs).candidates == ("fused-b8",)
+    # nothing measured: nothing to time
+    assert choose_llm_graphs("fast", None).candidates == ()
 
 
 def test_the_probe_builds_what_the_derivation_builds() -> None:

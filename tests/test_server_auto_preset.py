@@ -11,9 +11,11 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import pytest
 from machine_figures import AVX512
 from server_support import client, collect, describe, make_settings, running_server
@@ -21,6 +23,7 @@ from web_support import listing
 from wyoming.tts import Synthesize
 
 from wyoming_cosyvoice3.engine import sessions as engine_sessions
+from wyoming_cosyvoice3.engine.llm import graph_choice
 from wyoming_cosyvoice3.engine.machine import (
     KEEPS_UP_RTF,
     PREDICTION_ERROR,
@@ -30,6 +33,7 @@ from wyoming_cosyvoice3.engine.machine import (
     predict_rtf,
 )
 from wyoming_cosyvoice3.engine.options import PRESETS
+from wyoming_cosyvoice3.engine.sessions import Graph
 from wyoming_cosyvoice3.server import machine, model_loader
 from wyoming_cosyvoice3.server.machine import (
     AUTO,
@@ -265,12 +269,63 @@ async def test_describe_answers_while_the_machine_is_measured(
         assert await asyncio.to_thread(server.runtime.loader.ready_event.wait, 120.0)
 
 
+def fixed_step_times(monkeypatch: pytest.MonkeyPatch, step_ms: dict[str, float]
+                     ) -> list[tuple[str, ...]]:
+    """Make the engine's timed decode steps read ``step_ms`` (form -> ms); returns the list
+    the forms of each timing are appended to."""
+    timed: list[tuple[str, ...]] = []
+
+    def fake(graphs: Mapping[str, Graph], embeds: np.ndarray) -> dict[str, float]:
+        assert embeds.ndim == 2 and embeds.shape[0] >= 1
+        timed.append(tuple(graphs))
+        return {form: step_ms[form] * 1e-3 for form in graphs}
+
+    monkeypatch.setattr(graph_choice, "time_decode_steps", fake)
+    return timed
+
+
+@pytest.mark.parametrize(("fastest", "decode_tag", "prefill_tag"),
+                         [("fused", ".fused1", None), ("fused-b8", ".fusedb8", ".fused1")])
+async def test_the_timed_decode_steps_overrule_the_probe(
+        tiny_model_dir: Path, tiny_engine_cache: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fastest: str,
+        decode_tag: str, prefill_tag: str | None) -> None:
+    # the AVX-512 probe reads the three forms within 1.2x, so fast's plan (4-bit decoding,
+    # fused prefilling) loads the other two as well and times a real step of each: the
+    # fastest decodes, fused keeps prefilling, the third graph is closed
+    fixed_probe(monkeypatch, AVX512)
+    step_ms = {"fused-q4": 30.0, "fused": 40.0, "fused-b8": 50.0, fastest: 20.0}
+    timed = fixed_step_times(monkeypatch, step_ms)
+    settings = make_settings(tiny_model_dir, tmp_path / "data", tiny_engine_cache,
+                             llm_graph="preset", preset="fast")
+    with caplog.at_level(logging.INFO):
+        async with running_server(settings) as server:
+            model = server.runtime.loader.engine.model  # type: ignore[union-attr]
+            assert decode_tag in model.llm.path.name
+            if prefill_tag is None:
+                assert model.llm_prefill is None
+            else:
+                assert model.llm_prefill is not None and prefill_tag in model.llm_prefill.path.name
+            async with client(server) as cl:
+                await cl.write_event(Synthesize(text="The door is locked.").event())
+                response = await collect(cl, "audio-stop")
+            assert not response.errors and len(response.samples) > 0
+    assert len(timed) == 1 and set(timed[0]) == {"fused-q4", "fused", "fused-b8"}
+    lines = [r.getMessage() for r in caplog.records
+             if r.getMessage().startswith("LLM decode step timed at load")]
+    assert len(lines) == 1 and lines[0].endswith(f"; {fastest} decodes")
+    assert f"{fastest} 20.0 ms" in lines[0]
+
+
+
 async def test_the_preset_llm_graphs_load_as_the_probe_chose(
         tiny_model_dir: Path, tiny_engine_cache: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     # --llm-graph preset (the default) with a given preset: the probe runs, balanced decodes
-    # with 8-bit blocks and prefills with per-tensor int8 (the AVX-512 figures), both loaded
+    # with 8-bit blocks and prefills with per-tensor int8 (the AVX-512 figures), both loaded;
+    # the real steps of both are timed at load and agree
     calls = fixed_probe(monkeypatch, AVX512)
+    timed = fixed_step_times(monkeypatch, {"fused-b8": 20.0, "fused": 30.0})
     settings = make_settings(tiny_model_dir, tmp_path / "data", tiny_engine_cache,
                              llm_graph="preset", preset="balanced")
     with caplog.at_level(logging.INFO):
@@ -288,7 +343,8 @@ async def test_the_preset_llm_graphs_load_as_the_probe_chose(
     plan_lines = [r.getMessage() for r in caplog.records
                   if r.getMessage().startswith("LLM graphs for `balanced`")]
     assert plan_lines == ["LLM graphs for `balanced`: fused-b8, prefill fused (fused-b8 decodes "
-                          "fastest; fused prefills 4.4x faster)"]
+                          "fastest; fused prefills 4.4x faster; fused timed at load)"]
+    assert timed == [("fused-b8", "fused")]
     probes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("machine probe")]
     assert len(probes) == 1 and MachineRates.from_json(
         json.loads(probes[0].split(": ", 1)[1])) == AVX512

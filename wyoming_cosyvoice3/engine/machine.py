@@ -500,6 +500,14 @@ prefills at least this many times faster: the second graph holds its own 0.36 GB
 worth it where a sentence's prompt then starts decoding hundreds of milliseconds sooner."""
 
 
+DECODE_CANDIDATE_SPREAD = 2.0
+"""The preset's decode graphs whose probed step is within this factor of the fastest one are
+timed again at load as the decoder runs them (:class:`LlmPlan` ``candidates``): on the
+AVX-512 + AMX test machine the probe read ``fused`` at 0.86-1.80x ``fused-q4`` while a real
+step took 1.5x (BENCHMARKS.md "LLM decode graph"), so a reading within 2x does not settle the
+order; graphs further apart are not loaded for it."""
+
+
 @dataclass(frozen=True)
 class LlmPlan:
     """The LLM graphs a preset runs on this machine.
@@ -509,11 +517,16 @@ class LlmPlan:
         prefill: the graph that prefills prompts, or None: the decode graph
             (``EngineOptions.llm_prefill_graph``).
         reason: why, in a few words (the log line).
+        candidates: further graphs the engine times real decode steps of at load, ``decode``
+            then decoding only if it is the fastest (``EngineOptions.llm_decode_candidates``):
+            the preset's decode graphs the probe read within :data:`DECODE_CANDIDATE_SPREAD`
+            of the fastest.
     """
 
     decode: LlmGraph
     prefill: LlmGraph | None = None
     reason: str = ""
+    candidates: tuple[LlmGraph, ...] = ()
 
     @property
     def prefill_graph(self) -> LlmGraph:
@@ -524,7 +537,9 @@ class LlmPlan:
 def choose_llm_graphs(preset: str, costs: LlmCosts | None) -> LlmPlan:
     """The fastest decode graph among the preset's candidates
     (:attr:`~.options.LlmPreset.decode_graphs`) and, when a lossless graph prefills at least
-    :data:`SEPARATE_PREFILL_GAIN` times faster than that one, that graph for prefills.
+    :data:`SEPARATE_PREFILL_GAIN` times faster than that one, that graph for prefills; the
+    candidates read within :data:`DECODE_CANDIDATE_SPREAD` of the fastest are timed again at
+    load (``candidates``).
     Without measured costs: the preset's default graph (:attr:`~.options.LlmPreset.graph`).
 
     Raises:
@@ -537,18 +552,21 @@ def choose_llm_graphs(preset: str, costs: LlmCosts | None) -> LlmPlan:
     if not candidates:
         return LlmPlan(stage.graph, None, "its graphs were not measured: the preset's default")
     decode = min(candidates, key=lambda g: costs.decode_s[g])
+    close = tuple(g for g in candidates if g != decode
+                  and costs.decode_s[g] <= DECODE_CANDIDATE_SPREAD * costs.decode_s[decode])
+    timed = f"; {', '.join(close)} timed at load" if close else ""
     lossless = [g for g in LOSSLESS_LLM_GRAPHS if g in costs.prefill_s]
     if decode not in costs.prefill_s or not lossless:
-        return LlmPlan(decode, None, f"{decode} decodes fastest")
+        return LlmPlan(decode, None, f"{decode} decodes fastest{timed}", close)
     prefill = min(lossless, key=lambda g: costs.prefill_s[g])
     if prefill == decode:
-        return LlmPlan(decode, None, f"{decode} decodes and prefills fastest")
+        return LlmPlan(decode, None, f"{decode} decodes and prefills fastest{timed}", close)
     gain = costs.prefill_s[decode] / costs.prefill_s[prefill]
     if gain >= SEPARATE_PREFILL_GAIN:
-        return LlmPlan(decode, prefill,
-                       f"{decode} decodes fastest; {prefill} prefills {gain:.1f}x faster")
-    return LlmPlan(decode, None,
-                   f"{decode} decodes fastest; {prefill} prefills only {gain:.1f}x faster")
+        return LlmPlan(decode, prefill, f"{decode} decodes fastest; {prefill} prefills "
+                       f"{gain:.1f}x faster{timed}", close)
+    return LlmPlan(decode, None, f"{decode} decodes fastest; {prefill} prefills only "
+                   f"{gain:.1f}x faster{timed}", close)
 
 
 # --- the cost model ----------------------------------------------------------------------------

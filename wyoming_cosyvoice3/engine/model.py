@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from . import constants as C
@@ -26,6 +27,7 @@ from .derive.flow.full_attention import FullAttentionDiT
 from .dit_runner import StreamingEstimator
 from .embedding import TableEmbedding
 from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError
+from .llm import graph_choice
 from .loaders import (
     Estimator,
     fused_form_of,
@@ -142,6 +144,50 @@ def read_dims(llm: Graph, flow_encoder: Graph, hift: Graph) -> ModelDims:
         mel_bins=_static_dim(hift, "speech_feat", 1, False, C.MEL_BINS),
         speaker_dim=_static_dim(flow_encoder, "embedding", 1, False, C.SPEAKER_EMBEDDING_DIM),
     )
+
+
+def _choose_decode_graph(graphs: dict[str, Graph | TableEmbedding | Estimator], model_dir: Path,
+                         opened: EngineOptions, speech_embedding: Graph) -> None:
+    """Load ``opened.llm_decode_candidates`` beside the planned LLM graphs, time a real decode
+    step of each fused form (:func:`.llm.graph_choice.time_decode_steps`) and make the
+    fastest ``graphs["llm"]``; the planned prefill graph (``llm_prefill``, else the planned
+    ``llm``) stays ``graphs["llm_prefill"]`` unless it decodes fastest itself. A candidate
+    that falls back to a form already loaded is dropped; nothing is timed when fewer than two
+    fused forms loaded."""
+    planned = _graph(graphs["llm"])
+    prefill = _graph(graphs.get("llm_prefill", planned))
+    loaded: dict[str, Graph] = {}
+    for graph in (planned, prefill):
+        form = fused_form_of(graph)
+        if form is not None:
+            loaded.setdefault(form, graph)
+    for candidate in opened.llm_decode_candidates:
+        if candidate in loaded:
+            continue
+        graph = load_llm_graph(model_dir, opened, opened.threads, speech_embedding, candidate)
+        form = fused_form_of(graph)
+        if form is not None:
+            loaded.setdefault(form, graph)
+    if len(loaded) < 2:
+        return
+    # seeded speech-token embeddings: rows of the size and scale a decode step feeds
+    ids = np.random.default_rng(0).integers(0, C.SPEECH_TOKEN_VOCAB, 16)
+    embeds = speech_embedding.run({"input_ids": ids[None, :]}, ["inputs_embeds"])
+    step_s = graph_choice.time_decode_steps(
+        loaded, np.asarray(embeds["inputs_embeds"], np.float32)[0])
+    best = min(step_s, key=lambda form: step_s[form])
+    log.info("LLM decode step timed at load (%d cached positions, medians): %s; %s decodes",
+             graph_choice.TIMED_CACHED_POSITIONS,
+             ", ".join(f"{form} {1e3 * s:.1f} ms" for form, s in step_s.items()), best)
+    graphs["llm"] = loaded[best]
+    if prefill is loaded[best]:
+        graphs.pop("llm_prefill", None)
+    else:
+        graphs["llm_prefill"] = prefill
+    dropped = len(loaded) - len({id(graphs["llm"]), id(prefill)})
+    loaded.clear()
+    if dropped:  # the slower candidates' weights go back to the operating system
+        return_freed_memory()
 
 
 def _graph(item: Graph | TableEmbedding | Estimator) -> Graph:
@@ -305,6 +351,8 @@ class CosyVoice3Model:
             # (a decode graph that fell back to the fused form prefills as well as it would)
             graphs["llm_prefill"] = load_llm_graph(model_dir, opened, opened.threads,
                                                    speech_embedding, prefill)
+        if options.llm_decode_candidates:
+            _choose_decode_graph(graphs, model_dir, opened, speech_embedding)
         model = cls(model_dir, options, tokenizer, eop, graphs, streaming)
         model.hift_stream = hift_stream
         if model.dims.speech_vocab_rows <= C.FILL_TOKEN:

@@ -322,6 +322,11 @@ class EngineOptions:
             (``fused``) prefill several times faster than ``MatMulNBits`` on CPUs with AMX or
             VNNI, while ``fused-b8`` or ``fused-q4`` may decode faster; the second graph holds
             its own copy of the weights (0.36 GB at full size).
+        llm_decode_candidates: further LLM graphs that may decode instead of ``llm_graph``:
+            each is loaded and real decode steps of all of them are timed at load
+            (:mod:`.llm.graph_choice`, about 0.6 s a graph at full size); the fastest decodes,
+            the others are closed. The prefill graph stays ``llm_prefill_graph``, else
+            ``llm_graph``. Empty (default): ``llm_graph`` decodes, nothing is timed.
         flow: the flow record most requests will run with (the server's preset's
             :attr:`SynthesisOptions.flow`). The graphs it needs are opened at start: the DiT
             estimator of its ``precision`` (a request asking for the other precision loads that on
@@ -386,6 +391,7 @@ class EngineOptions:
     llm_precision: LlmPrecision = "int8"
     llm_graph: LlmGraph = "published"
     llm_prefill_graph: LlmGraph | None = None
+    llm_decode_candidates: tuple[LlmGraph, ...] = ()
     flow: FlowPreset = FlowPreset()
     read_numbers: bool = True
     threads: int = 0
@@ -410,6 +416,10 @@ class EngineOptions:
                             ("llm_prefill_graph", self.llm_prefill_graph)):
             if value is not None and value not in LLM_GRAPHS:
                 raise ValueError(f"{name} must be one of {', '.join(LLM_GRAPHS)}, got {value!r}")
+        for value in self.llm_decode_candidates:
+            if value not in LLM_GRAPHS:
+                raise ValueError(f"llm_decode_candidates must be of {', '.join(LLM_GRAPHS)}, "
+                                 f"got {value!r}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
         self.flow.validate()

@@ -190,6 +190,7 @@ class ModelLoader:
                 llm_precision=self.settings.llm_precision,  # type: ignore[arg-type]
                 llm_graph=self.llm_plan.decode,
                 llm_prefill_graph=self.llm_plan.prefill,
+                llm_decode_candidates=self.llm_plan.candidates,
                 threads=self.settings.threads,
                 split_cores=self.split_cores,
                 providers=self.settings.providers,

@@ -1,0 +1,92 @@
+"""Timing real decode steps of the candidate LLM graphs at load (engine/llm/graph_choice.py)
+on the tiny model's fused graphs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from wyoming_cosyvoice3.engine import sessions
+from wyoming_cosyvoice3.engine.llm.graph_choice import time_decode_steps
+from wyoming_cosyvoice3.engine.loaders import load_llm_graph
+from wyoming_cosyvoice3.engine.options import EngineOptions
+from wyoming_cosyvoice3.engine.sessions import SPEECH_EMBEDDING, Graph
+
+SLOW_S = 0.02
+"""Added to each run of the slowed graph: a hundred times a tiny-model step."""
+
+
+class SlowedSession:
+    """An onnxruntime session whose IOBinding runs sleep :data:`SLOW_S` first and are
+    counted."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+        self.runs = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    def run_with_iobinding(self, binding: Any, run_options: Any = None) -> None:
+        self.runs += 1
+        time.sleep(SLOW_S)
+        self._session.run_with_iobinding(binding, run_options)
+
+
+@pytest.fixture(scope="module")
+def fused_graphs(tiny_model_dir: Path, tiny_engine_cache: Path) -> tuple[Graph, Graph, np.ndarray]:
+    """Two sessions of the tiny model's fused LLM graph and speech-embedding rows."""
+    embedding = Graph(tiny_model_dir / SPEECH_EMBEDDING.file, SPEECH_EMBEDDING, 1)
+    options = EngineOptions(llm_graph="fused", cache_dir=tiny_engine_cache, threads=1)
+    first = load_llm_graph(tiny_model_dir, options, 1, embedding)
+    second = load_llm_graph(tiny_model_dir, options, 1, embedding)
+    ids = np.arange(5, dtype=np.int64)[None, :]
+    rows = embedding.run({"input_ids": ids}, ["inputs_embeds"])["inputs_embeds"][0]
+    return first, second, np.asarray(rows, np.float32)
+
+
+def test_the_slower_graph_reads_slower_and_every_step_is_timed(
+        fused_graphs: tuple[Graph, Graph, np.ndarray]) -> None:
+    fast, slow, rows = fused_graphs
+    slowed = SlowedSession(slow.session)
+    slow.session = slowed
+    try:
+        step_s = time_decode_steps({"a": fast, "b": slow}, rows, cached_positions=30,
+                                   rounds=2, steps=3)
+    finally:
+        slow.session = slowed._session
+    assert set(step_s) == {"a", "b"}
+    # every step of b slept SLOW_S; each round runs one untimed step first
+    assert slowed.runs == 2 * (1 + 3)
+    assert step_s["b"] >= SLOW_S and step_s["b"] > step_s["a"] > 0.0
+
+
+def test_the_benchmarks_run_observer_sees_no_timed_step(
+        fused_graphs: tuple[Graph, Graph, np.ndarray]) -> None:
+    graph, _, rows = fused_graphs
+    seen: list[str] = []
+    sessions.set_run_observer(lambda path, feeds, start, end: seen.append(path))
+    try:
+        time_decode_steps({"g": graph}, rows, rounds=1, steps=2)
+        graph.run({"inputs_embeds": rows[None, :1], "attention_mask": np.ones((1, 1), np.int64),
+                   "position_ids": np.zeros((1, 1), np.int64),
+                   **{i.name: np.zeros((1, *i.shape[1:2], 0, *i.shape[3:]), np.float32)
+                      for i in graph.session.get_inputs()
+                      if i.name.startswith("past_key_values.")}}, ["logits"])
+    finally:
+        sessions.set_run_observer(None)
+    assert seen == [str(graph.path)]  # the ordinary run only
+
+
+@pytest.mark.parametrize("counts", [{"rounds": 0}, {"steps": 0}, {"cached_positions": -1}])
+def test_counts_out_of_range_are_refused(fused_graphs: tuple[Graph, Graph, np.ndarray],
+                                         counts: dict[str, int]) -> None:
+    graph, _, rows = fused_graphs
+    with pytest.raises(ValueError, match="must be"):
+        time_decode_steps({"g": graph}, rows, **counts)
+    with pytest.raises(ValueError, match="embeds must be"):
+        time_decode_steps({"g": graph}, rows[0])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import sessions
-from wyoming_cosyvoice3.engine.llm.graph_choice import time_decode_steps
+from wyoming_cosyvoice3.engine.llm.graph_choice import choose_decode_graph, time_decode_steps
 from wyoming_cosyvoice3.engine.loaders import load_llm_graph
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.engine.sessions import SPEECH_EMBEDDING, Graph
@@ -90,3 +90,34 @@ def test_counts_out_of_range_are_refused(fused_graphs: tuple[Graph, Graph, np.nd
         time_decode_steps({"g": graph}, rows, **counts)
     with pytest.raises(ValueError, match="embeds must be"):
         time_decode_steps({"g": graph}, rows[0])
+
+
+MB = 1_000_000
+BYTES = {"fused": 374 * MB, "fused-b8": 387 * MB, "fused-q4": 242 * MB}
+"""The full-size forms' file sizes."""
+
+
+def test_a_clearly_faster_graph_decodes() -> None:
+    # 12 % faster than the leaner, planned graph: beyond the 10 % tie
+    step_s = {"fused-q4": 20.0e-3, "fused": 17.6e-3, "fused-b8": 19.0e-3}
+    assert choose_decode_graph(step_s, BYTES, "fused-q4") == "fused"
+
+
+def test_within_the_tie_the_leaner_graph_then_the_plans_decodes() -> None:
+    # fused 5 % faster than 4-bit weights, which stream 0.65x the bytes: 4-bit
+    step_s = {"fused-q4": 19.0e-3, "fused": 18.1e-3, "fused-b8": 19.1e-3}
+    assert choose_decode_graph(step_s, BYTES, "fused") == "fused-q4"
+    # per-tensor int8 against 8-bit blocks (1.03x the bytes: not clearly more): the plan's
+    step_s = {"fused": 18.2e-3, "fused-b8": 19.0e-3}
+    assert choose_decode_graph(step_s, BYTES, "fused-b8") == "fused-b8"
+    assert choose_decode_graph(step_s, BYTES, "fused") == "fused"
+    # the plan's graph not timed (it fell back): the fastest of the equals
+    assert choose_decode_graph(step_s, BYTES, "fused-q4") == "fused"
+    # a leaner graph beyond the tie does not decode
+    assert choose_decode_graph({"fused": 18.0e-3, "fused-q4": 20.0e-3}, BYTES,
+                               "fused-q4") == "fused"
+
+
+def test_nothing_timed_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no timed"):
+        choose_decode_graph({}, BYTES, "fused")

@@ -149,11 +149,11 @@ def read_dims(llm: Graph, flow_encoder: Graph, hift: Graph) -> ModelDims:
 def _choose_decode_graph(graphs: dict[str, Graph | TableEmbedding | Estimator], model_dir: Path,
                          opened: EngineOptions, speech_embedding: Graph) -> None:
     """Load ``opened.llm_decode_candidates`` beside the planned LLM graphs, time a real decode
-    step of each fused form (:func:`.llm.graph_choice.time_decode_steps`) and make the
-    fastest ``graphs["llm"]``; the planned prefill graph (``llm_prefill``, else the planned
-    ``llm``) stays ``graphs["llm_prefill"]`` unless it decodes fastest itself. A candidate
-    that falls back to a form already loaded is dropped; nothing is timed when fewer than two
-    fused forms loaded."""
+    step of each fused form (:func:`.llm.graph_choice.time_decode_steps`) and make the one
+    :func:`.llm.graph_choice.choose_decode_graph` picks ``graphs["llm"]``; the planned
+    prefill graph (``llm_prefill``, else the planned ``llm``) stays ``graphs["llm_prefill"]``
+    unless it is that one. A candidate that falls back to a form already loaded is dropped;
+    nothing is timed when fewer than two fused forms loaded."""
     planned = _graph(graphs["llm"])
     prefill = _graph(graphs.get("llm_prefill", planned))
     loaded: dict[str, Graph] = {}
@@ -175,10 +175,12 @@ def _choose_decode_graph(graphs: dict[str, Graph | TableEmbedding | Estimator], 
     embeds = speech_embedding.run({"input_ids": ids[None, :]}, ["inputs_embeds"])
     step_s = graph_choice.time_decode_steps(
         loaded, np.asarray(embeds["inputs_embeds"], np.float32)[0])
-    best = min(step_s, key=lambda form: step_s[form])
+    stream_bytes = {form: _file_bytes(graph.path) for form, graph in loaded.items()}
+    best = graph_choice.choose_decode_graph(step_s, stream_bytes, fused_form_of(planned) or "")
     log.info("LLM decode step timed at load (%d cached positions, medians): %s; %s decodes",
              graph_choice.TIMED_CACHED_POSITIONS,
-             ", ".join(f"{form} {1e3 * s:.1f} ms" for form, s in step_s.items()), best)
+             ", ".join(f"{form} {1e3 * s:.1f} ms ({stream_bytes[form] / 1e6:.0f} MB)"
+                       for form, s in step_s.items()), best)
     graphs["llm"] = loaded[best]
     if prefill is loaded[best]:
         graphs.pop("llm_prefill", None)
@@ -188,6 +190,12 @@ def _choose_decode_graph(graphs: dict[str, Graph | TableEmbedding | Estimator], 
     loaded.clear()
     if dropped:  # the slower candidates' weights go back to the operating system
         return_freed_memory()
+
+
+def _file_bytes(path: Path) -> int:
+    """Bytes of an ONNX file and of its external data file (``<name>.data``), if any."""
+    data = path.with_name(path.name + ".data")
+    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
 def _graph(item: Graph | TableEmbedding | Estimator) -> Graph:

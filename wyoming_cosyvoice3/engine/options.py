@@ -324,7 +324,8 @@ class EngineOptions:
             its own copy of the weights (0.36 GB at full size).
         llm_decode_candidates: further LLM graphs that may decode instead of ``llm_graph``:
             each is loaded and real decode steps of all of them are timed at load
-            (:mod:`.llm.graph_choice`, about 0.6 s a graph at full size); the fastest decodes,
+            (:mod:`.llm.graph_choice`, about 0.5 s a graph at full size); the fastest decodes
+            (within 10 % of it: the graph streaming clearly fewer bytes, then ``llm_graph``),
             the others are closed. The prefill graph stays ``llm_prefill_graph``, else
             ``llm_graph``. Empty (default): ``llm_graph`` decodes, nothing is timed.
         flow: the flow record most requests will run with (the server's preset's

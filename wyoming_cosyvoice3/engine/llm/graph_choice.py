@@ -9,6 +9,14 @@ steps of each on the same cache length, and keeps the fastest: the figure is a s
 decoder runs it (every layer, attention over the cache, the KV cache extended in place, the
 sessions' own threads and spinning).
 
+Timed alone, the forms that stream the same bytes read close and the per-tensor int8 one
+(``fused``) switches between two speeds for seconds at a time (on the test machine 18 and
+30 ms a step while ``fused-q4`` read 15-19 ms throughout); beside the flow, which streams its
+own weights on the other core, a step that reads fewer bytes loses less (``fused`` 1.36x
+``fused-q4`` there). So :func:`choose_decode_graph` takes the fastest only where it is clearly
+faster; among the graphs within :data:`DECODE_TIE` of it, the one that streams clearly fewer
+bytes, then the plan's.
+
 The steps run with onnxruntime directly, not through :meth:`.sessions.Graph.run_bound`, so a
 run observer (the benchmark's graph-run records) sees no request work at load.
 """
@@ -83,6 +91,41 @@ def time_decode_steps(graphs: Mapping[str, Graph], embeds: np.ndarray, *,
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+DECODE_TIE = 0.10
+"""Graphs whose timed step is within this fraction of the fastest count as equally fast:
+on the test machine twelve timings of the three forms in one process moved each form's
+median by up to 10 % within one of ``fused``'s speeds (BENCHMARKS.md "LLM decode graph")."""
+LEANER_BYTES = 0.8
+"""A graph streams clearly fewer bytes when its files hold at most this fraction of another's
+(4-bit against 8-bit weights: 0.65; 8-bit blocks against per-tensor int8: 1.03)."""
+
+
+def choose_decode_graph(step_s: Mapping[str, float], stream_bytes: Mapping[str, int],
+                        planned: str) -> str:
+    """The graph that decodes, from timed steps (:func:`time_decode_steps`).
+
+    Among the graphs within :data:`DECODE_TIE` of the fastest step: one that streams clearly
+    fewer bytes (:data:`LEANER_BYTES`) than the leanest of them does not, then ``planned``,
+    then the fastest.
+
+    Args:
+        step_s: graph name -> seconds per decode step.
+        stream_bytes: graph name -> bytes of its weights (its files).
+        planned: the plan's decode graph (may be absent from ``step_s``).
+
+    Raises:
+        ValueError: ``step_s`` is empty.
+        KeyError: a timed graph has no ``stream_bytes``.
+    """
+    if not step_s:
+        raise ValueError("no timed LLM graphs")
+    fastest_s = min(step_s.values())
+    close = [name for name, s in step_s.items() if s <= (1.0 + DECODE_TIE) * fastest_s]
+    leanest = min(stream_bytes[name] for name in close)
+    return min(close, key=lambda name: (stream_bytes[name] * LEANER_BYTES > leanest,
+                                        name != planned, step_s[name]))
+
+
 def _bind_in_place(graph: Graph, capacity: int, mask: np.ndarray,
                    position: np.ndarray) -> tuple[ort.InferenceSession, ort.IOBinding]:
     session = graph.session
@@ -107,4 +150,5 @@ def _bind_in_place(graph: Graph, capacity: int, mask: np.ndarray,
     return session, binding
 
 
-__all__ = ["TIMED_CACHED_POSITIONS", "TIMED_ROUNDS", "TIMED_STEPS", "time_decode_steps"]
+__all__ = ["DECODE_TIE", "LEANER_BYTES", "TIMED_CACHED_POSITIONS", "TIMED_ROUNDS", "TIMED_STEPS",
+           "choose_decode_graph", "time_decode_steps"]

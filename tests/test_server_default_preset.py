@@ -38,11 +38,12 @@ async def test_default_preset_runs_the_int8_streaming_dit_end_to_end(
     with caplog.at_level(logging.INFO):
         async with running_server(settings) as server:
             engine: Any = server.runtime.loader.engine
-            # the LLM graph the machine probe chose for the preset (or the fused graph, when
-            # that form is refused for this model)
+            # the LLM graph the machine probe chose for the preset, or one it read close and
+            # the timed steps found faster (or the fused graph, when that form is refused for
+            # this model)
             plan = server.runtime.loader.llm_plan
             assert plan is not None and plan.decode in ("fused", "fused-b8")
-            assert fused_form_of(engine.model.llm) in (plan.decode, "fused")
+            assert fused_form_of(engine.model.llm) in (plan.decode, *plan.candidates, "fused")
             assert engine.model.hift_stream is not None  # the streamed vocoder
             streaming = engine.model.streaming_estimator("int8")
             assert streaming is not None and "stream2int8main" in streaming.path.name

@@ -99,6 +99,23 @@ def test_graphs_the_probe_reads_close_are_timed_again_at_load() -> None:
     assert choose_llm_graphs("fast", None).candidates == ()
 
 
+def test_graphs_are_timed_at_load_only_where_they_fit_in_memory() -> None:
+    # fast on the AVX-512 figures: fused-q4 decodes, fused prefills, fused and fused-b8 are
+    # timed; fused is loaded anyway, so only fused-b8's weights come on top of the peak
+    plan = choose_llm_graphs("fast", AVX512.llm)
+    assert (plan.prefill, plan.candidates) == ("fused", ("fused", "fused-b8"))
+    peak = machine.preset_peak_bytes("fast", plan)
+    room = peak + machine.PREFILL_GRAPH_BYTES
+    assert machine.fitted_plan("fast", plan, room) == plan
+    assert machine.fitted_plan("fast", plan, None) == plan
+    tight = machine.fitted_plan("fast", plan, room - 1.0)
+    assert (tight.decode, tight.prefill, tight.candidates) == ("fused-q4", "fused", ())
+    assert tight.reason.endswith("nothing timed at load: it does not fit in memory")
+    # no room for the second graph: one graph, nothing timed
+    single = machine.fitted_plan("fast", plan, peak - 1.0)
+    assert (single.prefill, single.candidates) == (None, ())
+
+
 def test_the_probe_builds_what_the_derivation_builds() -> None:
     # the probe times each form with the derivation's kernel and block size
     assert LLM_PROBE_FORMS == {"fused": ("int8", 32), "fused-b8": ("nbits8", fused.B8_BLOCK_SIZE),

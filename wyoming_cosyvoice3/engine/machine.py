@@ -721,6 +721,23 @@ def preset_peak_bytes(preset: str, plan: LlmPlan | None = None) -> float:
     return PRESET_MEMORY[preset].peak_bytes + extra
 
 
+def fitted_plan(preset: str, plan: LlmPlan, available_bytes: float | None) -> LlmPlan:
+    """``plan`` within ``available_bytes`` (None: not limited): one LLM graph, nothing timed,
+    when the preset's peak with a separate prefill graph does not fit; without the candidates
+    timed at load when their weights (:data:`PREFILL_GRAPH_BYTES` each, all loaded while the
+    steps are timed) do not fit beside the preset's peak."""
+    if available_bytes is None:
+        return plan
+    if plan.prefill is not None and preset_peak_bytes(preset, plan) > available_bytes:
+        return LlmPlan(plan.decode, None, "one LLM graph: a second does not fit in memory")
+    extra = [g for g in plan.candidates if g != plan.prefill]
+    if extra and (preset_peak_bytes(preset, plan) + len(extra) * PREFILL_GRAPH_BYTES
+                  > available_bytes):
+        return LlmPlan(plan.decode, plan.prefill,
+                       f"{plan.reason}; nothing timed at load: it does not fit in memory")
+    return plan
+
+
 SPLIT_OVERLAP = 0.6
 """With ``EngineOptions.split_cores``, the fraction of the shorter kind of work (the LLM's, or
 the flow's and vocoder's together) that still adds to the longer one's time: the two run at
@@ -865,11 +882,7 @@ def choose_preset(rates: MachineRates, available_bytes: float | None,
     """
 
     def plan_for(name: str) -> LlmPlan:
-        plan = choose_llm_graphs(name, rates.llm)
-        if (plan.prefill is not None and available_bytes is not None
-                and preset_peak_bytes(name, plan) > available_bytes):
-            return LlmPlan(plan.decode, None, "one LLM graph: a second does not fit in memory")
-        return plan
+        return fitted_plan(name, choose_llm_graphs(name, rates.llm), available_bytes)
 
     plans = {name: plan_for(name) for name in PRESET_ORDER}
     predicted = {name: predict_rtf(rates, name, plans[name], split_cores)

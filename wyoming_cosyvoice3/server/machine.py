@@ -22,8 +22,8 @@ from ..engine.machine import (
     PresetChoice,
     choose_llm_graphs,
     choose_preset,
+    fitted_plan,
     predict_rtf,
-    preset_peak_bytes,
     probe_rates,
 )
 from ..engine.sessions import available_cpus
@@ -140,11 +140,8 @@ def choose_for_this_machine(preset: str = AUTO, threads: int = 0, budget_s: floa
         auto = choose_preset(rates, available, split_cores)
         assert auto.plan is not None
         return MachineChoice(auto.preset, auto.plan, rates, auto)
-    plan = choose_llm_graphs(preset, rates.llm)
-    if (plan.prefill is not None and available is not None
-            and preset_peak_bytes(preset, plan) > available):
-        plan = LlmPlan(plan.decode, None, "one LLM graph: a second does not fit in memory")
-    return MachineChoice(preset, plan, rates)
+    return MachineChoice(preset, fitted_plan(preset, choose_llm_graphs(preset, rates.llm),
+                                             available), rates)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

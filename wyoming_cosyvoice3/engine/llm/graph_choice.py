@@ -9,13 +9,13 @@ steps of each on the same cache length, and keeps the fastest: the figure is a s
 decoder runs it (every layer, attention over the cache, the KV cache extended in place, the
 sessions' own threads and spinning).
 
-Timed alone, the forms that stream the same bytes read close and the per-tensor int8 one
-(``fused``) switches between two speeds for seconds at a time (on the test machine 18 and
-30 ms a step while ``fused-q4`` read 15-19 ms throughout); beside the flow, which streams its
-own weights on the other core, a step that reads fewer bytes loses less (``fused`` 1.36x
-``fused-q4`` there). So :func:`choose_decode_graph` takes the fastest only where it is clearly
-faster; among the graphs within :data:`DECODE_TIE` of it, the one that streams clearly fewer
-bytes, then the plan's.
+Timed alone, the forms that stream the same bytes read close, and on a CPU whose AMX tiles
+run the per-tensor int8 products (``fused``) that form switches between two speeds for
+seconds at a time, while the ``MatMulNBits`` forms stay steady (BENCHMARKS.md "The decode
+graph timed at load"); beside the flow, which streams its own weights on the other core, a
+step that reads fewer bytes loses less. So :func:`choose_decode_graph` takes the fastest only
+where it is clearly faster; among the graphs within :data:`DECODE_TIE` of it, the one that
+streams clearly fewer bytes, then the plan's.
 
 The steps run with onnxruntime directly, not through :meth:`.sessions.Graph.run_bound`, so a
 run observer (the benchmark's graph-run records) sees no request work at load.

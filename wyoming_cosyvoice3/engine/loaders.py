@@ -196,6 +196,15 @@ def load_streaming_or_none(model_dir: Path, options: EngineOptions,
 
 
 # -- LLM ---------------------------------------------------------------------------------------
+def seeded_speech_rows(speech_embedding: Graph, n: int) -> np.ndarray:
+    """Speech-embedding rows of ``n`` seeded random speech tokens, float32 [1, n, hidden]:
+    LLM input of the size and scale a decode step feeds (a fused graph's validation, the
+    timed decode steps)."""
+    ids = np.random.default_rng(0).integers(0, C.SPEECH_TOKEN_VOCAB, n)
+    embeds = speech_embedding.run({"input_ids": ids[None, :]}, ["inputs_embeds"])
+    return np.asarray(embeds["inputs_embeds"], np.float32)
+
+
 def load_llm_graph(
     model_dir: Path, options: EngineOptions, threads: int, speech_embedding: Graph,
     variant: LlmGraph | None = None,
@@ -213,12 +222,8 @@ def load_llm_graph(
             assert cache is not None
             from .derive.llm.fused import VALIDATION_SPLIT, open_fused_llm  # onnx: when asked
 
-            # validation input: speech-embedding rows of seeded random speech tokens
-            ids = np.random.default_rng(0).integers(0, C.SPEECH_TOKEN_VOCAB,
-                                                    sum(VALIDATION_SPLIT))
-            embeds = speech_embedding.run({"input_ids": ids[None, :]}, ["inputs_embeds"])
             return open_fused_llm(source, form, cache, threads, providers, spin,
-                                  np.asarray(embeds["inputs_embeds"], np.float32))
+                                  seeded_speech_rows(speech_embedding, sum(VALIDATION_SPLIT)))
 
         return open_form
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tokenizers import Tokenizer
 
 from . import constants as C
@@ -38,6 +37,7 @@ from .loaders import (
     load_llm_graph,
     load_streaming_or_none,
     load_text_table,
+    seeded_speech_rows,
     wants_streaming,
 )
 from .memory import return_freed_memory
@@ -170,11 +170,7 @@ def _choose_decode_graph(graphs: dict[str, Graph | TableEmbedding | Estimator], 
             loaded.setdefault(form, graph)
     if len(loaded) < 2:
         return
-    # seeded speech-token embeddings: rows of the size and scale a decode step feeds
-    ids = np.random.default_rng(0).integers(0, C.SPEECH_TOKEN_VOCAB, 16)
-    embeds = speech_embedding.run({"input_ids": ids[None, :]}, ["inputs_embeds"])
-    step_s = graph_choice.time_decode_steps(
-        loaded, np.asarray(embeds["inputs_embeds"], np.float32)[0])
+    step_s = graph_choice.time_decode_steps(loaded, seeded_speech_rows(speech_embedding, 16)[0])
     stream_bytes = {form: _file_bytes(graph.path) for form, graph in loaded.items()}
     best = graph_choice.choose_decode_graph(step_s, stream_bytes, fused_form_of(planned) or "")
     log.info("LLM decode step timed at load (%d cached positions, medians): %s; %s decodes",
@@ -186,7 +182,7 @@ def _choose_decode_graph(graphs: dict[str, Graph | TableEmbedding | Estimator], 
         graphs.pop("llm_prefill", None)
     else:
         graphs["llm_prefill"] = prefill
-    dropped = len(loaded) - len({id(graphs["llm"]), id(prefill)})
+    dropped = any(g is not loaded[best] and g is not prefill for g in loaded.values())
     loaded.clear()
     if dropped:  # the slower candidates' weights go back to the operating system
         return_freed_memory()

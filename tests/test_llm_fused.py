@@ -281,7 +281,7 @@ def test_fused_b8_is_refused_when_further_from_float_than_the_published_graph(
     with caplog.at_level(logging.WARNING):
         model = CosyVoice3Model.load(qwen_dir, EngineOptions(
             llm_graph="fused-b8", llm_prefill_graph="fused", cache_dir=tmp_path))
-    assert ".fused1-" in model.llm.path.name and model.llm_prefill is None  # one graph
+    assert ".fused2-" in model.llm.path.name and model.llm_prefill is None  # one graph
     warnings = [r.getMessage() for r in caplog.records if "LLM graph" in r.getMessage()]
     assert len(warnings) == 1 and "using the fused graph" in warnings[0]
 
@@ -304,7 +304,7 @@ def test_the_prefill_graph_prefills_and_the_decode_graph_decodes(
     both = CosyVoice3Model.load(qwen_dir, EngineOptions(
         llm_graph="fused-q4", llm_prefill_graph="fused", cache_dir=tmp_path))
     assert both.llm_prefill is not None
-    assert ".fusedq4" in both.llm.path.name and ".fused1-" in both.llm_prefill.path.name
+    assert ".fusedq4" in both.llm.path.name and ".fused2-" in both.llm_prefill.path.name
     prefill_only = CosyVoice3Model.load(qwen_dir, EngineOptions(llm_graph="fused",
                                                                 cache_dir=tmp_path))
     decode_only = CosyVoice3Model.load(qwen_dir, EngineOptions(llm_graph="fused-q4",

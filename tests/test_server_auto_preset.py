@@ -285,7 +285,7 @@ def fixed_step_times(monkeypatch: pytest.MonkeyPatch, step_ms: dict[str, float]
 
 
 @pytest.mark.parametrize(("fastest", "decode_tag", "prefill_tag"),
-                         [("fused", ".fused1", None), ("fused-b8", ".fusedb8", ".fused1")])
+                         [("fused", ".fused2", None), ("fused-b8", ".fusedb8", ".fused2")])
 async def test_the_timed_decode_steps_overrule_the_probe(
         tiny_model_dir: Path, tiny_engine_cache: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fastest: str,
@@ -335,7 +335,7 @@ async def test_the_preset_llm_graphs_load_as_the_probe_chose(
             assert runtime.loader.preset_choice is None and runtime.production.rate() is None
             model = runtime.loader.engine.model  # type: ignore[union-attr]
             assert ".fusedb8" in model.llm.path.name
-            assert model.llm_prefill is not None and ".fused1" in model.llm_prefill.path.name
+            assert model.llm_prefill is not None and ".fused2" in model.llm_prefill.path.name
             async with client(server) as cl:
                 await cl.write_event(Synthesize(text="The door is locked.").event())
                 response = await collect(cl, "audio-stop")

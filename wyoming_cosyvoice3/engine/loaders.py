@@ -17,8 +17,8 @@ LLM stage
 
 * ``llm``:
 
-  1. fused / fused-q4 operators -- ``llm_graph`` is not "published" -- llm/fused (fused1,
-     fusedq4r1);
+  1. fused / fused-q4 operators -- ``llm_graph`` is not "published" -- llm/fused (fused2,
+     fusedq4r2);
   2. the published graph ``LLM_FILES[llm_precision]``.
 
 * ``text_embedding``:

@@ -328,6 +328,12 @@ class EngineOptions:
             (within 10 % of it: the graph streaming clearly fewer bytes, then ``llm_graph``),
             the others are closed. The prefill graph stays ``llm_prefill_graph``, else
             ``llm_graph``. Empty (default): ``llm_graph`` decodes, nothing is timed.
+        llm_pair_pieces: decode two pieces of a request at once, in two-row steps of the decode
+            graph (:mod:`.llm.paired`; one pass over the weights serves both), where that graph
+            gives each row exactly the logits of its own one-row step (checked at load: the
+            ``fused-q4`` form; not the published graphs, not ``fused``, whose int8 activation
+            scale spans the rows). Exact: each piece's tokens are those it gets decoded alone
+            with the same generator. False: one piece at a time.
         flow: the flow record most requests will run with (the server's preset's
             :attr:`SynthesisOptions.flow`). The graphs it needs are opened at start: the DiT
             estimator of its ``precision`` (a request asking for the other precision loads that on
@@ -393,6 +399,7 @@ class EngineOptions:
     llm_graph: LlmGraph = "published"
     llm_prefill_graph: LlmGraph | None = None
     llm_decode_candidates: tuple[LlmGraph, ...] = ()
+    llm_pair_pieces: bool = True
     flow: FlowPreset = FlowPreset()
     read_numbers: bool = True
     threads: int = 0

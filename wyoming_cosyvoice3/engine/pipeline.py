@@ -31,6 +31,7 @@ from .errors import SynthesisTimeout, TextError
 from .flow.solver import FlowRunner
 from .flow.stream import ChunkedFlows, FlowRequest, MelStream, SpeedResampler
 from .llm.decoder import LlmDecoder, SilentRunFilter, request_tokens
+from .llm.paired import paired_stream
 from .memory import return_freed_memory
 from .model import CosyVoice3Model
 from .noise import GrowingNoise, request_streams
@@ -172,7 +173,7 @@ class CosyVoice3Engine:
         self.frontend = TextFrontend(model.tokenizer, model.end_of_prompt_id)
         if options.read_numbers:
             self.frontend.start_warm_up()  # wetext's 0.5 s of loading, off the request path
-        self.llm = LlmDecoder(model)
+        self.llm = LlmDecoder(model, pair_pieces=options.llm_pair_pieces)
         self.flow = FlowRunner(model)
         self.chunked = ChunkedFlows(self.flow, model, options)
         # the whole-mel graph loads on first use where the streamed vocoder serves synthesis
@@ -398,7 +399,8 @@ class CosyVoice3Engine:
         # with split_cores the tokens come from a decoding thread; leaving this block in any
         # way (end, error, cancellation, the caller closing the generator) stops and joins it
         with request_tokens(self.llm, prompts, fixed_tokens, req, self.options.split_cores,
-                            None if more is None else take_more) as stream:
+                            None if more is None else take_more,
+                            paired_stream if self.llm.pairs_pieces else None) as stream:
             for index, token in stream:
                 if piece is None:
                     piece = self._new_piece(index, req, flow.piece(0 < index < len(pieces) - 1))

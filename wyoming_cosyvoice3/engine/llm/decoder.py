@@ -57,6 +57,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -66,6 +67,7 @@ import onnxruntime as ort
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed, SynthesisTimeout
 from ..options import LlmPrompt, ShouldStop, StageTimes, SynthesisOptions
+from ..sessions import ORT_ERRORS
 from .producer import TokenProducer
 
 if TYPE_CHECKING:
@@ -81,6 +83,11 @@ KvMode = Literal["auto", "iobinding", "numpy", "buffer"]
 
 KvValue = Any
 """One KV tensor: an ``onnxruntime.OrtValue`` (IOBinding path) or a numpy array (fallback)."""
+_STEP_ERRORS: tuple[type[BaseException], ...] = (SynthesisFailed, *ORT_ERRORS)
+
+PIECE_SEED_BOUND = 2**63 - 1
+"""Upper bound of the per-piece seeds drawn from a request's generator (:func:`piece_rng`)."""
+
 KV_CAPACITY_STEP = 512
 """Positions a ``"buffer"`` cache grows by (24 KiB each with the published dims: 12 MiB): a
 prompt and a piece's tokens fit in one or two steps, and a growth copies the cache once."""
@@ -144,6 +151,47 @@ def _kv_buffer(value: KvValue | None, valid: int, capacity: int, like: tuple[int
         buffer = np.zeros((*source.shape[:2], capacity, source.shape[3]), np.float32)
         buffer[:, :, :valid] = source[:, :, :valid]
     return ort.OrtValue.ortvalue_from_numpy(buffer)
+
+
+@dataclass
+class PairState:
+    """Two sequences' KV caches in one batch of two rows (``"buffer"`` mode), for steps that
+    decode both in one pass over the weights (:meth:`LlmDecoder.step_pair`).
+
+    Attributes:
+        arrays: one float32 [2, kv_heads, capacity, head_dim] numpy buffer per
+            ``past_key_values.{i}.{key,value}`` input; row ``r``'s first ``lens[r]`` positions
+            are its cache (the rest is padding the graph does not read).
+        values: OrtValues over the same memory, bound as past and present.
+        lens: positions each row holds (its next position id).
+        binding: (session, IOBinding, logits buffer [2, V]) of the last step, reused while
+            the session and the buffers stay the same.
+    """
+
+    arrays: list[np.ndarray]
+    values: list[Any]
+    lens: list[int]
+    binding: tuple[Any, Any, Any] | None = None
+
+    @property
+    def capacity(self) -> int:
+        """Positions each row can hold."""
+        return int(self.arrays[0].shape[2])
+
+
+def _pair_buffers(rows: Sequence[Sequence[np.ndarray]], lens: Sequence[int], capacity: int
+                  ) -> tuple[list[np.ndarray], list[Any]]:
+    """New [2, kv_heads, capacity, head_dim] buffers holding each row's first ``lens[r]``
+    positions of ``rows[r]`` (per input, arrays [1 or 2, kv_heads, >= len, head_dim])."""
+    arrays, values = [], []
+    for parts in zip(*rows, strict=True):
+        first = parts[0]
+        buffer = np.zeros((2, first.shape[1], capacity, first.shape[3]), np.float32)
+        for r, (part, n) in enumerate(zip(parts, lens, strict=True)):
+            buffer[r, :, :n] = part[min(r, part.shape[0] - 1), :, :n]
+        arrays.append(buffer)
+        values.append(ort.OrtValue.ortvalue_from_numpy(buffer))
+    return arrays, values
 
 
 class PrefixCache:
@@ -237,6 +285,15 @@ class LlmDecoder:
         kv_mode: ``"auto"``, ``"iobinding"`` or ``"numpy"`` (module docstring); both paths
             give bit-identical logits.
         prefix_cache_entries: voices whose prefix KV is kept (:class:`PrefixCache`; 0 = off).
+        pair_pieces: let :func:`token_stream` decode two pieces of a request at once
+            (:mod:`.paired`) where the decode graph gives every row of a two-row step exactly
+            the logits of its own one-row step (checked here: :attr:`pairs_pieces`).
+
+    Attributes:
+        pairs_pieces: two pieces decode together: ``pair_pieces``, ``"buffer"`` mode, and the
+            check passed (False on graphs with one batch row, such as the published ones, and
+            where the product kernels couple the rows: the per-tensor activation scale of
+            ``fused``, and ``fused-b8`` on AVX-512 machines, BENCHMARKS.md).
 
     Raises:
         GraphSignatureMismatch: the LLM graph lacks an input/output the dims imply.
@@ -244,7 +301,8 @@ class LlmDecoder:
     """
 
     def __init__(
-        self, model: CosyVoice3Model, *, kv_mode: KvMode = "auto", prefix_cache_entries: int = 16
+        self, model: CosyVoice3Model, *, kv_mode: KvMode = "auto", prefix_cache_entries: int = 16,
+        pair_pieces: bool = True,
     ) -> None:
         if kv_mode not in ("auto", "iobinding", "numpy", "buffer"):
             raise ValueError(
@@ -269,6 +327,7 @@ class LlmDecoder:
         self._output_names = ["logits", *self._present_names]
         self._check_names()
         self.prefix_cache = PrefixCache(prefix_cache_entries)
+        self.pairs_pieces = pair_pieces and kv_mode == "buffer" and self._rows_exact()
 
     def _check_names(self) -> None:
         session = self._llm.session
@@ -474,6 +533,97 @@ class LlmDecoder:
         state.kv = [outputs[name] for name in self._present_names]
         return np.asarray(outputs["logits"]).reshape(-1)
 
+    # --- two sequences per step ------------------------------------------------------------
+
+    def pair_states(self, first: DecodeState, second: DecodeState) -> PairState:
+        """One :class:`PairState` holding copies of two ``"buffer"`` states' caches (row 0:
+        ``first``), with room for :data:`KV_CAPACITY_STEP` more positions each."""
+        lens = [first.past_len, second.past_len]
+        rows = [[value.numpy() for value in state.kv] for state in (first, second)]
+        arrays, values = _pair_buffers(rows, lens, max(lens) + KV_CAPACITY_STEP)
+        return PairState(arrays=arrays, values=values, lens=lens)
+
+    def unpair(self, pair: PairState, row: int, tokens: list[int]) -> DecodeState:
+        """A ``"buffer"`` state of its own for ``row`` of ``pair`` (a copy of its cache), with
+        ``tokens`` as its decoded tokens."""
+        n = pair.lens[row]
+        kv = [_kv_buffer(array[row:row + 1], n, n + KV_CAPACITY_STEP) for array in pair.arrays]
+        return DecodeState(kv=kv, past_len=n, tokens=tokens, in_place=True)
+
+    def step_pair(self, pair: PairState, tokens: tuple[int, int]) -> np.ndarray:
+        """Feed one generated speech token to each row of ``pair`` in one run of the decode
+        graph; returns the next logits float32 [2, V] (row order as ``pair``).
+
+        Raises:
+            SynthesisFailed: onnxruntime failed (names the graph file).
+        """
+        if max(pair.lens) + 1 > pair.capacity:  # grow: one copy of both caches
+            pair.arrays, pair.values = _pair_buffers(
+                [pair.arrays, pair.arrays], pair.lens, pair.capacity + KV_CAPACITY_STEP)
+            pair.binding = None
+        embeds = np.ascontiguousarray(
+            self.embed_speech(list(tokens)).reshape(2, 1, self._dims.hidden_size))
+        total = max(pair.lens) + 1
+        mask = np.zeros((2, total), np.int64)
+        for row, n in enumerate(pair.lens):
+            mask[row, :n + 1] = 1  # right-padded: the shorter row's trailing zeros
+        positions = np.array(pair.lens, np.int64)[:, None]
+        session = self._llm.session
+        if pair.binding is None or pair.binding[0] is not session:
+            binding = session.io_binding()
+            for past, present, value in zip(self._past_names, self._present_names, pair.values,
+                                            strict=True):
+                binding.bind_ortvalue_input(past, value)
+                binding.bind_ortvalue_output(present, value)  # the same buffer: in place
+            logits_value = ort.OrtValue.ortvalue_from_numpy(
+                np.zeros((2, self._dims.speech_vocab_rows), np.float32))
+            binding.bind_ortvalue_output("logits", logits_value)
+            pair.binding = (session, binding, logits_value)
+        _, binding, logits_value = pair.binding
+        feeds: dict[str, np.ndarray] = {
+            "inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        try:
+            self._llm.run_bound(binding, feeds)
+        except SynthesisFailed as exc:
+            raise SynthesisFailed(
+                f"LLM graph {self._llm.path} failed at positions {pair.lens}: {exc}; "
+                "check the model files (re-download) or try another llm_precision"
+            ) from exc
+        pair.lens = [n + 1 for n in pair.lens]
+        return np.array(logits_value.numpy(), np.float32)  # a copy: the buffer is reused
+
+    def _rows_exact(self) -> bool:
+        """Whether a two-row step of the decode graph gives each row exactly the logits of
+        its own one-row step: two seeded sequences of 3 and 2 positions, one more step each,
+        alone and paired (a few ms on the full-size model). False also when the graph has
+        a fixed batch of one row."""
+        hidden = self._dims.hidden_size
+        embeds = np.random.default_rng(0).standard_normal((5, hidden)).astype(np.float32)
+        try:
+            states = [self.new_state(), self.new_state()]
+            for state, rows in zip(states, (embeds[:3], embeds[3:]), strict=True):
+                for row in rows:
+                    self._step_embeds(state, row)
+            pair = self.pair_states(*states)
+            alone = [self.step(state, token) for state, token in zip(states, (1, 2), strict=True)]
+            paired = self.step_pair(pair, (1, 2))
+        except _STEP_ERRORS as exc:
+            _LOGGER.debug("LLM graph %s decodes one row per step: %s", self._llm.path, exc)
+            return False
+        exact = all(np.array_equal(paired[row], alone[row]) for row in (0, 1))
+        _LOGGER.debug("LLM graph %s: two rows per step %s", self._llm.path,
+                      "give each row's own logits" if exact else "differ from one row's")
+        return exact
+
+    def _step_embeds(self, state: DecodeState, row: np.ndarray) -> None:
+        """One decode-graph step on an embedding row float32 [hidden] (the exactness check)."""
+        n = state.past_len
+        self._run_in_place(self._llm, state, row.reshape(1, 1, -1),
+                           np.ones((1, n + 1), np.int64), np.array([[n]], np.int64))
+        state.past_len = n + 1
+
     # --- decoding -------------------------------------------------------------------------
 
     def decode(
@@ -518,7 +668,7 @@ class LlmDecoder:
         max_len = min(max_len, max_tokens)
         if max_len <= 0:
             return
-        self._check(should_stop, deadline, 0)
+        self.check(should_stop, deadline, 0)
         started = time.perf_counter()
         state, logits, n_prompt = self.prefill_prompt(prompt)
         prefill_s = time.perf_counter() - started
@@ -545,7 +695,7 @@ class LlmDecoder:
             yield token
             if step_index + 1 >= max_len:
                 break
-            self._check(should_stop, deadline, step_index + 1)
+            self.check(should_stop, deadline, step_index + 1)
             started = time.perf_counter()
             logits = self.step(state, token)
             step_s = time.perf_counter() - started
@@ -565,7 +715,18 @@ class LlmDecoder:
             decode_s * 1e3 / max(n_tokens, 1),
         )
 
-    def _check(self, should_stop: ShouldStop | None, deadline: float | None, step: int) -> None:
+    @property
+    def decode_graph_path(self) -> Path:
+        """The decode graph's file (for messages)."""
+        return Path(self._llm.path)
+
+    def check(self, should_stop: ShouldStop | None, deadline: float | None, step: int) -> None:
+        """Raise before model step ``step`` when the request is cancelled or past its deadline.
+
+        Raises:
+            SynthesisCancelled: ``should_stop()`` returned True.
+            SynthesisTimeout: ``time.monotonic()`` passed ``deadline``.
+        """
         if should_stop is not None and should_stop():
             raise SynthesisCancelled(f"LLM decoding cancelled before step {step}")
         if deadline is not None and time.monotonic() > deadline:
@@ -638,7 +799,7 @@ def token_stream(
         span = req.now()
         tokens = llm.decode(
             prompt,
-            req.rng,
+            piece_rng(req.rng),
             should_stop=should_stop,
             max_tokens=opts.max_decode_tokens,
             deadline=req.deadline_monotonic,
@@ -657,6 +818,21 @@ def token_stream(
         yield index, None
 
 
+TokenStream = Callable[
+    [LlmDecoder, list[LlmPrompt], list[int | None], TokenRequest, ShouldStop | None,
+     Callable[[], None] | None],
+    Iterator[PieceToken],
+]
+"""A function making a request's ``(piece index, token)`` items, as :func:`token_stream`."""
+
+
+def piece_rng(request_rng: np.random.Generator) -> np.random.Generator:
+    """A piece's own generator, seeded from the request's (drawn when the piece starts, in
+    piece order), so that a seed gives every piece the same tokens however the pieces'
+    decoding steps interleave (:mod:`.paired`)."""
+    return np.random.default_rng(int(request_rng.integers(PIECE_SEED_BOUND)))
+
+
 @contextmanager
 def request_tokens(
     llm: LlmDecoder,
@@ -665,16 +841,20 @@ def request_tokens(
     req: TokenRequest,
     threaded: bool,
     more: Callable[[], None] | None = None,
+    stream: TokenStream | None = None,
 ) -> Iterator[Iterator[PieceToken]]:
-    """:func:`token_stream` of the request (``more`` as there); with ``threaded`` decoded in a
-    :class:`.producer.TokenProducer` thread (the items are the same either way: only that
-    thread calls the LLM and draws from ``req.rng``). The thread is stopped and joined when
-    the context exits, however it exits; its error is raised in the consumer."""
+    """:func:`token_stream` of the request (``more`` as there), or ``stream``, a function of
+    the same arguments and items (the pipeline's :func:`.paired.paired_stream`); with
+    ``threaded`` decoded in a :class:`.producer.TokenProducer` thread (the items are the same
+    either way: only that thread calls the LLM and draws from ``req.rng``, one seed per
+    piece). The thread is stopped and joined when the context exits, however it exits; its
+    error is raised in the consumer."""
+    make = token_stream if stream is None else stream
     if not threaded:
-        yield token_stream(llm, prompts, fixed_tokens, req, more=more)
+        yield make(llm, prompts, fixed_tokens, req, None, more)
         return
     producer: TokenProducer[PieceToken] = TokenProducer(
-        lambda stop: token_stream(llm, prompts, fixed_tokens, req, stop, more)
+        lambda stop: make(llm, prompts, fixed_tokens, req, stop, more)
     ).start()
     try:
         yield iter(producer)

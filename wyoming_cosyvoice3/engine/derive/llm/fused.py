@@ -15,8 +15,8 @@ Variants (``EngineOptions.llm_graph``):
   graph quantises identically three and two times). From ``llm.onnx``: float ``MatMul``.
   Only float rounding differs (fused kernels sum in another order); with int8 activations a
   rounding difference occasionally moves one activation by one quantisation step, so the
-  int8 form differs from the published graph by less than the published graph's own
-  activation-quantisation error (measured below).
+  int8 form differs from the published graph by about the published graph's own
+  activation-quantisation error (measured below) and is as far from float activations.
 * ``"fused-q4"``, lossy: ``MatMulNBits`` 4-bit weights (blocks of :data:`Q4_BLOCK_SIZE` along
   K, asymmetric, quantised by onnxruntime from the source weights) with int8 compute
   (``accuracy_level`` 4): fewer weight bytes per token.
@@ -31,8 +31,11 @@ single-token steps, teacher-forced on the caller's embeddings or seeded N(0, 1) 
    checks every weight found by structure, the rotary tables, the norms and the attention.
    The same comparison of the published int8 graph with its float form gives its own
    activation-quantisation error (``int8_noise``).
-2. the variant written: ``fused`` must stay within ``max(EXACT_MAX_ABS_LOGP, int8_noise)`` of
-   the published graph, ``fused-q4`` within ``max(LOSSY_MAX_ABS_LOGP, int8_noise)``.
+2. the variant written: ``fused`` from float weights must stay within ``EXACT_MAX_ABS_LOGP`` of
+   the published graph; ``fused`` and ``fused-b8`` from int8 weights no further from float
+   activations than ``1.1 x int8_noise`` (10 % for float rounding), and so within
+   ``2.1 x int8_noise`` of the published graph; ``fused-q4`` within
+   ``max(LOSSY_MAX_ABS_LOGP, int8_noise)``.
 
 Measured (teacher-forced, 90 positions; ``python -m bench.llm_decode``):
 parity model structure 6e-6, full-size synthetic 4e-6; full-size synthetic ``fused`` against
@@ -68,7 +71,7 @@ from .weights import read_llm_weights
 
 logger = logging.getLogger(__name__)
 
-FUSED_TAGS = {"fused": "fused1", "fused-b8": "fusedb8r1", "fused-q4": "fusedq4r1"}
+FUSED_TAGS = {"fused": "fused2", "fused-b8": "fusedb8r2", "fused-q4": "fusedq4r2"}
 """File tags per variant (bumped when the recipe changes)."""
 B8_BLOCK_SIZE = 128
 """K-block of ``fused-b8`` at the published widths: the largest power of two that divides both
@@ -248,14 +251,18 @@ def derive_fused_llm(
     del weights
     _save(model, target)
     logp = teacher_forced_logp(_session(target), embeds, split)
-    if variant == "fused-b8":
-        # its activations are quantised per block, not per tensor as the published graph's:
-        # it must be no further from the same weights with float activations than the
+    if variant == "fused-b8" or (variant == "fused" and int8_noise > 0):
+        # int8 activations: fused-b8 quantises them per block, not per tensor as the published
+        # graph; fused per tensor as it does, but its kernels sum in another order, and one
+        # activation moved by one quantisation step moves the log-probs as much as the
+        # quantisation itself (on an AMX Xeon fused was 0.128 from the published graph, whose
+        # own distance from float activations read 0.118 there and 0.19 on another CPU). So
+        # each must be no further from the same weights with float activations than the
         # published graph is (``int8_noise``), with 10 % for the two runs' float rounding
         to_float = compare(reference, logp[: len(reference)])[0]
         if not to_float <= max(EXACT_MAX_ABS_LOGP, 1.1 * int8_noise):
             raise ModelLoadError(
-                f"fused-b8 graph of {source.name} is {to_float:.3g} from float activations in "
+                f"{variant} graph of {source.name} is {to_float:.3g} from float activations in "
                 f"log-probs, the published graph {int8_noise:.3g}")
         # and so within 1.1 + 1 int8_noise of the published graph (triangle inequality)
         limit = max(limit, 2.1 * int8_noise)

@@ -1,11 +1,14 @@
 """Build the fused-operator LLM graph from :class:`~.llm_weights.LlmWeights`.
 
-Same contract as the published llm*.onnx (spec section 1): ``inputs_embeds`` float32
-[1, S, H], ``attention_mask`` int64 [1, past + S], ``position_ids`` int64 [1, S],
-``past_key_values.{i}.{key,value}`` float32 [1, kv_heads, past, head_dim] -> ``logits``
-float32 [1, vocab] (last position) and ``present.{i}.{key,value}`` float32
-[1, kv_heads, past + S, head_dim] (keys after RoPE, as the published graph stores them, so
-caches made by either graph can be continued by the other).
+Same contract as the published llm*.onnx (spec section 1), with a batch axis B where the
+published graph has 1: ``inputs_embeds`` float32 [B, S, H], ``attention_mask`` int64
+[B, past + S], ``position_ids`` int64 [B, S], ``past_key_values.{i}.{key,value}`` float32
+[B, kv_heads, past, head_dim] -> ``logits`` float32 [B, vocab] (last position) and
+``present.{i}.{key,value}`` float32 [B, kv_heads, past + S, head_dim] (keys after RoPE, as the
+published graph stores them, so caches made by either graph can be continued by the other).
+B > 1 decodes several sequences in one pass over the weights
+(:mod:`wyoming_cosyvoice3.engine.llm.paired`): a row whose mask ends in zeros is a shorter
+sequence, right-padded (``GroupQueryAttention`` reads each row's length from ``seqlens_k``).
 
 One decoder layer is 11 onnxruntime nodes instead of about 90 (onnxruntime contrib operators,
 domain ``com.microsoft``; documented in onnxruntime ``docs/ContribOperators.md``):
@@ -20,8 +23,9 @@ domain ``com.microsoft``; documented in onnxruntime ``docs/ContribOperators.md``
 * ``GroupQueryAttention`` on the packed q|k|v output: RoPE (``do_rotary``, half-split layout,
   tables from the source graph, looked up at ``position_ids``), the KV-cache concat and causal
   attention with ``num_heads / kv_num_heads`` query heads per KV head, scale 1/sqrt(head_dim).
-  ``seqlens_k`` = sum(attention_mask) - 1: keys whose mask is 0 are *not* masked individually
-  (the engine always sends an all-ones mask; Qwen2 upstream decoding does too).
+  ``seqlens_k`` = sum(attention_mask) - 1 per row: keys whose mask is 0 are *not* masked
+  individually, only a row's trailing zeros shorten it (the engine sends each row's valid
+  positions as ones followed by zeros; Qwen2 upstream decoding sends all ones).
 * SiLU gate: ``Split`` of the gate|up output, ``Sigmoid``, two ``Mul``.
 
 Weights: from an int8 source the per-column int8 weights map exactly onto 8-bit blocks
@@ -246,24 +250,29 @@ def build_fused_llm(
     n_layers = len(w.layers)
     f32 = TensorProto.FLOAT
     inputs = [
-        helper.make_tensor_value_info("inputs_embeds", f32, [1, "sequence_length", w.hidden]),
-        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total_length"]),
-        helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "sequence_length"]),
+        helper.make_tensor_value_info("inputs_embeds", f32,
+                                      ["batch", "sequence_length", w.hidden]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                      ["batch", "total_length"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64,
+                                      ["batch", "sequence_length"]),
     ]
-    outputs = [helper.make_tensor_value_info("logits", f32, [1, w.vocab])]
+    outputs = [helper.make_tensor_value_info("logits", f32, ["batch", w.vocab])]
     for i in range(n_layers):
         for kind in ("key", "value"):
             inputs.append(
                 helper.make_tensor_value_info(
-                    f"past_key_values.{i}.{kind}", f32, [1, w.kv_heads, "past_length", w.head_dim]
+                    f"past_key_values.{i}.{kind}", f32,
+                    ["batch", w.kv_heads, "past_length", w.head_dim]
                 )
             )
             outputs.append(
                 helper.make_tensor_value_info(
-                    f"present.{i}.{kind}", f32, [1, w.kv_heads, "total_length", w.head_dim]
+                    f"present.{i}.{kind}", f32,
+                    ["batch", w.kv_heads, "total_length", w.head_dim]
                 )
             )
-    # GQA bookkeeping: seqlens_k = sum(mask) - 1 (int32 [1]), total length (int32 scalar)
+    # GQA bookkeeping: seqlens_k = sum(mask) - 1 (int32 [B]), total length (int32 scalar)
     total = g.op(
         "ReduceSum", ["attention_mask", g.const(np.array([1], np.int64), "axis")], keepdims=0
     )[0]
@@ -343,7 +352,7 @@ def build_fused_llm(
     logits = g.linear(last, w.head, "head")
     g.nodes.append(
         helper.make_node(
-            "Reshape", [logits, g.const(np.array([1, w.vocab], np.int64), "shape")], ["logits"]
+            "Reshape", [logits, g.const(np.array([-1, w.vocab], np.int64), "shape")], ["logits"]
         )
     )
     graph = helper.make_graph(g.nodes, "cosyvoice3_llm_fused", inputs, outputs, g.inits)

@@ -250,3 +250,24 @@ def test_paired_pieces_get_the_tokens_they_get_alone(qwen_dir: Path, graph_cache
     alone, both = runs
     assert both == alone
     assert sum(1 for _, t in both if t is not None) > 4 * paired.JOIN_AFTER_TOKENS
+
+
+def test_text_that_came_meanwhile_joins_the_lone_piece() -> None:
+    """A stream's next sentence: ``more`` is asked every MORE_POLL_TOKENS tokens of a piece
+    decoding alone with nothing after it ([] there means "nothing yet", not the end)."""
+    asked: list[int] = []
+
+    def more(prompts: list[LlmPrompt], fixed: list[int | None]) -> None:
+        asked.append(len(prompts))
+        if len(asked) == 2:  # the sentence arrives before the second poll
+            prompts.append(_prompt(2))
+            fixed.append(30)
+
+    items, llm, _, _ = _run([20, 80], more=more)
+    assert items == _expected([20, 80, 30])
+    # piece 1 joined piece 0 at its 16th token and took 4 more tokens in pairs plus its prefill's:
+    # alone from 5 tokens on, polled at 25 and 50 (the second poll brings piece 2)
+    assert asked[:2] == [2, 2] and asked[-1] == 3
+    join = llm.calls.index(("prefill", 2))
+    assert llm.calls[join + 1] == ("pair", 1, 2)
+    assert sum(1 for c in llm.calls[:join] if c == ("step", 1)) == 50 - 5

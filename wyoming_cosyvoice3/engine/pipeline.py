@@ -297,7 +297,10 @@ class CosyVoice3Engine:
             more: text that arrives while the request runs: called once the LLM has decoded
                 every piece so far (in the decoding thread with ``split_cores``), before the
                 last of them ends; returns further pieces, as :meth:`plan_pieces` returns
-                them, to speak in this request, or an empty sequence to end it. The LLM then
+                them, to speak in this request, or an empty sequence to end it. Where two
+                pieces decode at once (:mod:`.llm.paired`) it is also called while the last
+                piece decodes alone, where an empty sequence means nothing came yet; it must
+                return at once. The LLM then
                 goes on decoding while the flow and vocoder finish the pieces before, where a
                 request of its own would wait for them. The request's random streams go on
                 too, so the audio is that of one request given all its pieces at once (with

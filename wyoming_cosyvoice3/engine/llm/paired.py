@@ -10,8 +10,8 @@ own), so the piece the listener hears next is decoded with the one after it.
 
 :func:`paired_stream` yields exactly what :func:`.decoder.token_stream` yields --
 ``(piece index, token)`` for every token of piece 0, ``(0, None)``, then piece 1, and so on,
-``more`` called once the last known piece is decoded, before its end marker -- but at most two
-pieces are decoded at a time, in one two-row step of the decode graph
+``more`` called once the last known piece is decoded, before its end marker, where [] ends the
+request -- but at most two pieces are decoded at a time, in one two-row step of the decode graph
 (:meth:`.decoder.LlmDecoder.step_pair`); the later piece's tokens wait in a list until the
 earlier piece has ended. Schedule:
 
@@ -19,7 +19,9 @@ earlier piece has ended. Schedule:
   first audio needs them; the next piece's prefill would delay them), then the next piece is
   prefilled and joins;
 * when a piece ends, the next piece not yet started is prefilled and joins the one left;
-* a piece whose partner has ended decodes on alone until the next one joins.
+* a piece whose partner has ended decodes on alone until the next one joins; while no later
+  piece is known, ``more`` is also asked every :data:`MORE_POLL_TOKENS` of its tokens (a
+  stream's next sentence may have come; [] then only means "nothing yet").
 
 Each piece draws its samples from a generator of its own, seeded from the request's generator
 when the piece starts, in piece order (:func:`.decoder.piece_rng`, as
@@ -49,6 +51,12 @@ from .decoder import (
     piece_rng,
     sample_step,
 )
+
+MORE_POLL_TOKENS = 25
+"""While one piece decodes alone and no later piece is known, ``more`` is asked for text that
+came meanwhile every this many of its tokens (1 s of speech; it returns at once, [] when none
+came), so a stream's next sentence can join; asking on every step would cost the event loop a
+call per token."""
 
 JOIN_AFTER_TOKENS = 16
 """Tokens of a request's first piece decoded before the next piece joins: more than any
@@ -155,6 +163,7 @@ def paired_stream(
     def active() -> list[_Piece]:
         return [piece for piece in pieces if not piece.done]
 
+    asked_at = 0  # the lone piece's token count at the last early ``more``
     span = req.now()
     while pieces or started_pieces < len(prompts):  # ``more`` may add prompts
         if not pieces:
@@ -176,6 +185,7 @@ def paired_stream(
             if not head.done:
                 break
             pieces.popleft()
+            asked_at = 0
             if (more is not None and head.index == len(prompts) - 1 and not pieces
                     and not should_stop()):
                 req.event("llm", span)
@@ -183,6 +193,11 @@ def paired_stream(
                 span = req.now()
             yield head.index, None
         going = active()
+        if (more is not None and len(going) == 1 and started_pieces == len(prompts)
+                and len(going[0].tokens) >= asked_at + MORE_POLL_TOKENS):
+            # a slot is free and no piece waits: text that came meanwhile can join now
+            asked_at = len(going[0].tokens)
+            more()
         if len(going) < 2 and started_pieces < len(prompts):
             first_piece_waits = (started_pieces == 1 and going
                                  and len(going[0].tokens) < JOIN_AFTER_TOKENS)

@@ -256,6 +256,19 @@ def fused_form_of(graph: Graph) -> str | None:
                 None)
 
 
+def fused_rows_validated(graph: Graph) -> bool:
+    """The derivation report beside a ``fused-b8`` graph validated its two-row steps
+    (:attr:`~.derive.llm.fused.FusedReport.pairs_rows`); False for any other graph or
+    without a readable report."""
+    if fused_form_of(graph) != "fused-b8":
+        return False
+    from .derive.common.files import read_report  # onnx: only when asked
+    from .derive.llm.fused import FusedReport
+
+    report = read_report(Path(f"{graph.path}.json"), FusedReport, "fused LLM")
+    return report is not None and report.pairs_rows
+
+
 def load_text_table(model_dir: Path, options: EngineOptions) -> TableEmbedding | None:
     """The memory-mapped text embedding, or None (option off, not a plain lookup, no cache)."""
 

@@ -30,6 +30,7 @@ from .llm import graph_choice
 from .loaders import (
     Estimator,
     fused_form_of,
+    fused_rows_validated,
     is_fused_form,
     load_estimator,
     load_hift,
@@ -274,6 +275,10 @@ class CosyVoice3Model:
             fused_form_of(g) is not None for g in (self.llm, self.llm_prefill) if g is not None)
         """Every LLM graph is a fused form (onnxruntime ``GroupQueryAttention``), so the
         decoder may keep the KV cache in buffers extended in place (``kv_mode`` buffer)."""
+        self.llm_rows_validated = fused_rows_validated(self.llm)
+        """The decode graph's two-row steps were validated when it was derived
+        (``fused-b8``: :attr:`~.derive.llm.fused.FusedReport.pairs_rows`), so two pieces may
+        decode together even where its rows are not bit-equal to one-row steps."""
         self.flow_encoder = _graph(graphs["flow_encoder"])
         estimator = graphs["estimator"]
         if isinstance(estimator, TableEmbedding):

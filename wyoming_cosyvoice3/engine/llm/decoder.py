@@ -285,15 +285,15 @@ class LlmDecoder:
         kv_mode: ``"auto"``, ``"iobinding"`` or ``"numpy"`` (module docstring); both paths
             give bit-identical logits.
         prefix_cache_entries: voices whose prefix KV is kept (:class:`PrefixCache`; 0 = off).
-        pair_pieces: let :func:`token_stream` decode two pieces of a request at once
-            (:mod:`.paired`) where the decode graph gives every row of a two-row step exactly
-            the logits of its own one-row step (checked here: :attr:`pairs_pieces`).
+        pair_pieces: let the pipeline decode two pieces of a request at once
+            (:mod:`.paired`) where the decode graph allows it (:attr:`pairs_pieces`).
 
     Attributes:
         pairs_pieces: two pieces decode together: ``pair_pieces``, ``"buffer"`` mode, and the
-            check passed (False on graphs with one batch row, such as the published ones, and
-            where the product kernels couple the rows: the per-tensor activation scale of
-            ``fused``, and ``fused-b8`` on AVX-512 machines, BENCHMARKS.md).
+            check passed, or the graph's two-row steps were validated when it was derived
+            (``fused-b8``, whose multi-row kernel sums in another order:
+            ``CosyVoice3Model.llm_rows_validated``). False on graphs with one batch row (the
+            published ones) and on ``fused``, whose per-tensor activation scale spans the rows.
 
     Raises:
         GraphSignatureMismatch: the LLM graph lacks an input/output the dims imply.
@@ -327,7 +327,13 @@ class LlmDecoder:
         self._output_names = ["logits", *self._present_names]
         self._check_names()
         self.prefix_cache = PrefixCache(prefix_cache_entries)
-        self.pairs_pieces = pair_pieces and kv_mode == "buffer" and self._rows_exact()
+        self.pairs_pieces = False
+        self.rows_exact = False
+        """Two-row steps give each row exactly its one-row logits (checked at load)."""
+        if pair_pieces and kv_mode == "buffer":
+            exact = self._rows_exact()
+            self.rows_exact = bool(exact)
+            self.pairs_pieces = exact is not None and (exact or model.llm_rows_validated)
 
     def _check_names(self) -> None:
         session = self._llm.session
@@ -594,11 +600,11 @@ class LlmDecoder:
         pair.lens = [n + 1 for n in pair.lens]
         return np.array(logits_value.numpy(), np.float32)  # a copy: the buffer is reused
 
-    def _rows_exact(self) -> bool:
+    def _rows_exact(self) -> bool | None:
         """Whether a two-row step of the decode graph gives each row exactly the logits of
         its own one-row step: two seeded sequences of 3 and 2 positions, one more step each,
-        alone and paired (a few ms on the full-size model). False also when the graph has
-        a fixed batch of one row."""
+        alone and paired (a few ms on the full-size model). None when the graph cannot run
+        two rows (a fixed batch of one row)."""
         hidden = self._dims.hidden_size
         embeds = np.random.default_rng(0).standard_normal((5, hidden)).astype(np.float32)
         try:
@@ -611,7 +617,7 @@ class LlmDecoder:
             paired = self.step_pair(pair, (1, 2))
         except _STEP_ERRORS as exc:
             _LOGGER.debug("LLM graph %s decodes one row per step: %s", self._llm.path, exc)
-            return False
+            return None
         exact = all(np.array_equal(paired[row], alone[row]) for row in (0, 1))
         _LOGGER.debug("LLM graph %s: two rows per step %s", self._llm.path,
                       "give each row's own logits" if exact else "differ from one row's")

@@ -354,3 +354,16 @@ def test_the_kv_cache_extended_in_place_gives_the_same_logits(
     assert LlmDecoder(published).kv_mode in ("numpy", "iobinding")
     with pytest.raises(ValueError, match="fused LLM graphs"):
         LlmDecoder(published, kv_mode="buffer")
+
+
+def test_an_earlier_recipes_files_are_removed_once_the_form_is_derived(
+        qwen_dir: Path, tmp_path: Path) -> None:
+    """The one-row forms (tags ``*1``) are retired by the forms with a batch axis."""
+    old = [tmp_path / f"llm_int8.fusedq4r1-1-2{suffix}"
+           for suffix in (".onnx", ".onnx.data", ".onnx.json")]
+    other = tmp_path / "llm_int8.fused1-1-2.onnx"  # another variant's: left to its own
+    for path in [*old, other]:
+        path.write_bytes(b"x")
+    path, _ = ensure_fused_llm(qwen_dir / "llm_int8.onnx", tmp_path, "fused-q4")
+    assert ".fusedq4r2-" in path.name and path.is_file()
+    assert not any(p.exists() for p in old) and other.exists()

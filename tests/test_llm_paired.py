@@ -7,7 +7,9 @@ check and the tokens on the tiny synthetic model's real fused graphs.
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +273,51 @@ def test_text_that_came_meanwhile_joins_the_lone_piece() -> None:
     join = llm.calls.index(("prefill", 2))
     assert llm.calls[join + 1] == ("pair", 1, 2)
     assert sum(1 for c in llm.calls[:join] if c == ("step", 1)) == 50 - 5
+
+
+def test_a_report_lets_rows_pair_only_within_the_published_graphs_distance_from_float(
+        tmp_path: Path) -> None:
+    from wyoming_cosyvoice3.engine.derive.llm.fused import FusedReport
+    from wyoming_cosyvoice3.engine.loaders import fused_rows_validated
+
+    def report(paired_logp: float | None) -> FusedReport:
+        return FusedReport("fused-b8", "llm_int8.onnx", 0.13, 0.02, 0.9, 4e-6, 0.118, 274, 2222,
+                           40.0, paired_logp)
+
+    assert report(0.054).pairs_rows and report(0.1298).pairs_rows  # <= 1.1 x 0.118
+    assert not report(0.1299).pairs_rows and not report(None).pairs_rows
+
+    class FakeGraph:
+        def __init__(self, path: Path) -> None:
+            self.path = path
+
+    b8 = tmp_path / "llm_int8.fusedb8r2-1-2.onnx"
+    assert not fused_rows_validated(FakeGraph(b8))  # type: ignore[arg-type]  # no report
+    (tmp_path / f"{b8.name}.json").write_text(json.dumps(asdict(report(0.054))))
+    assert fused_rows_validated(FakeGraph(b8))  # type: ignore[arg-type]
+    (tmp_path / f"{b8.name}.json").write_text(json.dumps(asdict(report(0.2))))
+    assert not fused_rows_validated(FakeGraph(b8))  # type: ignore[arg-type]
+    q4 = tmp_path / "llm_int8.fusedq4r2-1-2.onnx"  # only fused-b8's report counts
+    (tmp_path / f"{q4.name}.json").write_text(json.dumps(asdict(report(0.054))))
+    assert not fused_rows_validated(FakeGraph(q4))  # type: ignore[arg-type]
+
+
+def test_the_validation_runs_the_steps_in_two_rows(qwen_dir: Path, graph_cache: Path) -> None:
+    """teacher_forced_logp(rows=2): prompts in one row, single steps in two rows holding the
+    same sequence: on fused-q4, where its rows are exact, equal to one row; the published
+    graph (one batch row) refuses."""
+    from wyoming_cosyvoice3.engine.derive.llm.fused import (
+        teacher_forced_logp,
+        validation_embeddings,
+    )
+
+    embeds = validation_embeddings(64)
+    model = _load(qwen_dir, graph_cache, "fused-q4")
+    one = teacher_forced_logp(model.llm.session, embeds)
+    two = teacher_forced_logp(model.llm.session, embeds, rows=2)
+    assert one.shape == two.shape and np.all(np.isfinite(two))
+    if LlmDecoder(model).rows_exact:
+        np.testing.assert_array_equal(two, one)
+    published = _load(qwen_dir, graph_cache, "published")
+    with pytest.raises(Exception, match=r"(?i)dimension|shape|batch"):
+        teacher_forced_logp(published.llm.session, embeds, rows=2)

@@ -339,13 +339,14 @@ def derive_reported(
     report_index: int,
     name: str,
     failure: str | None = None,
+    retired: Sequence[str] = (),
 ) -> tuple[list[Path], T]:
     """:func:`derive_once` for a derivation that stores a JSON report beside its graph: a
     cached result counts only when its report reads back as ``report_type``
     (:func:`read_report`; an older recipe's report makes it derive again).
 
     Args:
-        source, cache_dir, files, make, name, failure: as :func:`derive_once`.
+        source, cache_dir, files, make, name, failure, retired: as :func:`derive_once`.
         report_type: the report's dataclass.
         report_index: which of ``files`` is the report.
 
@@ -362,7 +363,7 @@ def derive_reported(
                                                    name) is not None
 
     finals = derive_once(source, cache_dir, files, make, name=name, failure=failure,
-                         valid=valid)
+                         valid=valid, retired=retired)
     report = read_report(finals[report_index], report_type, name)
     if report is None:
         raise ModelLoadError(f"the report {finals[report_index]} is unreadable")

@@ -73,6 +73,9 @@ logger = logging.getLogger(__name__)
 
 FUSED_TAGS = {"fused": "fused2", "fused-b8": "fusedb8r2", "fused-q4": "fusedq4r2"}
 """File tags per variant (bumped when the recipe changes)."""
+RETIRED_TAGS = {"fused": ("fused1",), "fused-b8": ("fusedb8r1",), "fused-q4": ("fusedq4r1",)}
+"""Earlier recipes' tags per variant: their files are removed once the current one is derived
+(``*1``: one batch row)."""
 B8_BLOCK_SIZE = 128
 """K-block of ``fused-b8`` at the published widths: the largest power of two that divides both
 projection widths (896 = 7 x 128, 4864 = 38 x 128), so no block is padded. Its decode step was
@@ -409,6 +412,7 @@ def ensure_fused_llm(
         report_index=1,
         name=f"{variant} LLM graph",
         failure=f"{variant} LLM graph of {Path(source).name}",
+        retired=[f"{old}-*" for old in RETIRED_TAGS[variant]],
     )
     return target, report
 

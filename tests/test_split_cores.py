@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,15 +66,16 @@ def options(**changes: Any) -> SynthesisOptions:
 
 
 def decoding_threads(engine: CosyVoice3Engine, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Records the thread that decodes each piece (wraps ``decode``, never replaces it)."""
+    """Records the thread that decodes each piece: the one that prefills its prompt (wraps
+    ``prefill_prompt``, never replaces it)."""
     names: list[str] = []
-    decode = engine.llm.decode
+    prefill = engine.llm.prefill_prompt
 
-    def recording(*args: Any, **kwargs: Any) -> Iterator[int]:
+    def recording(*args: Any, **kwargs: Any) -> Any:
         names.append(threading.current_thread().name)
-        yield from decode(*args, **kwargs)
+        return prefill(*args, **kwargs)
 
-    monkeypatch.setattr(engine.llm, "decode", recording)
+    monkeypatch.setattr(engine.llm, "prefill_prompt", recording)
     return names
 
 

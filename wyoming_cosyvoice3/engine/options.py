@@ -329,7 +329,7 @@ class EngineOptions:
             the others are closed. The prefill graph stays ``llm_prefill_graph``, else
             ``llm_graph``. Empty (default): ``llm_graph`` decodes, nothing is timed.
         llm_pair_pieces: decode two pieces of a request at once, in two-row steps of the decode
-            graph (:mod:`.llm.paired`; one pass over the weights serves both), where that graph
+            graph (:mod:`.llm.tokens`; one pass over the weights serves both), where that graph
             gives each row exactly the logits of its own one-row step (checked at load: the
             ``fused-q4`` form; not the published graphs, not ``fused``, whose int8 activation
             scale spans the rows). Exact: each piece's tokens are those it gets decoded alone

@@ -1,7 +1,7 @@
 """The public engine: text + voice -> streamed 24 kHz audio (spec sections 4-7).
 
 The pipeline only wires the stages: text -> pieces and LLM prompts (:mod:`.text`) -> speech
-tokens (:func:`.llm.decoder.request_tokens`; with ``EngineOptions.split_cores`` decoded in a
+tokens (:func:`.llm.tokens.request_tokens`; with ``EngineOptions.split_cores`` decoded in a
 per-request thread) -> per piece, the silent-run filter and a mel stream
 (:class:`.flow.stream.MelStream`, opened from the request's :class:`.flow.stream.FlowRequest`,
 which decides the flow's form, prompt and noise) -> the
@@ -30,8 +30,8 @@ from . import constants as C
 from .errors import SynthesisTimeout, TextError
 from .flow.solver import FlowRunner
 from .flow.stream import ChunkedFlows, FlowRequest, MelStream, SpeedResampler
-from .llm.decoder import LlmDecoder, SilentRunFilter, request_tokens
-from .llm.paired import paired_stream
+from .llm.decoder import LlmDecoder, SilentRunFilter
+from .llm.tokens import request_tokens
 from .memory import return_freed_memory
 from .model import CosyVoice3Model
 from .noise import GrowingNoise, request_streams
@@ -298,7 +298,7 @@ class CosyVoice3Engine:
                 every piece so far (in the decoding thread with ``split_cores``), before the
                 last of them ends; returns further pieces, as :meth:`plan_pieces` returns
                 them, to speak in this request, or an empty sequence to end it. Where two
-                pieces decode at once (:mod:`.llm.paired`) it is also called while the last
+                pieces decode at once (:mod:`.llm.tokens`) it is also called while the last
                 piece decodes alone, where an empty sequence means nothing came yet; it must
                 return at once. The LLM then
                 goes on decoding while the flow and vocoder finish the pieces before, where a
@@ -379,7 +379,7 @@ class CosyVoice3Engine:
                                     else observer.fixed_speech_tokens(piece))
             req.result.pieces = len(pieces)
 
-        def take_more() -> None:  # in the decoding thread (token_stream)
+        def take_more() -> None:  # in the decoding thread (piece_tokens)
             assert more is not None
             began = req.now()
             add([planned.text for planned in _checked_plan(more())])
@@ -402,8 +402,7 @@ class CosyVoice3Engine:
         # with split_cores the tokens come from a decoding thread; leaving this block in any
         # way (end, error, cancellation, the caller closing the generator) stops and joins it
         with request_tokens(self.llm, prompts, fixed_tokens, req, self.options.split_cores,
-                            None if more is None else take_more,
-                            paired_stream if self.llm.pairs_pieces else None) as stream:
+                            None if more is None else take_more) as stream:
             for index, token in stream:
                 if piece is None:
                     piece = self._new_piece(index, req, flow.piece(0 < index < len(pieces) - 1))

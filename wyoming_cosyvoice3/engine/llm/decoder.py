@@ -10,10 +10,8 @@ returns ``logits`` of the last position and ``present.{i}.{key,value}``).
 The decoder object is shared and stateless with respect to requests: the KV cache, position and
 decoded tokens of one request live in a :class:`DecodeState`, the random generator is the
 caller's. The state after a voice's fixed prompt prefix is kept in a :class:`PrefixCache`.
-A request's tokens, piece after piece, come from :func:`token_stream`, through
-:func:`request_tokens`: decoded on the thread that runs the flow and the vocoder, or with
-``EngineOptions.split_cores`` in a per-request thread (:mod:`.producer`) while the caller's
-thread runs the flow and the vocoder on the tokens already decoded.
+A request's tokens, piece after piece (two at a time where the decode graph allows it), come
+from :mod:`.tokens`.
 
 KV cache hand-over (``kv_mode``). The graph itself returns ``present = Concat(past, new)``, so
 every step writes the whole cache once inside onnxruntime; the host must not add more copies.
@@ -54,11 +52,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -66,9 +63,8 @@ import onnxruntime as ort
 
 from .. import constants as C
 from ..errors import GraphSignatureMismatch, SynthesisCancelled, SynthesisFailed, SynthesisTimeout
-from ..options import LlmPrompt, ShouldStop, StageTimes, SynthesisOptions
+from ..options import LlmPrompt, ShouldStop, StageTimes
 from ..sessions import ORT_ERRORS
-from .producer import TokenProducer
 
 if TYPE_CHECKING:
     from ..model import CosyVoice3Model
@@ -84,9 +80,6 @@ KvMode = Literal["auto", "iobinding", "numpy", "buffer"]
 KvValue = Any
 """One KV tensor: an ``onnxruntime.OrtValue`` (IOBinding path) or a numpy array (fallback)."""
 _STEP_ERRORS: tuple[type[BaseException], ...] = (SynthesisFailed, *ORT_ERRORS)
-
-PIECE_SEED_BOUND = 2**63 - 1
-"""Upper bound of the per-piece seeds drawn from a request's generator (:func:`piece_rng`)."""
 
 KV_CAPACITY_STEP = 512
 """Positions a ``"buffer"`` cache grows by (24 KiB each with the published dims: 12 MiB): a
@@ -286,7 +279,7 @@ class LlmDecoder:
             give bit-identical logits.
         prefix_cache_entries: voices whose prefix KV is kept (:class:`PrefixCache`; 0 = off).
         pair_pieces: let the pipeline decode two pieces of a request at once
-            (:mod:`.paired`) where the decode graph allows it (:attr:`pairs_pieces`).
+            (:mod:`.tokens`) where the decode graph allows it (:attr:`pairs_pieces`).
 
     Attributes:
         pairs_pieces: two pieces decode together: ``pair_pieces``, ``"buffer"`` mode, and the
@@ -740,132 +733,6 @@ class LlmDecoder:
                 f"LLM decoding passed the request deadline at step {step}; raise "
                 "max_request_s or send shorter text"
             )
-
-
-# -- a request's tokens -----------------------------------------------------------------------
-
-PieceToken = tuple[int, int | None]
-"""``(piece index, speech token)``; the token is None at the end of the piece."""
-
-
-class TokenRequest(Protocol):
-    """What the token loop reads of a request: the pipeline's
-    :class:`~..pipeline.RequestState` (a stage may not import the pipeline, so it is named by
-    its shape here)."""
-
-    options: SynthesisOptions
-    rng: np.random.Generator
-    deadline_monotonic: float
-
-    @property
-    def times(self) -> StageTimes: ...
-
-    def check(self) -> bool: ...
-
-    def now(self) -> float: ...
-
-    def event(self, stage: str, start_s: float, end_s: float | None = None) -> None: ...
-
-
-def token_stream(
-    llm: LlmDecoder,
-    prompts: list[LlmPrompt],
-    fixed_tokens: list[int | None],
-    req: TokenRequest,
-    stopped: ShouldStop | None = None,
-    more: Callable[[], None] | None = None,
-) -> Iterator[PieceToken]:
-    """``(piece index, token)`` for every accepted LLM token of every piece of a request, then
-    ``(piece index, None)`` at the end of each piece.
-
-    ``more`` is called once the last piece in ``prompts`` is decoded, before its end marker
-    (so the consumer knows which piece is the request's last when it sees the marker); it
-    may append to ``prompts`` and ``fixed_tokens``, and the pieces it adds are decoded next.
-
-    Runs in the producer thread with ``split_cores``. It records "llm" timeline spans, split
-    where the consumer ran a chunk in between (in the thread: where the bounded queue was
-    full).
-
-    Args:
-        llm: the model's decoder (``llm.decode`` is looked up at each piece).
-        prompts: one LLM prompt per text piece.
-        fixed_tokens: per piece, the benchmark's fixed token count or None.
-        req: the request (seeded generator, limits, cancellation, stage times).
-        stopped: the producer thread's stop flag (the consumer has gone), or None.
-
-    Raises:
-        as ``LlmDecoder.decode`` (cancellation, timeout, graph failure).
-    """
-
-    def should_stop() -> bool:
-        return (stopped is not None and stopped()) or req.check()
-
-    opts = req.options
-    for index, prompt in enumerate(prompts):
-        span = req.now()
-        tokens = llm.decode(
-            prompt,
-            piece_rng(req.rng),
-            should_stop=should_stop,
-            max_tokens=opts.max_decode_tokens,
-            deadline=req.deadline_monotonic,
-            times=req.times,
-            fixed_tokens=fixed_tokens[index],
-        )
-        for token in tokens:
-            handed = req.now()
-            yield index, token
-            if req.now() - handed > 1e-3:  # the consumer ran a chunk in between
-                req.event("llm", span, handed)
-                span = req.now()
-        req.event("llm", span)
-        if more is not None and index == len(prompts) - 1 and not should_stop():
-            more()
-        yield index, None
-
-
-TokenStream = Callable[
-    [LlmDecoder, list[LlmPrompt], list[int | None], TokenRequest, ShouldStop | None,
-     Callable[[], None] | None],
-    Iterator[PieceToken],
-]
-"""A function making a request's ``(piece index, token)`` items, as :func:`token_stream`."""
-
-
-def piece_rng(request_rng: np.random.Generator) -> np.random.Generator:
-    """A piece's own generator, seeded from the request's (drawn when the piece starts, in
-    piece order), so that a seed gives every piece the same tokens however the pieces'
-    decoding steps interleave (:mod:`.paired`)."""
-    return np.random.default_rng(int(request_rng.integers(PIECE_SEED_BOUND)))
-
-
-@contextmanager
-def request_tokens(
-    llm: LlmDecoder,
-    prompts: list[LlmPrompt],
-    fixed_tokens: list[int | None],
-    req: TokenRequest,
-    threaded: bool,
-    more: Callable[[], None] | None = None,
-    stream: TokenStream | None = None,
-) -> Iterator[Iterator[PieceToken]]:
-    """:func:`token_stream` of the request (``more`` as there), or ``stream``, a function of
-    the same arguments and items (the pipeline's :func:`.paired.paired_stream`); with
-    ``threaded`` decoded in a :class:`.producer.TokenProducer` thread (the items are the same
-    either way: only that thread calls the LLM and draws from ``req.rng``, one seed per
-    piece). The thread is stopped and joined when the context exits, however it exits; its
-    error is raised in the consumer."""
-    make = token_stream if stream is None else stream
-    if not threaded:
-        yield make(llm, prompts, fixed_tokens, req, None, more)
-        return
-    producer: TokenProducer[PieceToken] = TokenProducer(
-        lambda stop: make(llm, prompts, fixed_tokens, req, stop, more)
-    ).start()
-    try:
-        yield iter(producer)
-    finally:
-        producer.close()
 
 
 # -- sampling -------------------------------------------------------------------------------

@@ -137,7 +137,7 @@ class FusedReport:
         nodes: node count of the fused graph; source_nodes: of the published graph.
         derive_s: seconds to read, build, validate and write.
         paired_max_abs_logp: ``fused-b8``: its two-row steps (two pieces decoded at once,
-            :mod:`wyoming_cosyvoice3.engine.llm.paired`; onnxruntime's ``MatMulNBits`` sums
+            :mod:`wyoming_cosyvoice3.engine.llm.tokens`; onnxruntime's ``MatMulNBits`` sums
             another way for more than one row) against the float-activation reference; they
             may pair when this is within ``1.1 x int8_noise`` (:attr:`pairs_rows`). None for
             the other variants (``fused-q4`` pairs where its rows are exact, checked at load;

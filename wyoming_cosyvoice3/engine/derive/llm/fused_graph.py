@@ -7,7 +7,7 @@ published graph has 1: ``inputs_embeds`` float32 [B, S, H], ``attention_mask`` i
 ``present.{i}.{key,value}`` float32 [B, kv_heads, past + S, head_dim] (keys after RoPE, as the
 published graph stores them, so caches made by either graph can be continued by the other).
 B > 1 decodes several sequences in one pass over the weights
-(:mod:`wyoming_cosyvoice3.engine.llm.paired`): a row whose mask ends in zeros is a shorter
+(:mod:`wyoming_cosyvoice3.engine.llm.tokens`): a row whose mask ends in zeros is a shorter
 sequence, right-padded (``GroupQueryAttention`` reads each row's length from ``seqlens_k``).
 
 One decoder layer is 11 onnxruntime nodes instead of about 90 (onnxruntime contrib operators,

@@ -1,4 +1,5 @@
-"""Two pieces of a request decoded together: one pass over the LLM's weights serves both.
+"""A request's speech tokens, piece after piece: decoded one piece at a time, or two at once
+where one pass over the LLM's weights can serve both.
 
 Decoding one speech token reads every weight of the LLM once (about 0.37 GB in 8-bit blocks,
 0.24 GB in 4-bit ones) for one row of products, so a step is bound by memory, not by
@@ -6,12 +7,13 @@ arithmetic. A second row costs little more: on the 2-core Xeon of BENCHMARKS.md 
 step with two rows took 1.2x the time of a step with one (26.8 against 22.3 ms), so two pieces
 decoded side by side get their tokens 1.66x as fast in total. The pieces of a request are
 independent LLM sequences (each its own prompt; upstream decodes each text segment on its
-own), so the piece the listener hears next is decoded with the one after it.
+own), so the piece the listener hears next is decoded with the one after it, where the decode
+graph allows it (:attr:`.decoder.LlmDecoder.pairs_pieces`).
 
-:func:`paired_stream` yields exactly what :func:`.decoder.token_stream` yields --
-``(piece index, token)`` for every token of piece 0, ``(0, None)``, then piece 1, and so on,
-``more`` called once the last known piece is decoded, before its end marker, where [] ends the
-request -- but at most two pieces are decoded at a time, in one two-row step of the decode graph
+:func:`piece_tokens` yields ``(piece index, token)`` for every token of piece 0, ``(0, None)``,
+then piece 1, and so on; ``more`` is called once the last known piece is decoded, before its
+end marker, and the pieces it returns are decoded next ([] there ends the request). When
+pieces pair, at most two are decoded at a time, in one two-row step of the decode graph
 (:meth:`.decoder.LlmDecoder.step_pair`); the later piece's tokens wait in a list until the
 earlier piece has ended. Schedule:
 
@@ -24,10 +26,13 @@ earlier piece has ended. Schedule:
   stream's next sentence may have come; [] then only means "nothing yet").
 
 Each piece draws its samples from a generator of its own, seeded from the request's generator
-when the piece starts, in piece order (:func:`.decoder.piece_rng`, as
-:func:`.decoder.token_stream` does). Used only where the two-row step gives each row exactly
-its one-row logits (:attr:`.decoder.LlmDecoder.pairs_pieces`), so a seed gives every piece
-the same tokens paired or not.
+when the piece starts, in piece order (:func:`piece_rng`). Two-row steps give each row exactly
+its one-row logits, or were validated no further from float activations than the published
+graph (``fused-b8``), so a seed gives every piece the same tokens paired or not, up to that.
+
+:func:`request_tokens` runs the loop on the caller's thread or, with
+``EngineOptions.split_cores``, in a per-request thread (:mod:`.producer`) while the caller's
+thread runs the flow and the vocoder on the tokens already decoded.
 """
 
 from __future__ import annotations
@@ -35,22 +40,48 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
 
 import numpy as np
 
 from .. import constants as C
 from ..errors import SynthesisFailed
-from ..options import LlmPrompt, ShouldStop
-from .decoder import (
-    DecodeState,
-    LlmDecoder,
-    PairState,
-    PieceToken,
-    TokenRequest,
-    decode_limits,
-    piece_rng,
-    sample_step,
-)
+from ..options import LlmPrompt, ShouldStop, StageTimes, SynthesisOptions
+from .decoder import DecodeState, LlmDecoder, PairState, decode_limits, sample_step
+from .producer import TokenProducer
+
+PieceToken = tuple[int, int | None]
+"""``(piece index, speech token)``; the token is None at the end of the piece."""
+
+PIECE_SEED_BOUND = 2**63 - 1
+"""Upper bound of the per-piece seeds drawn from a request's generator (:func:`piece_rng`)."""
+
+
+class TokenRequest(Protocol):
+    """What the token loop reads of a request: the pipeline's
+    :class:`~..pipeline.RequestState` (a stage may not import the pipeline, so it is named by
+    its shape here)."""
+
+    options: SynthesisOptions
+    rng: np.random.Generator
+    deadline_monotonic: float
+
+    @property
+    def times(self) -> StageTimes: ...
+
+    def check(self) -> bool: ...
+
+    def now(self) -> float: ...
+
+    def event(self, stage: str, start_s: float, end_s: float | None = None) -> None: ...
+
+
+def piece_rng(request_rng: np.random.Generator) -> np.random.Generator:
+    """A piece's own generator, seeded from the request's (drawn when the piece starts, in
+    piece order), so that a seed gives every piece the same tokens however the pieces'
+    decoding steps interleave."""
+    return np.random.default_rng(int(request_rng.integers(PIECE_SEED_BOUND)))
 
 MORE_POLL_TOKENS = 25
 """While one piece decodes alone and no later piece is known, ``more`` is asked for text that
@@ -105,7 +136,7 @@ class _Piece:
             self.last = token
 
 
-def paired_stream(
+def piece_tokens(
     llm: LlmDecoder,
     prompts: list[LlmPrompt],
     fixed_tokens: list[int | None],
@@ -113,16 +144,33 @@ def paired_stream(
     stopped: ShouldStop | None = None,
     more: Callable[[], None] | None = None,
 ) -> Iterator[PieceToken]:
-    """:func:`.decoder.token_stream`'s items, two pieces decoded at a time (module docstring).
+    """``(piece index, token)`` for every accepted LLM token of every piece of a request, then
+    ``(piece index, None)`` at the end of each piece (module docstring; two pieces at a time
+    where ``llm.pairs_pieces``).
+
+    ``more`` is called once the last piece in ``prompts`` is decoded, before its end marker
+    (so the consumer knows which piece is the request's last when it sees the marker); it
+    may append to ``prompts`` and ``fixed_tokens``, and the pieces it adds are decoded next.
+    Records "llm" timeline spans, split where the consumer ran a chunk in between (in the
+    producer thread: where the bounded queue was full).
+
+    Args:
+        llm: the model's decoder.
+        prompts: one LLM prompt per text piece.
+        fixed_tokens: per piece, the benchmark's fixed token count or None.
+        req: the request (seeded generator, limits, cancellation, stage times).
+        stopped: the producer thread's stop flag (the consumer has gone), or None.
 
     Raises:
-        as ``LlmDecoder.decode`` (cancellation, timeout, graph failure).
+        SynthesisCancelled, SynthesisTimeout: as ``LlmDecoder.check``.
+        SynthesisFailed: a graph failed or produced non-finite logits.
     """
 
     def should_stop() -> bool:
         return (stopped is not None and stopped()) or req.check()
 
     opts = req.options
+    slots = 2 if llm.pairs_pieces else 1
     pieces: deque[_Piece] = deque()  # started and not yet handed over, in piece order
     pair: tuple[PairState, _Piece, _Piece] | None = None
     started_pieces = 0
@@ -193,12 +241,13 @@ def paired_stream(
                 span = req.now()
             yield head.index, None
         going = active()
-        if (more is not None and len(going) == 1 and started_pieces == len(prompts)
+        if (more is not None and slots == 2 and len(going) == 1
+                and started_pieces == len(prompts)
                 and len(going[0].tokens) >= asked_at + MORE_POLL_TOKENS):
             # a slot is free and no piece waits: text that came meanwhile can join now
             asked_at = len(going[0].tokens)
             more()
-        if len(going) < 2 and started_pieces < len(prompts):
+        if len(going) < slots and started_pieces < len(prompts):
             first_piece_waits = (started_pieces == 1 and going
                                  and len(going[0].tokens) < JOIN_AFTER_TOKENS)
             if not going or not first_piece_waits:
@@ -223,3 +272,29 @@ def paired_stream(
             piece.logits = llm.step(piece.state, piece.last)
         req.times.llm_decode_s += time.perf_counter() - began
     req.event("llm", span)
+
+
+@contextmanager
+def request_tokens(
+    llm: LlmDecoder,
+    prompts: list[LlmPrompt],
+    fixed_tokens: list[int | None],
+    req: TokenRequest,
+    threaded: bool,
+    more: Callable[[], None] | None = None,
+) -> Iterator[Iterator[PieceToken]]:
+    """:func:`piece_tokens` of the request (``more`` as there); with ``threaded`` decoded in a
+    :class:`.producer.TokenProducer` thread (the items are the same either way: only that
+    thread calls the LLM and draws from ``req.rng``, one seed per piece). The thread is
+    stopped and joined when the context exits, however it exits; its error is raised in the
+    consumer."""
+    if not threaded:
+        yield piece_tokens(llm, prompts, fixed_tokens, req, None, more)
+        return
+    producer: TokenProducer[PieceToken] = TokenProducer(
+        lambda stop: piece_tokens(llm, prompts, fixed_tokens, req, stop, more)
+    ).start()
+    try:
+        yield iter(producer)
+    finally:
+        producer.close()

@@ -1,4 +1,5 @@
-"""Two pieces decoded at once (engine/llm/paired.py): the items, the schedule, the row check.
+"""A request's tokens (engine/llm/tokens.py): the items, one piece or two at a time, the schedule,
+the row check.
 
 The schedule is tested on a scripted decoder whose logits name the token each piece must
 take next (piece x 1000 + step), so every item and every model call can be checked; the row
@@ -18,8 +19,8 @@ import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
-from wyoming_cosyvoice3.engine.llm import paired
-from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder, token_stream
+from wyoming_cosyvoice3.engine.llm import tokens
+from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions, LlmPrompt, StageTimes, SynthesisOptions
 
@@ -43,11 +44,12 @@ class _Seq:
 
 
 class ScriptedDecoder:
-    """The decoder calls :func:`paired.paired_stream` makes, logged in ``calls``."""
+    """The decoder calls :func:`tokens.piece_tokens` makes, logged in ``calls``."""
 
     decode_graph_path = Path("scripted.onnx")
 
-    def __init__(self) -> None:
+    def __init__(self, pairs: bool = True) -> None:
+        self.pairs_pieces = pairs
         self.calls: list[tuple[Any, ...]] = []
         self.sampled: dict[int, int] = {}
 
@@ -112,14 +114,14 @@ def _prompt(piece: int) -> LlmPrompt:
 Items = list[tuple[int, int | None]]
 
 
-def _run(lengths: list[int], more: Any = None, req: Request | None = None
+def _run(lengths: list[int], more: Any = None, req: Request | None = None, pairs: bool = True
          ) -> tuple[Items, ScriptedDecoder, list[LlmPrompt], list[int | None]]:
-    llm = ScriptedDecoder()
+    llm = ScriptedDecoder(pairs)
     prompts = [_prompt(i) for i in range(len(lengths))]
     fixed: list[int | None] = list(lengths)
     req = req or Request()
     items = []
-    for item in paired.paired_stream(llm, prompts, fixed, req, None,  # type: ignore[arg-type]
+    for item in tokens.piece_tokens(llm, prompts, fixed, req, None,  # type: ignore[arg-type]
                                      None if more is None else lambda: more(prompts, fixed)):
         items.append(item)
         req.items += 1
@@ -133,10 +135,16 @@ def _expected(lengths: list[int]) -> list[tuple[int, int | None]]:
     return out
 
 
+@pytest.mark.parametrize("pairs", [True, False])
 @pytest.mark.parametrize("lengths", [[40], [40, 30, 50, 20], [10, 60], [60, 5, 5, 70], [0, 20]])
-def test_the_items_are_every_piece_in_order(lengths: list[int]) -> None:
-    items, _, _, _ = _run(lengths)
+def test_the_items_are_every_piece_in_order(lengths: list[int], pairs: bool) -> None:
+    items, llm, _, _ = _run(lengths, pairs=pairs)
     assert items == _expected(lengths)
+    if not pairs:  # one piece at a time: each prefilled when the one before has ended
+        assert not any(c[0] in ("pair", "step2") for c in llm.calls)
+        starts = [i for i, c in enumerate(llm.calls) if c[0] == "prefill"]
+        pieces = [p for p, n in enumerate(lengths) if n > 0]
+        assert [llm.calls[i][1] for i in starts] == pieces
 
 
 def test_the_next_piece_joins_after_the_first_pieces_first_tokens_and_steps_with_it() -> None:
@@ -144,18 +152,18 @@ def test_the_next_piece_joins_after_the_first_pieces_first_tokens_and_steps_with
     calls = llm.calls
     join = calls.index(("prefill", 1))
     # piece 0 alone until it has JOIN_AFTER_TOKENS tokens: its prefill's token + n - 1 steps
-    assert calls[:join] == [("prefill", 0)] + [("step", 0)] * (paired.JOIN_AFTER_TOKENS - 1)
+    assert calls[:join] == [("prefill", 0)] + [("step", 0)] * (tokens.JOIN_AFTER_TOKENS - 1)
     assert calls[join + 1] == ("pair", 0, 1)
     # one pass serves both while both decode: piece 0's other 24 tokens in 24 two-row steps,
     # then piece 2 joins piece 1 at piece 0's end
-    rest = 40 - paired.JOIN_AFTER_TOKENS
+    rest = 40 - tokens.JOIN_AFTER_TOKENS
     assert calls[join + 2:join + 2 + rest] == [("step2", 0, 1)] * rest
     assert calls[join + 2 + rest:join + 4 + rest] == [("prefill", 2), ("pair", 1, 2)]
     passes = sum(1 for c in calls if c[0] in ("step", "step2"))
-    tokens = sum(1 for _, t in items if t is not None)
+    n_tokens = sum(1 for _, t in items if t is not None)
     # piece 0 alone 15, with piece 1 24, piece 1 with piece 2 5 (piece 1 ends at 1 + 24 + 5),
     # piece 2 alone 44 (1 + 5 + 44 = 50): 88 passes over the weights for 120 tokens
-    assert tokens == 120 and passes == 15 + 24 + 5 + 44
+    assert n_tokens == 120 and passes == 15 + 24 + 5 + 44
 
 
 def test_more_is_called_once_the_last_piece_is_decoded_and_its_pieces_follow() -> None:
@@ -211,9 +219,9 @@ def _rows_equal_alone(decoder: LlmDecoder) -> bool:
     for state, n in zip(states, (6, 3), strict=True):
         decoder.prefill(state, rng.standard_normal((1, n, 64)).astype(np.float32))
     pair = decoder.pair_states(*states)
-    for tokens in ((11, 22), (33, 44)):
-        alone = [decoder.step(s, t) for s, t in zip(states, tokens, strict=True)]
-        both = decoder.step_pair(pair, tokens)
+    for fed in ((11, 22), (33, 44)):
+        alone = [decoder.step(s, t) for s, t in zip(states, fed, strict=True)]
+        both = decoder.step_pair(pair, fed)
         if not all(np.array_equal(both[r], alone[r]) for r in (0, 1)):
             return False
     return True
@@ -233,10 +241,10 @@ def test_pieces_pair_exactly_where_two_row_steps_equal_one_row_steps(
 
 
 def test_paired_pieces_get_the_tokens_they_get_alone(qwen_dir: Path, graph_cache: Path) -> None:
-    decoder = LlmDecoder(_load(qwen_dir, graph_cache, "fused-q4", "fused"))
-    if not decoder.pairs_pieces:
+    model = _load(qwen_dir, graph_cache, "fused-q4", "fused")
+    decoder = LlmDecoder(model)
+    if not decoder.rows_exact:
         pytest.skip("this CPU's kernels couple the rows of a two-row fused-q4 step")
-    model = decoder._model
     texts = ["The living room lights are now on.", "The front door is locked.",
              "It is seven degrees outside with light rain.", "Have a nice day."]
     empty = np.zeros(0, np.int64)
@@ -245,13 +253,13 @@ def test_paired_pieces_get_the_tokens_they_get_alone(qwen_dir: Path, graph_cache
                                                np.int64)) for t in texts]
     fixed: list[int | None] = [None] * len(prompts)
     runs = []
-    for make in (token_stream, paired.paired_stream):
+    for llm in (LlmDecoder(model, pair_pieces=False), decoder):
         req = Request()
         req.rng = np.random.default_rng(1234)
-        runs.append(list(make(decoder, list(prompts), fixed, req, None, None)))
+        runs.append(list(tokens.piece_tokens(llm, list(prompts), fixed, req, None, None)))
     alone, both = runs
     assert both == alone
-    assert sum(1 for _, t in both if t is not None) > 4 * paired.JOIN_AFTER_TOKENS
+    assert sum(1 for _, t in both if t is not None) > 4 * tokens.JOIN_AFTER_TOKENS
 
 
 def test_text_that_came_meanwhile_joins_the_lone_piece() -> None:

@@ -12,8 +12,9 @@ graph allows it (:attr:`.decoder.LlmDecoder.pairs_pieces`).
 
 :func:`piece_tokens` yields ``(piece index, token)`` for every token of piece 0, ``(0, None)``,
 then piece 1, and so on; ``more`` is called once the last known piece is decoded, before its
-end marker, and the pieces it returns are decoded next ([] there ends the request). When
-pieces pair, at most two are decoded at a time, in one two-row step of the decode graph
+end marker, and the pieces it returns are decoded next ([] there ends the request). Pieces
+that do not pair go one after the other through ``LlmDecoder.decode``. When pieces pair, at
+most two are decoded at a time, in one two-row step of the decode graph
 (:meth:`.decoder.LlmDecoder.step_pair`); the later piece's tokens wait in a list until the
 earlier piece has ended. Schedule:
 
@@ -169,8 +170,10 @@ def piece_tokens(
     def should_stop() -> bool:
         return (stopped is not None and stopped()) or req.check()
 
+    if not llm.pairs_pieces:
+        yield from _one_at_a_time(llm, prompts, fixed_tokens, req, should_stop, more)
+        return
     opts = req.options
-    slots = 2 if llm.pairs_pieces else 1
     pieces: deque[_Piece] = deque()  # started and not yet handed over, in piece order
     pair: tuple[PairState, _Piece, _Piece] | None = None
     started_pieces = 0
@@ -241,13 +244,13 @@ def piece_tokens(
                 span = req.now()
             yield head.index, None
         going = active()
-        if (more is not None and slots == 2 and len(going) == 1
+        if (more is not None and len(going) == 1
                 and started_pieces == len(prompts)
                 and len(going[0].tokens) >= asked_at + MORE_POLL_TOKENS):
             # a slot is free and no piece waits: text that came meanwhile can join now
             asked_at = len(going[0].tokens)
             more()
-        if len(going) < slots and started_pieces < len(prompts):
+        if len(going) < 2 and started_pieces < len(prompts):
             first_piece_waits = (started_pieces == 1 and going
                                  and len(going[0].tokens) < JOIN_AFTER_TOKENS)
             if not going or not first_piece_waits:
@@ -272,6 +275,40 @@ def piece_tokens(
             piece.logits = llm.step(piece.state, piece.last)
         req.times.llm_decode_s += time.perf_counter() - began
     req.event("llm", span)
+
+
+def _one_at_a_time(
+    llm: LlmDecoder,
+    prompts: list[LlmPrompt],
+    fixed_tokens: list[int | None],
+    req: TokenRequest,
+    should_stop: ShouldStop,
+    more: Callable[[], None] | None,
+) -> Iterator[PieceToken]:
+    """:func:`piece_tokens` where pieces do not pair: each piece through
+    ``LlmDecoder.decode`` in turn."""
+    opts = req.options
+    for index, prompt in enumerate(prompts):
+        span = req.now()
+        decoded = llm.decode(
+            prompt,
+            piece_rng(req.rng),
+            should_stop=should_stop,
+            max_tokens=opts.max_decode_tokens,
+            deadline=req.deadline_monotonic,
+            times=req.times,
+            fixed_tokens=fixed_tokens[index],
+        )
+        for token in decoded:
+            handed = req.now()
+            yield index, token
+            if req.now() - handed > 1e-3:  # the consumer ran a chunk in between
+                req.event("llm", span, handed)
+                span = req.now()
+        req.event("llm", span)
+        if more is not None and index == len(prompts) - 1 and not should_stop():
+            more()
+        yield index, None
 
 
 @contextmanager

@@ -495,15 +495,7 @@ class LlmDecoder:
             state.binding = None
         session = graph.session
         if state.binding is None or state.binding[0] is not session:
-            binding = session.io_binding()
-            for past, present, value in zip(self._past_names, self._present_names, state.kv,
-                                            strict=True):
-                binding.bind_ortvalue_input(past, value)
-                binding.bind_ortvalue_output(present, value)  # the same buffer: in place
-            logits_value = ort.OrtValue.ortvalue_from_numpy(
-                np.zeros((1, self._dims.speech_vocab_rows), np.float32))
-            binding.bind_ortvalue_output("logits", logits_value)
-            state.binding = (session, binding, logits_value)
+            state.binding = self._bind_in_place(session, state.kv, 1)
         _, binding, logits_value = state.binding
         binding.bind_cpu_input("inputs_embeds", embeds)
         binding.bind_cpu_input("attention_mask", mask)
@@ -517,6 +509,21 @@ class LlmDecoder:
                 "check the model files (re-download) or try another llm_precision"
             ) from exc
         return np.array(logits_value.numpy(), np.float32).reshape(-1)  # a copy: reused
+
+    def _bind_in_place(self, session: Any, values: Sequence[Any], rows: int
+                       ) -> tuple[Any, Any, Any]:
+        """(session, its IOBinding, a logits buffer [rows, V]) with every cache buffer in
+        ``values`` bound as both past and present: onnxruntime's GroupQueryAttention then
+        writes only the new positions into it."""
+        binding = session.io_binding()
+        for past, present, value in zip(self._past_names, self._present_names, values,
+                                        strict=True):
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(present, value)  # the same buffer: in place
+        logits_value = ort.OrtValue.ortvalue_from_numpy(
+            np.zeros((rows, self._dims.speech_vocab_rows), np.float32))
+        binding.bind_ortvalue_output("logits", logits_value)
+        return session, binding, logits_value
 
     def _run_numpy(
         self,
@@ -569,15 +576,7 @@ class LlmDecoder:
         positions = np.array(pair.lens, np.int64)[:, None]
         session = self._llm.session
         if pair.binding is None or pair.binding[0] is not session:
-            binding = session.io_binding()
-            for past, present, value in zip(self._past_names, self._present_names, pair.values,
-                                            strict=True):
-                binding.bind_ortvalue_input(past, value)
-                binding.bind_ortvalue_output(present, value)  # the same buffer: in place
-            logits_value = ort.OrtValue.ortvalue_from_numpy(
-                np.zeros((2, self._dims.speech_vocab_rows), np.float32))
-            binding.bind_ortvalue_output("logits", logits_value)
-            pair.binding = (session, binding, logits_value)
+            pair.binding = self._bind_in_place(session, pair.values, 2)
         _, binding, logits_value = pair.binding
         feeds: dict[str, np.ndarray] = {
             "inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}

@@ -96,6 +96,7 @@ preset's first flow hop and its lookahead (``first_hop_tokens`` 10 + 3 at ``bala
 at ``fast``; the exact ``quality`` preset decodes with ``fused``, which never pairs), so the
 first chunk's tokens are not slowed by the join's prefill or by two-row steps."""
 
+
 class _Piece:
     """One piece's decoding: its cache (alone or a row of the pair), limits and tokens."""
 

@@ -276,13 +276,14 @@ def derive_fused_llm(
         limit = max(LOSSY_MAX_ABS_LOGP, int8_noise)
     del weights
     _save(model, target)
-    logp = teacher_forced_logp(_session(target), embeds, split)
+    session = _session(target)
+    logp = teacher_forced_logp(session, embeds, split)
     if variant == "fused-b8" or (variant == "fused" and int8_noise > 0):
         # int8 activations: fused-b8 quantises them per block, not per tensor as the published
         # graph; fused per tensor as it does, but its kernels sum in another order, and one
         # activation moved by one quantisation step moves the log-probs as much as the
-        # quantisation itself (on an AMX Xeon fused was 0.128 from the published graph, whose
-        # own distance from float activations read 0.118 there and 0.19 on another CPU). So
+        # quantisation itself, and the published graph's own distance from float activations
+        # depends on the CPU's kernels (BENCHMARKS.md "Two pieces decoded at once"). So
         # each must be no further from the same weights with float activations than the
         # published graph is (``int8_noise``), with 10 % for the two runs' float rounding
         to_float = compare(reference, logp[: len(reference)])[0]
@@ -295,8 +296,9 @@ def derive_fused_llm(
     paired = None
     if variant == "fused-b8":
         # two rows take another MatMulNBits kernel path: measured, not required (pairs_rows)
-        two_rows = teacher_forced_logp(_session(target), embeds, split, rows=2)
+        two_rows = teacher_forced_logp(session, embeds, split, rows=2)
         paired = compare(reference, two_rows[: len(reference)])[0]
+    del session
     stats = compare(published, logp)
     report = FusedReport(
         variant,

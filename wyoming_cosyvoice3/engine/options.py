@@ -608,6 +608,15 @@ class AudioChunk:
             last chunk. A consumer that holds audio until a piece can play through uses it
             for the wait until the next chunk.
         piece_done: True on the last chunk of its piece (the piece's audio is complete).
+        piece_left_s: audio seconds of the piece still to come after this chunk, known once
+            the LLM has decoded all of the piece's tokens (their count at 25 per second,
+            divided by the speed, less the piece's audio so far; a few tokens the silent-run
+            filter may still drop make it err long); None while the piece is still being
+            decoded; 0 on its last chunk. With ``split_cores`` the decoding runs ahead of the
+            flow, so a piece is often complete in tokens long before it is in audio.
+        decoding_done: the request's LLM decoding had finished when the chunk was made: no
+            decoding runs beside the flow and the vocoder for the rest of the request (with
+            ``split_cores``, the flow then has the cores to itself).
     """
 
     samples: np.ndarray
@@ -617,6 +626,8 @@ class AudioChunk:
     elapsed_s: float
     next_chunk_s: float = 0.0
     piece_done: bool = False
+    piece_left_s: float | None = None
+    decoding_done: bool = False
 
 
 @dataclass

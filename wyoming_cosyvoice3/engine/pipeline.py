@@ -31,7 +31,7 @@ from .errors import SynthesisTimeout, TextError
 from .flow.solver import FlowRunner
 from .flow.stream import ChunkedFlows, FlowRequest, MelStream, SpeedResampler
 from .llm.decoder import LlmDecoder, SilentRunFilter
-from .llm.tokens import request_tokens
+from .llm.tokens import DecodeProgress, request_tokens
 from .memory import return_freed_memory
 from .model import CosyVoice3Model
 from .noise import GrowingNoise, request_streams
@@ -134,6 +134,9 @@ class PieceState:
         silent_filter: drops the LLM's over-long silent-token runs.
         last_chunk_s: request-relative time of the piece's previous flow chunk (or of its
             start).
+        received_tokens: the LLM's tokens of this piece taken so far (before the silent-run
+            filter).
+        samples_out: output samples of this piece made so far.
     """
 
     index: int
@@ -142,6 +145,21 @@ class PieceState:
     vocoder: VocoderStream
     silent_filter: SilentRunFilter = field(default_factory=SilentRunFilter)
     last_chunk_s: float = 0.0
+    received_tokens: int = 0
+    samples_out: int = 0
+
+    def left_s(self, progress: DecodeProgress, speed: float) -> float | None:
+        """Audio seconds of this piece still to come after the samples made so far, once the
+        LLM has decoded all of its tokens (None before): the tokens the flow has (the silent
+        filter's drops excluded) and those decoded but not taken yet, at
+        :data:`~.constants.SPEECH_TOKEN_RATE_HZ` per second of speech divided by ``speed``.
+        Tokens the filter will still drop make it err long."""
+        decoded = progress.tokens_if_ended(self.index)
+        if decoded is None:
+            return None
+        tokens = len(self.mel.tokens) + max(decoded - self.received_tokens, 0)
+        total_s = tokens / C.SPEECH_TOKEN_RATE_HZ / speed
+        return max(total_s - self.samples_out / C.OUTPUT_SAMPLE_RATE_HZ, 0.0)
 
     def defer_vocoder(self, req: RequestState, new_frames: int, final: bool) -> bool:
         """Whether the vocoder leaves this chunk's ``new_frames`` mel frames for its next
@@ -399,24 +417,31 @@ class CosyVoice3Engine:
         flow = FlowRequest(self.chunked, req.options.flow, voice.features, req.flow_noise,
                            req.options.streaming)
         piece: PieceState | None = None
+        progress = DecodeProgress()
         # with split_cores the tokens come from a decoding thread; leaving this block in any
         # way (end, error, cancellation, the caller closing the generator) stops and joins it
         with request_tokens(self.llm, prompts, fixed_tokens, req, self.options.split_cores,
-                            None if more is None else take_more) as stream:
+                            None if more is None else take_more, progress) as stream:
             for index, token in stream:
                 if piece is None:
                     piece = self._new_piece(index, req, flow.piece(0 < index < len(pieces) - 1))
                     logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
+                left_s: float | None = 0.0
                 if token is not None:
+                    piece.received_tokens += 1
                     samples = self._accept(piece, token, req)
                     final = False
                     next_s = piece.mel.hop_tokens / C.SPEECH_TOKEN_RATE_HZ / req.options.speed
+                    if samples is not None:
+                        piece.samples_out += len(samples)
+                        left_s = piece.left_s(progress, req.options.speed)
                 else:  # end of the piece: flush every remaining token
                     samples = self._flush(piece, req)
                     final, piece, next_s = True, None, 0.0
                 if samples is not None:
                     is_last = final and index == len(pieces) - 1
-                    chunk = self._chunk(samples, req, index, is_last, next_s, final)
+                    chunk = self._chunk(samples, req, index, is_last, next_s, final,
+                                        left_s, progress.finished)
                     if chunk is not None:
                         yield chunk
         if req.chunks_out and not req.last_sent:
@@ -480,17 +505,20 @@ class CosyVoice3Engine:
 
     def _chunk(
         self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool,
-        next_chunk_s: float, piece_done: bool,
+        next_chunk_s: float, piece_done: bool, piece_left_s: float | None = None,
+        decoding_done: bool = False,
     ) -> AudioChunk | None:
         if len(samples) == 0 and not is_last:
             return None
         if len(samples) == 0 and req.chunks_out == 0:
             return None
-        return self._make_chunk(samples, req, index, is_last, next_chunk_s, piece_done)
+        return self._make_chunk(samples, req, index, is_last, next_chunk_s, piece_done,
+                                piece_left_s, decoding_done)
 
     def _make_chunk(
         self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool,
-        next_chunk_s: float = 0.0, piece_done: bool = False,
+        next_chunk_s: float = 0.0, piece_done: bool = False, piece_left_s: float | None = None,
+        decoding_done: bool = False,
     ) -> AudioChunk:
         elapsed = req.now()
         if req.result.first_chunk_s is None and len(samples):
@@ -509,6 +537,8 @@ class CosyVoice3Engine:
             elapsed_s=elapsed,
             next_chunk_s=next_chunk_s,
             piece_done=piece_done,
+            piece_left_s=0.0 if piece_done else piece_left_s,
+            decoding_done=decoding_done,
         )
 
 

@@ -146,6 +146,9 @@ chunk can follow its first by less than a quarter second, so without it a predic
 on time lost 20-70 ms gaps inside the first piece (BENCHMARKS.md "What a listener hears")."""
 MIN_PIECE_FOR_RATIO_S = 0.5
 """Pieces with less expected speech than this do not update the length ratio (too noisy)."""
+REGIMES = ("decoding", "decoded")
+"""The two paces of a piece whose tokens are all decoded: while the request's LLM decoding
+still runs beside the flow (it takes its share of the cores), and once it has finished."""
 
 
 def expected_speech_s(text: str) -> float:
@@ -249,11 +252,15 @@ class ProductionHistory:
         pieces: pieces counted in ``ratio``.
         seeded: ``audio_s`` and ``work_s`` hold only a predicted rate (:meth:`seed`), no
             measurement yet.
+        decoded_rates: per :data:`REGIMES` entry, decayed ``[audio seconds, work seconds]``
+            of chunks made from a piece whose tokens were all decoded at its previous chunk
+            (the flow and the vocoder alone set their pace; :meth:`PieceGate.decoded_rate`).
     """
 
     def __init__(self) -> None:
         self.audio_s = 0.0
         self.work_s = 0.0
+        self.decoded_rates: dict[str, list[float]] = {regime: [0.0, 0.0] for regime in REGIMES}
         self.ratio: float | None = None
         self.spread: float | None = None
         self.pieces = 0
@@ -283,6 +290,14 @@ class ProductionHistory:
                 self.seeded = False
             self.audio_s = self.audio_s * HISTORY_DECAY + audio_s
             self.work_s = self.work_s * HISTORY_DECAY + work_s
+
+    def add_decoded(self, regime: str, audio_s: float, work_s: float) -> None:
+        """Count one finished response's chunks from decoded pieces in ``regime`` (nothing
+        when none)."""
+        if audio_s > 0 and work_s > 0:
+            sums = self.decoded_rates[regime]
+            sums[0] = sums[0] * HISTORY_DECAY + audio_s
+            sums[1] = sums[1] * HISTORY_DECAY + work_s
 
     def add_piece(self, measured_s: float, expected_s: float) -> None:
         """Count one complete piece: ``measured_s`` of audio for ``expected_s`` expected."""
@@ -322,6 +337,8 @@ class _Piece:
     audio_s: float = 0.0
     last_chunk_at: float = 0.0
     next_chunk_s: float = 0.0
+    left_s: float | None = None
+    decoding_done: bool = False
     released: bool = False
     held: list[tuple[list[Event], float]] = field(default_factory=list)
 
@@ -390,6 +407,9 @@ class PieceGate:
         """Audio produced within pieces after their first chunk, seconds."""
         self.steady_work_s = 0.0
         """Seconds from each such chunk's predecessor in its piece to it."""
+        self.decoded_sums: dict[str, list[float]] = {regime: [0.0, 0.0] for regime in REGIMES}
+        """Per regime, ``[audio s, work s]`` of this response's chunks whose piece was all
+        decoded at its previous chunk (:meth:`decoded_rate`)."""
         self.longest_chunk_s = 0.0
         self.held_s = 0.0
         self.play_end: float | None = None
@@ -453,6 +473,25 @@ class PieceGate:
         work = self._work_so_far()
         return self.produced_s / work if work > 0 and self.produced_s > 0 else None
 
+    def decoded_rate(self, decoding_done: bool) -> float | None:
+        """Audio seconds per second made from pieces whose tokens were all decoded (the
+        flow's and the vocoder's pace, chunk to chunk; no wait for the LLM in it), this
+        response blended with the history (:data:`PRIOR_WEIGHT_S`), for the regime
+        ``decoding_done`` names; once the decoding is done and that pace is not measured
+        yet, the pace beside the decoding (which is slower: the decoding took cores); None
+        when neither is measured."""
+        regimes = REGIMES[::-1] if decoding_done else REGIMES[:1]
+        for regime in regimes:
+            audio, work = self.decoded_sums[regime]
+            prior_audio, prior_work = self.history.decoded_rates[regime]
+            if prior_work > 0 and prior_audio > 0:
+                weight = min(prior_work, PRIOR_WEIGHT_S)
+                audio += prior_audio / prior_work * weight
+                work += weight
+            if work > 0 and audio > 0:
+                return audio / work
+        return None
+
     def _work_so_far(self) -> float:
         """Seconds the engine requests of this response have worked, the running one to now."""
         if self._work_since is None:
@@ -467,12 +506,15 @@ class PieceGate:
         return self.steady_audio_s, self.steady_work_s
 
     async def audio(self, events: list[Event], duration_s: float, piece_index: int = 0,
-                    next_chunk_s: float = 0.0, piece_done: bool = False) -> None:
+                    next_chunk_s: float = 0.0, piece_done: bool = False,
+                    piece_left_s: float | None = None, decoding_done: bool = False) -> None:
         """Send (or hold) the ``audio-chunk`` events of one engine chunk of ``duration_s``
         seconds that belongs to piece ``piece_index`` of the current engine request;
         ``next_chunk_s`` = the audio seconds the piece's next chunk will bring (0: unknown
         or none); ``piece_done``: the piece's last chunk (it is released at once: nothing
-        more of it can run dry).
+        more of it can run dry); ``piece_left_s``: the piece's audio still to come, known
+        once its tokens are all decoded (None: not yet); ``decoding_done``: the request's
+        decoding had finished (both as :class:`~..engine.options.AudioChunk`).
 
         Raises:
             ClientGone: the client disconnected.
@@ -484,11 +526,18 @@ class PieceGate:
                 await self._finish_piece()
                 self._piece = self._start_piece(key, now)
             elif duration_s > 0:
+                since = now - self._piece.last_chunk_at
                 self.steady_audio_s += duration_s
-                self.steady_work_s += now - self._piece.last_chunk_at
+                self.steady_work_s += since
+                if self._piece.left_s is not None:  # made by the flow alone
+                    sums = self.decoded_sums[REGIMES[self._piece.decoding_done]]
+                    sums[0] += duration_s
+                    sums[1] += since
             piece = self._piece
             piece.last_chunk_at = now
             piece.next_chunk_s = next_chunk_s
+            piece.left_s = piece_left_s
+            piece.decoding_done = decoding_done
             self.produced_s += duration_s
             self.longest_chunk_s = max(self.longest_chunk_s, duration_s)
             piece.audio_s += duration_s
@@ -532,6 +581,8 @@ class PieceGate:
         not sent; call :meth:`release` first)."""
         self._cancel_timer()
         self.history.add_response(*self._measured())
+        for regime, (audio_s, work_s) in self.decoded_sums.items():
+            self.history.add_decoded(regime, audio_s, work_s)
         if self.holds:
             _LOGGER.debug("held pieces (audible s, key): %s",
                           ", ".join(f"{s:.2f} {k}" for s, k in self.holds))
@@ -566,9 +617,15 @@ class PieceGate:
         chunk is safe that much later, usually well before its next chunk (several seconds
         apart late in a piece)."""
         rate = self.rate()
+        remaining = max(piece.expected_s - piece.audio_s, 0.0)
+        decoded = None if piece.left_s is None else self.decoded_rate(piece.decoding_done)
+        if decoded is not None and piece.left_s is not None:
+            # the piece's tokens are all decoded: its length is known and only the flow and
+            # the vocoder remain, at their own pace (the rate over the engine work counts
+            # start-ups and the decoding's share of the cores; BENCHMARKS.md "The gate ...")
+            rate, remaining = decoded, piece.left_s
         if rate is None:
             return None
-        remaining = max(piece.expected_s - piece.audio_s, 0.0)
         need = needed_hold_s(remaining, rate / (1.0 + RATE_MARGIN), self.longest_chunk_s,
                              piece.next_chunk_s, self.max_chunk_s)
         if need > 0:

@@ -163,7 +163,8 @@ async def speak(
         samples = len(pcm) // SAMPLE_WIDTH_BYTES
         if gate is not None:
             await gate.audio(events, samples / OUTPUT_SAMPLE_RATE_HZ, chunk.piece_index,
-                             chunk.next_chunk_s, chunk.piece_done)
+                             chunk.next_chunk_s, chunk.piece_done, chunk.piece_left_s,
+                             chunk.decoding_done)
             stats.audio_samples += samples
         else:
             for event in events:

@@ -97,6 +97,50 @@ at ``fast``; the exact ``quality`` preset decodes with ``fused``, which never pa
 first chunk's tokens are not slowed by the join's prefill or by two-row steps."""
 
 
+class DecodeProgress:
+    """How far a request's decoding has gone, written by the decoding loop (in the
+    ``split_cores`` thread) and read by the consumer, which may be behind it.
+
+    A reader sees each value as of some recent step (the counts only grow, and a piece's
+    count is final before it is marked ended), which is all the consumer needs to tell how
+    much of a piece is already decoded.
+
+    Attributes:
+        decoded_tokens: per piece index (in the order pieces started), speech tokens decoded
+            so far, end token excluded.
+        ended: per piece index, True once the piece's last token is decoded (its count is
+            final).
+        finished: True once the loop has decoded every piece it was given and ``more`` had
+            nothing further: no decoding runs beside the flow for the rest of the request.
+    """
+
+    def __init__(self) -> None:
+        self.decoded_tokens: list[int] = []
+        self.ended: list[bool] = []
+        self.finished = False
+
+    def _grow(self, index: int) -> None:
+        while len(self.ended) <= index:
+            self.decoded_tokens.append(0)
+            self.ended.append(False)
+
+    def token(self, index: int) -> None:
+        """Piece ``index`` got one more speech token."""
+        self._grow(index)
+        self.decoded_tokens[index] += 1
+
+    def end(self, index: int) -> None:
+        """Piece ``index`` is decoded to its end."""
+        self._grow(index)
+        self.ended[index] = True
+
+    def tokens_if_ended(self, index: int) -> int | None:
+        """Piece ``index``'s final token count once it ended, else None."""
+        if index < len(self.ended) and self.ended[index]:
+            return self.decoded_tokens[index]
+        return None
+
+
 class _Piece:
     """One piece's decoding: its cache (alone or a row of the pair), limits and tokens."""
 
@@ -113,7 +157,7 @@ class _Piece:
         self.last: int | None = None
         self.done = max_len <= 0
 
-    def sample(self, llm: LlmDecoder, req: TokenRequest) -> None:
+    def sample(self, llm: LlmDecoder, req: TokenRequest, progress: DecodeProgress) -> None:
         """Choose the next token from the fresh logits (or end the piece)."""
         logits, self.logits = self.logits, None
         assert logits is not None
@@ -128,12 +172,15 @@ class _Piece:
         req.times.llm_decode_s += time.perf_counter() - started
         if token >= C.SPEECH_TOKEN_VOCAB:
             self.done = True
+            progress.end(self.index)
             return
         self.tokens.append(token)
         self.pending.append(token)
         req.times.llm_tokens += 1
+        progress.token(self.index)
         if len(self.tokens) >= self.max_len:
             self.done = True
+            progress.end(self.index)
         else:
             self.last = token
 
@@ -145,6 +192,7 @@ def piece_tokens(
     req: TokenRequest,
     stopped: ShouldStop | None = None,
     more: Callable[[], None] | None = None,
+    progress: DecodeProgress | None = None,
 ) -> Iterator[PieceToken]:
     """``(piece index, token)`` for every accepted LLM token of every piece of a request, then
     ``(piece index, None)`` at the end of each piece (module docstring; two pieces at a time
@@ -162,6 +210,8 @@ def piece_tokens(
         fixed_tokens: per piece, the benchmark's fixed token count or None.
         req: the request (seeded generator, limits, cancellation, stage times).
         stopped: the producer thread's stop flag (the consumer has gone), or None.
+        progress: updated as tokens are decoded (the consumer reads how far ahead the
+            decoding is), or None.
 
     Raises:
         SynthesisCancelled, SynthesisTimeout: as ``LlmDecoder.check``.
@@ -171,8 +221,10 @@ def piece_tokens(
     def should_stop() -> bool:
         return (stopped is not None and stopped()) or req.check()
 
+    progress = progress or DecodeProgress()
     if not llm.pairs_pieces:
-        yield from _one_at_a_time(llm, prompts, fixed_tokens, req, should_stop, more)
+        yield from _one_at_a_time(llm, prompts, fixed_tokens, req, should_stop, more, progress)
+        progress.finished = True
         return
     opts = req.options
     pieces: deque[_Piece] = deque()  # started and not yet handed over, in piece order
@@ -193,6 +245,7 @@ def piece_tokens(
         if max_len <= 0:  # nothing to decode (as LlmDecoder.decode: no prefill either)
             piece = _Piece(index, None, None, min_len, max_len, rng)
             pieces.append(piece)
+            progress.end(index)
             return piece
         llm.check(should_stop, req.deadline_monotonic, 0)
         began = time.perf_counter()
@@ -222,7 +275,7 @@ def piece_tokens(
             start()
         for piece in active():
             if piece.logits is not None:
-                piece.sample(llm, req)
+                piece.sample(llm, req, progress)
         if pair is not None and (pair[1].done or pair[2].done):
             unpair()
         # hand over what the listener's piece has, and every piece that is complete
@@ -276,6 +329,7 @@ def piece_tokens(
             piece.logits = llm.step(piece.state, piece.last)
         req.times.llm_decode_s += time.perf_counter() - began
     req.event("llm", span)
+    progress.finished = True
 
 
 def _one_at_a_time(
@@ -285,6 +339,7 @@ def _one_at_a_time(
     req: TokenRequest,
     should_stop: ShouldStop,
     more: Callable[[], None] | None,
+    progress: DecodeProgress,
 ) -> Iterator[PieceToken]:
     """:func:`piece_tokens` where pieces do not pair: each piece through
     ``LlmDecoder.decode`` in turn."""
@@ -301,12 +356,14 @@ def _one_at_a_time(
             fixed_tokens=fixed_tokens[index],
         )
         for token in decoded:
+            progress.token(index)
             handed = req.now()
             yield index, token
             if req.now() - handed > 1e-3:  # the consumer ran a chunk in between
                 req.event("llm", span, handed)
                 span = req.now()
         req.event("llm", span)
+        progress.end(index)
         if more is not None and index == len(prompts) - 1 and not should_stop():
             more()
         yield index, None
@@ -320,17 +377,18 @@ def request_tokens(
     req: TokenRequest,
     threaded: bool,
     more: Callable[[], None] | None = None,
+    progress: DecodeProgress | None = None,
 ) -> Iterator[Iterator[PieceToken]]:
-    """:func:`piece_tokens` of the request (``more`` as there); with ``threaded`` decoded in a
-    :class:`.producer.TokenProducer` thread (the items are the same either way: only that
-    thread calls the LLM and draws from ``req.rng``, one seed per piece). The thread is
-    stopped and joined when the context exits, however it exits; its error is raised in the
-    consumer."""
+    """:func:`piece_tokens` of the request (``more`` and ``progress`` as there); with
+    ``threaded`` decoded in a :class:`.producer.TokenProducer` thread (the items are the same
+    either way: only that thread calls the LLM and draws from ``req.rng``, one seed per
+    piece). The thread is stopped and joined when the context exits, however it exits; its
+    error is raised in the consumer."""
     if not threaded:
-        yield piece_tokens(llm, prompts, fixed_tokens, req, None, more)
+        yield piece_tokens(llm, prompts, fixed_tokens, req, None, more, progress)
         return
     producer: TokenProducer[PieceToken] = TokenProducer(
-        lambda stop: piece_tokens(llm, prompts, fixed_tokens, req, stop, more)
+        lambda stop: piece_tokens(llm, prompts, fixed_tokens, req, stop, more, progress)
     ).start()
     try:
         yield iter(producer)

@@ -346,3 +346,31 @@ def test_a_two_row_step_is_each_rows_own_step_in_float(qwen_dir: Path,
         for row in (0, 1):
             np.testing.assert_allclose(both[row], alone[row], rtol=0, atol=1e-4)
     assert pair.lens == [s.past_len for s in states] == [9, 6]
+
+
+@pytest.mark.parametrize("lengths", [[40, 30, 50, 20], [60, 5, 5, 70], [0, 20]])
+def test_the_progress_runs_ahead_of_the_items(lengths: list[int]) -> None:
+    # what the consumer can read at each item: every token handed over is counted; a piece
+    # paired beside a longer one is decoded to its end before its first item comes; the loop
+    # is finished only after the last item
+    llm = ScriptedDecoder()
+    prompts = [_prompt(i) for i in range(len(lengths))]
+    progress = tokens.DecodeProgress()
+    seen: dict[int, int] = {}
+    ended_at_first: dict[int, bool] = {}
+    finished_before_end = False
+    for index, token in tokens.piece_tokens(llm, prompts, list(lengths), Request(),  # type: ignore[arg-type]
+                                            None, None, progress):
+        finished_before_end |= progress.finished
+        if token is None:
+            assert progress.tokens_if_ended(index) == lengths[index]
+            continue
+        if index not in seen:
+            ended_at_first[index] = progress.tokens_if_ended(index) is not None
+        seen[index] = seen.get(index, 0) + 1
+        assert progress.decoded_tokens[index] >= seen[index]
+    assert not finished_before_end and progress.finished
+    assert progress.decoded_tokens == lengths
+    if lengths == [60, 5, 5, 70]:
+        # pieces 1 and 2 (5 tokens each) were decoded beside piece 0 before it ended
+        assert ended_at_first == {0: False, 1: True, 2: True, 3: False}

@@ -856,3 +856,95 @@ async def test_decoding_ahead_measures_the_rate_over_the_engine_work() -> None:
     assert ahead.inside_stalls == 0, ahead
     assert behind.inside_stalls == 2, behind
     assert behind.inside_stall_s == pytest.approx(3.0, abs=0.01)
+
+
+# -- pieces whose tokens are all decoded -------------------------------------------------------
+
+Made = tuple[float, float, float | None, bool]
+"""One engine chunk: (made at s, audio s, the piece's audio still to come after it or None
+while the piece is being decoded, the request's decoding had finished)."""
+
+
+async def _one_piece(history: ProductionHistory, expected_s: float, chunks: tuple[Made, ...],
+                     start_s: float = 0.0) -> list[tuple[float, float]]:
+    """One answer of one piece through ``history`` (the engine decoding beside the flow);
+    returns what the client got, (arrival s after ``start_s``, audio s)."""
+    clock = FakeClock()
+    clock.now_s = start_s
+    sent: list[tuple[float, float]] = []
+
+    async def send(event: Event) -> None:
+        sent.append((clock.now_s - start_s, len(event.payload or b"") / 2 / RATE_HZ))
+
+    gate = PieceGate(send, 60.0, history, clock=clock, first_audio_limit_s=1e9,
+                     decoding_ahead=True)
+    gate.begin_text([expected_s], max_chunk_s=2.0)
+    for k, (at_s, chunk_s, left_s, decoding_done) in enumerate(chunks):
+        await _advance(gate, clock, start_s + at_s)
+        last = k == len(chunks) - 1
+        await gate.audio([_chunk_event(chunk_s)], chunk_s, 0,
+                         next_chunk_s=0.0 if last else min(chunks[k + 1][1], 2.0),
+                         piece_done=last, piece_left_s=left_s, decoding_done=decoding_done)
+    await gate.end_text()
+    await gate.release()
+    await gate.close()
+    return sent
+
+
+def _taught(decoding_rate: float, decoded_rate: float) -> ProductionHistory:
+    """A history that saw pieces made from decoded tokens at ``decoding_rate`` beside the
+    decoding and at ``decoded_rate`` after it, and an engine-work rate of 0.5."""
+    history = ProductionHistory()
+    history.add_response(5.0, 10.0)
+    history.add_decoded("decoding", 4.0 * decoding_rate, 4.0)
+    history.add_decoded("decoded", 4.0 * decoded_rate, 4.0)
+    return history
+
+
+# a 12 s piece decoded before its first chunk, which comes 6 s into the request (the engine
+# was busy with the pieces before it), then 2 s of audio every second
+DECODED_PIECE: tuple[Made, ...] = (
+    (6.0, 1.0, 11.0, True), (7.0, 2.0, 9.0, True), (8.0, 2.0, 7.0, True),
+    (9.0, 2.0, 5.0, True), (10.0, 2.0, 3.0, True), (11.0, 2.0, 1.0, True),
+    (11.5, 1.0, 0.0, True))
+
+
+async def test_a_decoded_piece_is_held_at_the_flows_pace_and_plays_through() -> None:
+    # the rate over the engine work says 1 s of audio took 6 s: held for that, the piece
+    # would wait for most of its audio; made from decoded tokens at 2 s a second it needs
+    # only its next chunk's 1.1 s (2 s at 2 / 1.1, + the arrival margin) in hand
+    sent = await _one_piece(_taught(1.0, 2.0), 12.0, DECODED_PIECE)
+    report = simulate_playback(sent, piece_starts_s=[0.0])
+    assert sent[0][0] == pytest.approx(6.0 + 2.0 / (2.0 / 1.1) + ARRIVAL_MARGIN_S - 1.0)
+    assert report.stalls == 0, report
+    # without the engine's word that the piece is decoded the gate holds it long
+    unknown = tuple((at, d, None, done) for at, d, _, done in DECODED_PIECE)
+    held = await _one_piece(_taught(1.0, 2.0), 12.0, unknown)
+    assert held[0][0] > sent[0][0] + 2.0
+
+
+async def test_beside_the_decoding_the_pace_measured_beside_it_holds() -> None:
+    # the same piece while the decoding still runs: the pace measured beside the decoding
+    # (1.0, 0.91 with the margin: 3.1 s needed in hand at 6 s, the first chunk brought 1 s)
+    # holds it, not the 2.0 measured after it; its second chunk (2 s in 1 s) lifts the
+    # measured pace above 1 and releases it
+    beside = tuple((at, d, left, False) for at, d, left, _ in DECODED_PIECE)
+    sent = await _one_piece(_taught(1.0, 2.0), 12.0, beside)
+    assert sent[0][0] == pytest.approx(7.0)
+    assert simulate_playback(sent, piece_starts_s=[0.0]).stalls == 0
+    # with no pace measured after the decoding, the one beside it is used: same release
+    only_beside = ProductionHistory()
+    only_beside.add_response(5.0, 10.0)
+    only_beside.add_decoded("decoding", 4.0, 4.0)
+    first = await _one_piece(only_beside, 12.0, DECODED_PIECE)
+    assert first[0][0] == pytest.approx(sent[0][0])
+
+
+async def test_the_decoded_pace_is_measured_from_chunks_of_decoded_pieces_only() -> None:
+    history = ProductionHistory()
+    # chunk to chunk: 2 s in 1 s from a decoded piece after the decoding, 2 s in 2 s beside
+    # it, and 2 s in 4 s from a piece still being decoded (not counted)
+    await _one_piece(history, 8.0, ((1.0, 2.0, None, False), (5.0, 2.0, 4.0, False),
+                                    (7.0, 2.0, 2.0, True), (8.0, 2.0, 0.0, True)))
+    assert history.decoded_rates["decoding"] == pytest.approx([2.0, 2.0])
+    assert history.decoded_rates["decoded"] == pytest.approx([2.0, 1.0])

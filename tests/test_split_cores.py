@@ -28,7 +28,9 @@ from wyoming_cosyvoice3.engine import (
     TextError,
     VoicePrompt,
 )
+from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.errors import SynthesisFailed
+from wyoming_cosyvoice3.engine.llm.tokens import DecodeProgress
 from wyoming_cosyvoice3.engine.text.pieces import PlannedPiece
 
 TEXT = ("The kitchen lights are on. The front door is locked for the night, and the garden "
@@ -353,3 +355,55 @@ def test_the_piece_gate_measures_as_the_engine_decodes(
         assert gate.decoding_ahead is (cpus >= 2)
     finally:
         runtime.shutdown()
+
+
+# -- how far the decoding is ahead -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("speed", [1.0, 1.3])
+def test_chunks_tell_a_decoded_pieces_audio_still_to_come(
+    engines: dict[bool, CosyVoice3Engine], voice: VoicePrompt,
+    monkeypatch: pytest.MonkeyPatch, speed: float,
+) -> None:
+    # the consumer waits after the first chunk until the decoding thread has finished, so
+    # every later chunk comes from pieces decoded to their end: each tells the audio its piece
+    # still has to come, which the piece's later chunks then bring
+    made: list[DecodeProgress] = []
+
+    class Recorded(DecodeProgress):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr("wyoming_cosyvoice3.engine.pipeline.DecodeProgress", Recorded)
+    chunks: list[AudioChunk] = []
+    for chunk in engines[True].synthesize(TEXT, voice, options(speed=speed)):
+        if not chunks:
+            waited = 0.0
+            while not made[0].finished and waited < 60.0:
+                time.sleep(0.01)
+                waited += 0.01
+            assert made[0].finished
+        chunks.append(chunk)
+    assert len({c.piece_index for c in chunks}) >= 2
+    assert all(c.decoding_done for c in chunks[1:])
+    frame_s = 1.0 / C.MEL_RATE_HZ  # one mel frame of output audio
+    told = 0
+    for k, chunk in enumerate(chunks[1:], start=1):
+        later = sum(len(c.samples) for c in chunks[k + 1:] if c.piece_index == chunk.piece_index)
+        assert chunk.piece_left_s is not None
+        if chunk.piece_done:
+            assert chunk.piece_left_s == 0.0 and later == 0
+            continue
+        told += 1
+        # the tokens' audio at 25 per second: the samples to come, exactly at speed 1; the
+        # speed resampler makes whole mel frames of 20 ms out of F / speed, so at most one
+        # frame less comes (the estimate errs long, never short)
+        error_s = chunk.piece_left_s - later / C.OUTPUT_SAMPLE_RATE_HZ
+        assert (error_s == pytest.approx(0.0, abs=1e-9) if speed == 1.0
+                else -1e-9 <= error_s < frame_s)
+    assert told >= 2
+    # without the thread a piece is decoded to its end only at its last chunk
+    plain = list(engines[False].synthesize(TEXT, voice, options(speed=speed)))
+    assert [c.piece_left_s for c in plain if not c.piece_done] == [None] * sum(
+        not c.piece_done for c in plain)

@@ -47,6 +47,15 @@ answers let the paragraph's long pieces start too early and pause inside). There
 audio produced per second of engine work since each engine request began, start-up included
 (``decoding_ahead``), which the decoding cannot run ahead of.
 
+That rate errs slow for a piece whose tokens are all decoded before its audio is made (the
+decoding runs ahead; with two pieces decoded at once a later piece often is, long before its
+first chunk): nothing of it waits for the LLM any more, and its length is known from its
+tokens. The engine says so on every chunk (``AudioChunk.piece_left_s``, the audio the piece
+still has to come, and ``decoding_done``), and such a piece is held for ``R`` = that length at
+``r`` = the pace of chunks made from decoded pieces, chunk to chunk
+(:meth:`PieceGate.decoded_rate`), measured apart while the decoding still runs beside the flow
+(it takes its share of the cores) and after it has finished (:data:`REGIMES`).
+
 The expected length of a piece is the speech of its text (:func:`expected_speech_s`) times
 the ratio measured on earlier pieces (:meth:`ProductionHistory.length_ratio`) times
 :data:`LENGTH_MARGIN`; for the last piece of an engine request, whose hold lengthens the
@@ -622,7 +631,7 @@ class PieceGate:
         if decoded is not None and piece.left_s is not None:
             # the piece's tokens are all decoded: its length is known and only the flow and
             # the vocoder remain, at their own pace (the rate over the engine work counts
-            # start-ups and the decoding's share of the cores; BENCHMARKS.md "The gate ...")
+            # start-ups and the decoding's share of the cores: module docstring)
             rate, remaining = decoded, piece.left_s
         if rate is None:
             return None

@@ -426,7 +426,7 @@ class CosyVoice3Engine:
                 if piece is None:
                     piece = self._new_piece(index, req, flow.piece(0 < index < len(pieces) - 1))
                     logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
-                left_s: float | None = 0.0
+                left_s: float | None = None  # (a piece's last chunk says 0)
                 if token is not None:
                     piece.received_tokens += 1
                     samples = self._accept(piece, token, req)

@@ -160,6 +160,16 @@ REGIMES = ("decoding", "decoded")
 still runs beside the flow (it takes its share of the cores), and once it has finished."""
 
 
+def _with_prior(audio_s: float, work_s: float, prior_audio_s: float,
+                prior_work_s: float) -> tuple[float, float]:
+    """``(audio, work)`` of this response plus a history's ``(audio, work)`` scaled to at most
+    :data:`PRIOR_WEIGHT_S` of work (unchanged when the history holds nothing)."""
+    if prior_work_s <= 0 or prior_audio_s <= 0:
+        return audio_s, work_s
+    weight = min(prior_work_s, PRIOR_WEIGHT_S)
+    return audio_s + prior_audio_s / prior_work_s * weight, work_s + weight
+
+
 def expected_speech_s(text: str) -> float:
     """Expected seconds of speech for ``text`` (see the module constants); >= 0."""
     cjk = sum(
@@ -471,12 +481,9 @@ class PieceGate:
         of engine work), this response blended with the history (:data:`PRIOR_WEIGHT_S`);
         without either, audio per second of work so far; None before any audio."""
         audio, work = self._measured()
-        prior = self.history.rate()
-        if prior is not None and not (self.history.seeded and work > 0 and audio > 0):
+        if not (self.history.seeded and work > 0 and audio > 0):
             # a predicted prior counts only until this response measured production
-            weight = min(self.history.work_s, PRIOR_WEIGHT_S)
-            audio += prior * weight
-            work += weight
+            audio, work = _with_prior(audio, work, self.history.audio_s, self.history.work_s)
         if work > 0 and audio > 0:
             return audio / work
         work = self._work_so_far()
@@ -491,12 +498,8 @@ class PieceGate:
         when neither is measured."""
         regimes = REGIMES[::-1] if decoding_done else REGIMES[:1]
         for regime in regimes:
-            audio, work = self.decoded_sums[regime]
-            prior_audio, prior_work = self.history.decoded_rates[regime]
-            if prior_work > 0 and prior_audio > 0:
-                weight = min(prior_work, PRIOR_WEIGHT_S)
-                audio += prior_audio / prior_work * weight
-                work += weight
+            audio, work = _with_prior(*self.decoded_sums[regime],
+                                      *self.history.decoded_rates[regime])
             if work > 0 and audio > 0:
                 return audio / work
         return None
@@ -627,12 +630,13 @@ class PieceGate:
         apart late in a piece)."""
         rate = self.rate()
         remaining = max(piece.expected_s - piece.audio_s, 0.0)
-        decoded = None if piece.left_s is None else self.decoded_rate(piece.decoding_done)
-        if decoded is not None and piece.left_s is not None:
+        if piece.left_s is not None:
             # the piece's tokens are all decoded: its length is known and only the flow and
             # the vocoder remain, at their own pace (the rate over the engine work counts
             # start-ups and the decoding's share of the cores: module docstring)
-            rate, remaining = decoded, piece.left_s
+            decoded = self.decoded_rate(piece.decoding_done)
+            if decoded is not None:
+                rate, remaining = decoded, piece.left_s
         if rate is None:
             return None
         need = needed_hold_s(remaining, rate / (1.0 + RATE_MARGIN), self.longest_chunk_s,

@@ -360,7 +360,7 @@ def test_the_piece_gate_measures_as_the_engine_decodes(
 # -- how far the decoding is ahead -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("speed", [1.0, 1.3])
+@pytest.mark.parametrize("speed", [1.0, 0.75, 1.3, 1.5])  # C14's speeds among them
 def test_chunks_tell_a_decoded_pieces_audio_still_to_come(
     engines: dict[bool, CosyVoice3Engine], voice: VoicePrompt,
     monkeypatch: pytest.MonkeyPatch, speed: float,

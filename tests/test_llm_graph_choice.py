@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import sessions
-from wyoming_cosyvoice3.engine.llm.graph_choice import choose_decode_graph, time_decode_steps
+from wyoming_cosyvoice3.engine.llm.graph_choice import (
+    choose_decode_graph,
+    time_decode_steps,
+    token_cost_s,
+)
 from wyoming_cosyvoice3.engine.loaders import load_llm_graph
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.engine.sessions import SPEECH_EMBEDDING, Graph
@@ -147,6 +151,58 @@ def test_within_the_tie_the_leaner_graph_then_the_plans_decodes() -> None:
     # a leaner graph beyond the tie does not decode
     assert choose_decode_graph({"fused": 18.0e-3, "fused-q4": 20.0e-3}, BYTES,
                                "fused-q4") == "fused"
+
+
+def test_a_token_of_a_graph_that_pairs_costs_its_share_of_two_row_steps() -> None:
+    # 78 % of a paragraph's tokens two to a 24 ms step, the rest one to a 20 ms step
+    assert token_cost_s(20e-3, 24e-3) == pytest.approx(0.22 * 20e-3 + 0.78 * 12e-3)
+    assert token_cost_s(20e-3, None) == 20e-3
+    assert token_cost_s(20e-3, 24e-3, paired_share=0.0) == 20e-3
+    assert token_cost_s(20e-3, 24e-3, paired_share=1.0) == pytest.approx(12e-3)
+    with pytest.raises(ValueError, match=r"within 0\.\.1"):
+        token_cost_s(20e-3, 24e-3, paired_share=1.5)
+
+
+def test_pairing_is_judged_per_token() -> None:
+    # equal one-row steps (the AMX Xeon's 23.3 ms): 8-bit blocks pair at 28 ms for two rows
+    # (16.0 ms a token), per-tensor int8 cannot: 8-bit blocks, though fused was planned
+    step_s = {"fused": 23.3e-3, "fused-b8": 23.3e-3}
+    assert choose_decode_graph(step_s, BYTES, "fused", {"fused-b8": 28e-3}) == "fused-b8"
+    assert choose_decode_graph(step_s, BYTES, "fused") == "fused"
+    # a two-row step at twice one row's time gains nothing: within the tie, the plan's
+    assert choose_decode_graph(step_s, BYTES, "fused", {"fused-b8": 46.6e-3}) == "fused"
+    # a graph 1.5x faster a step that cannot pair still beats one that pairs at 1.2x:
+    # 15 ms against 0.22 x 22.5 + 0.78 x 13.5 = 15.5 ms a token, within the tie: the plan's
+    step_s = {"fused": 15e-3, "fused-b8": 22.5e-3}
+    assert choose_decode_graph(step_s, BYTES, "fused", {"fused-b8": 27e-3}) == "fused"
+    assert choose_decode_graph(step_s, BYTES, "fused-b8", {"fused-b8": 27e-3}) == "fused-b8"
+    # and beyond the tie the cheaper per token decodes whatever was planned
+    step_s = {"fused": 12e-3, "fused-b8": 22.5e-3}
+    assert choose_decode_graph(step_s, BYTES, "fused-b8", {"fused-b8": 27e-3}) == "fused"
+
+
+def test_two_row_steps_are_timed_with_two_rows_fed(
+        fused_graphs: tuple[Graph, Graph, np.ndarray]) -> None:
+    graph, _, rows = fused_graphs
+    fed: list[tuple[int, ...]] = []
+    real = graph.session
+
+    class Recording(SlowedSession):
+        def run_with_iobinding(self, binding: Any, run_options: Any = None) -> None:
+            self.runs += 1
+            self._session.run_with_iobinding(binding, run_options)
+            names = [o.name for o in self._session.get_outputs()
+                     if not o.name.startswith("present.")]
+            fed.append(binding.copy_outputs_to_cpu()[names.index("logits")].shape[:1])
+
+    graph.session = Recording(real)
+    try:
+        step_s = time_decode_steps({"g": graph}, rows, rounds=1, steps=2, batch_rows=2)
+    finally:
+        graph.session = real
+    assert step_s["g"] > 0.0 and fed == [(2,)] * 3
+    with pytest.raises(ValueError, match="must be"):
+        time_decode_steps({"g": graph}, rows, batch_rows=0)
 
 
 def test_nothing_timed_is_an_error() -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from wyoming_cosyvoice3.engine import constants as C
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
-from wyoming_cosyvoice3.engine.llm import tokens
+from wyoming_cosyvoice3.engine.llm import graph_choice, tokens
 from wyoming_cosyvoice3.engine.llm.decoder import LlmDecoder
 from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions, LlmPrompt, StageTimes, SynthesisOptions
@@ -233,6 +233,21 @@ def test_pieces_pair_exactly_where_two_row_steps_equal_one_row_steps(
     assert not fused.pairs_pieces and not _rows_equal_alone(fused)
     # the published graph has one batch row
     assert not LlmDecoder(_load(qwen_dir, graph_cache, "published")).pairs_pieces
+
+
+def test_the_load_time_check_of_two_rows_agrees_with_the_decoders(
+        qwen_dir: Path, graph_cache: Path) -> None:
+    # the graph choice at load (graph_choice.paired_rows_exact: zero caches, one step) and the
+    # decoder's sequences of real steps (_rows_equal_alone) tell the same forms apart
+    rows = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
+    q4 = LlmDecoder(_load(qwen_dir, graph_cache, "fused-q4", "fused"))
+    assert graph_choice.paired_rows_exact(q4._model.llm, rows) == _rows_equal_alone(q4)
+    fused = _load(qwen_dir, graph_cache, "fused")
+    assert graph_choice.paired_rows_exact(fused.llm, rows) is False
+    published = _load(qwen_dir, graph_cache, "published")
+    assert graph_choice.paired_rows_exact(published.llm, rows) is None
+    with pytest.raises(ValueError, match="n >= 2"):
+        graph_choice.paired_rows_exact(fused.llm, rows[:1])
 
 
 def test_paired_pieces_get_the_tokens_they_get_alone(qwen_dir: Path, graph_cache: Path) -> None:

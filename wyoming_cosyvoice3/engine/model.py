@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from . import constants as C
@@ -171,12 +172,23 @@ def _choose_decode_graph(graphs: dict[str, Graph | TableEmbedding | Estimator], 
             loaded.setdefault(form, graph)
     if len(loaded) < 2:
         return
-    step_s = graph_choice.time_decode_steps(loaded, seeded_speech_rows(speech_embedding, 16)[0])
+    rows = seeded_speech_rows(speech_embedding, 16)[0]
+    step_s = graph_choice.time_decode_steps(loaded, rows)
+    # the graphs that will decode two pieces at once, as the decoder decides it at start
+    pairing = {form: graph for form, graph in loaded.items() if opened.llm_pair_pieces
+               and _pairs_rows(graph, rows)}
+    pair_step_s = (graph_choice.time_decode_steps(pairing, rows, batch_rows=2) if pairing
+                   else {})
     stream_bytes = {form: _file_bytes(graph.path) for form, graph in loaded.items()}
-    best = graph_choice.choose_decode_graph(step_s, stream_bytes, fused_form_of(planned) or "")
+    best = graph_choice.choose_decode_graph(step_s, stream_bytes, fused_form_of(planned) or "",
+                                            pair_step_s)
     log.info("LLM decode step timed at load (%d cached positions, medians): %s; %s decodes",
              graph_choice.TIMED_CACHED_POSITIONS,
-             ", ".join(f"{form} {1e3 * s:.1f} ms ({stream_bytes[form] / 1e6:.0f} MB)"
+             ", ".join(f"{form} {1e3 * s:.1f} ms" + (
+                 f" (two rows {1e3 * pair_step_s[form]:.1f} ms, "
+                 f"{1e3 * graph_choice.token_cost_s(s, pair_step_s[form]):.1f} ms a token)"
+                 if form in pair_step_s else " (one row a step)")
+                       + f" ({stream_bytes[form] / 1e6:.0f} MB)"
                        for form, s in step_s.items()), best)
     graphs["llm"] = loaded[best]
     if prefill is loaded[best]:
@@ -187,6 +199,14 @@ def _choose_decode_graph(graphs: dict[str, Graph | TableEmbedding | Estimator], 
     loaded.clear()
     if dropped:  # the slower candidates' weights go back to the operating system
         return_freed_memory()
+
+
+def _pairs_rows(graph: Graph, rows: np.ndarray) -> bool:
+    """Whether the decoder will decode two pieces at once with ``graph``
+    (:attr:`.llm.decoder.LlmDecoder.pairs_pieces`): its two-row steps give each row its own
+    logits, or it is a ``fused-b8`` graph whose two-row steps were validated when derived."""
+    exact = graph_choice.paired_rows_exact(graph, rows)
+    return exact is not None and (exact or fused_rows_validated(graph))
 
 
 def _file_bytes(path: Path) -> int:

@@ -324,9 +324,11 @@ class EngineOptions:
             its own copy of the weights (0.36 GB at full size).
         llm_decode_candidates: further LLM graphs that may decode instead of ``llm_graph``:
             each is loaded and real decode steps of all of them are timed at load
-            (:mod:`.llm.graph_choice`, about 0.5 s a graph at full size); the fastest decodes
-            (within 10 % of it: the graph streaming clearly fewer bytes, then ``llm_graph``),
-            the others are closed. The prefill graph stays ``llm_prefill_graph``, else
+            (:mod:`.llm.graph_choice`, about 0.5 s a graph at full size, and as much again for
+            two-row steps of the graphs that decode two pieces at once with
+            ``llm_pair_pieces``); the cheapest per token of a long answer decodes (within 10 %
+            of it: the graph streaming clearly fewer bytes, then ``llm_graph``), the others
+            are closed. The prefill graph stays ``llm_prefill_graph``, else
             ``llm_graph``. Empty (default): ``llm_graph`` decodes, nothing is timed.
         llm_pair_pieces: decode two pieces of a request at once, in two-row steps of the decode
             graph (:mod:`.llm.tokens`; one pass over the weights serves both), where that graph

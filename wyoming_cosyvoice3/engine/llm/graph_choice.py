@@ -17,6 +17,16 @@ step that reads fewer bytes loses less. So :func:`choose_decode_graph` takes the
 where it is clearly faster; among the graphs within :data:`DECODE_TIE` of it, the one that
 streams clearly fewer bytes, then the plan's.
 
+A graph that decodes two pieces of an answer at once (:mod:`.tokens`: its two-row steps give
+each row its own logits, :func:`paired_rows_exact`, or were validated when it was derived)
+serves most of a long answer's tokens two to a step, at about 1.2x a one-row step's time. So
+the fastest is judged per token (:func:`token_cost_s`): a graph that pairs against one that
+cannot (per-tensor int8 couples its rows through one activation scale) at equal one-row steps
+decodes a paragraph in about 0.7x the time. On the AVX-512 + AMX test machine both int8
+forms read 23.3 ms a step at load and the per-tensor one, which cannot pair, was kept: it
+decoded ``balanced``'s paragraph at 40 ms a token beside the flow (BENCHMARKS.md "The decode
+graph that pairs").
+
 The steps run with onnxruntime directly, not through :meth:`.sessions.Graph.run_bound`, so a
 run observer (the benchmark's graph-run records) sees no request work at load.
 """
@@ -30,7 +40,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnxruntime as ort
 
-from ..sessions import Graph
+from ..sessions import ORT_ERRORS, Graph
 
 TIMED_CACHED_POSITIONS = 200
 """Cached positions of the timed steps: a voice prompt and a sentence's text (150-250
@@ -41,11 +51,18 @@ one round of every graph rather than all of one graph's steps."""
 TIMED_STEPS = 6
 """Timed steps per graph and round (after one untimed step: the first run of a session
 allocates its buffers)."""
+PAIRED_TOKEN_SHARE = 0.78
+"""Share of a long answer's tokens decoded in two-row steps where the graph pairs: the
+benchmark's streamed paragraph (745 tokens) took 455 steps with ``fused-q4``, 290 of them two
+rows (BENCHMARKS.md "The decode graph that pairs"). A one-sentence answer is one piece and
+decodes one row a step; the tie (:data:`DECODE_TIE`) keeps such answers from paying for the
+pairing: a graph is preferred for pairing only where that makes it clearly cheaper."""
 
 
 def time_decode_steps(graphs: Mapping[str, Graph], embeds: np.ndarray, *,
                       cached_positions: int = TIMED_CACHED_POSITIONS,
-                      rounds: int = TIMED_ROUNDS, steps: int = TIMED_STEPS) -> dict[str, float]:
+                      rounds: int = TIMED_ROUNDS, steps: int = TIMED_STEPS,
+                      batch_rows: int = 1) -> dict[str, float]:
     """Median seconds of one decode step of each fused LLM graph, taking turns.
 
     Each graph gets its own KV cache buffers (zeros; a step's cost does not depend on the
@@ -54,36 +71,39 @@ def time_decode_steps(graphs: Mapping[str, Graph], embeds: np.ndarray, *,
 
     Args:
         graphs: name -> a fused LLM graph (``GroupQueryAttention``: past and present may share
-            a buffer); ``past_key_values.{i}.{key,value}`` float32 [1, kv_heads, past,
-            head_dim] inputs with static heads and head_dim.
-        embeds: float32 [n, hidden] rows fed one per step (n >= 1; reused cyclically).
+            a buffer); ``past_key_values.{i}.{key,value}`` float32 [batch, kv_heads, past,
+            head_dim] inputs with static heads and head_dim (a batch axis for
+            ``batch_rows`` > 1).
+        embeds: float32 [n, hidden] rows fed ``batch_rows`` per step (n >= 1; reused
+            cyclically).
         cached_positions: positions in the cache before each step (>= 0).
         rounds, steps: turns over the graphs, and timed steps per graph and turn (>= 1).
+        batch_rows: rows per step (1: one piece decoding; 2: two pieces at once).
 
     Returns:
         name -> median seconds per step over its ``rounds * steps`` timed steps.
 
     Raises:
         ValueError: a count out of range, ``embeds`` not 2-D, or a graph's KV dims not static.
-        RuntimeError: onnxruntime failed (its errors derive from it).
+        RuntimeError: onnxruntime failed (its errors derive from it; also a graph with a batch
+            of one row asked for more).
     """
-    if rounds < 1 or steps < 1 or cached_positions < 0:
-        raise ValueError(f"rounds and steps must be >= 1 and cached_positions >= 0, got "
-                         f"{rounds}, {steps}, {cached_positions}")
+    if rounds < 1 or steps < 1 or cached_positions < 0 or batch_rows < 1:
+        raise ValueError(f"rounds, steps and batch_rows must be >= 1 and cached_positions >= 0, "
+                         f"got {rounds}, {steps}, {batch_rows}, {cached_positions}")
     rows = np.ascontiguousarray(embeds, dtype=np.float32)
     if rows.ndim != 2 or rows.shape[0] < 1:
         raise ValueError(f"embeds must be float32 [n >= 1, hidden], got {rows.shape}")
-    total = cached_positions + 1
-    mask = np.ones((1, total), dtype=np.int64)
-    position = np.array([[cached_positions]], dtype=np.int64)
-    bound = {name: _bind_in_place(graph, total, mask, position) for name, graph in graphs.items()}
+    bound = {name: _bind_in_place(graph, cached_positions, batch_rows)
+             for name, graph in graphs.items()}
     times: dict[str, list[float]] = {name: [] for name in graphs}
     fed = 0
     for _ in range(rounds):
         for name, (session, binding) in bound.items():
             for timed in (False, *([True] * steps)):
-                binding.bind_cpu_input("inputs_embeds", rows[fed % len(rows)][None, None, :])
-                fed += 1
+                picked = np.arange(fed, fed + batch_rows) % len(rows)
+                binding.bind_cpu_input("inputs_embeds", rows[picked][:, None, :])
+                fed += batch_rows
                 started = time.perf_counter()
                 session.run_with_iobinding(binding)
                 if timed:
@@ -100,18 +120,37 @@ LEANER_BYTES = 0.8
 (4-bit against 8-bit weights: 0.65; 8-bit blocks against per-tensor int8: 1.03)."""
 
 
+def token_cost_s(step_s: float, pair_step_s: float | None,
+                 paired_share: float = PAIRED_TOKEN_SHARE) -> float:
+    """Seconds per decoded token of a long answer: ``step_s`` per token where the graph does
+    not pair (``pair_step_s`` None); where it does, ``paired_share`` of the tokens at half a
+    two-row step and the rest at a one-row step.
+
+    Raises:
+        ValueError: ``paired_share`` outside 0..1.
+    """
+    if not 0.0 <= paired_share <= 1.0:
+        raise ValueError(f"paired_share must be within 0..1, got {paired_share}")
+    if pair_step_s is None:
+        return step_s
+    return (1.0 - paired_share) * step_s + paired_share * pair_step_s / 2.0
+
+
 def choose_decode_graph(step_s: Mapping[str, float], stream_bytes: Mapping[str, int],
-                        planned: str) -> str:
+                        planned: str, pair_step_s: Mapping[str, float] | None = None) -> str:
     """The graph that decodes, from timed steps (:func:`time_decode_steps`).
 
-    Among the graphs within :data:`DECODE_TIE` of the fastest step: one that streams clearly
-    fewer bytes (:data:`LEANER_BYTES`) than the leanest of them does not, then ``planned``,
-    then the fastest.
+    Each graph's cost is its seconds per token (:func:`token_cost_s`: with its two-row step
+    where it pairs). Among the graphs within :data:`DECODE_TIE` of the cheapest: one that
+    streams clearly fewer bytes (:data:`LEANER_BYTES`) than the leanest of them does not, then
+    ``planned``, then the cheapest.
 
     Args:
-        step_s: graph name -> seconds per decode step.
+        step_s: graph name -> seconds per one-row decode step.
         stream_bytes: graph name -> bytes of its weights (its files).
         planned: the plan's decode graph (may be absent from ``step_s``).
+        pair_step_s: graph name -> seconds per two-row step, for the graphs that decode two
+            pieces at once (others absent; None: none does).
 
     Raises:
         ValueError: ``step_s`` is empty.
@@ -119,15 +158,58 @@ def choose_decode_graph(step_s: Mapping[str, float], stream_bytes: Mapping[str, 
     """
     if not step_s:
         raise ValueError("no timed LLM graphs")
-    fastest_s = min(step_s.values())
-    close = [name for name, s in step_s.items() if s <= (1.0 + DECODE_TIE) * fastest_s]
+    paired = pair_step_s or {}
+    cost = {name: token_cost_s(s, paired.get(name)) for name, s in step_s.items()}
+    cheapest_s = min(cost.values())
+    close = [name for name, s in cost.items() if s <= (1.0 + DECODE_TIE) * cheapest_s]
     leanest = min(stream_bytes[name] for name in close)
     return min(close, key=lambda name: (stream_bytes[name] * LEANER_BYTES > leanest,
-                                        name != planned, step_s[name]))
+                                        name != planned, cost[name]))
 
 
-def _bind_in_place(graph: Graph, capacity: int, mask: np.ndarray,
-                   position: np.ndarray) -> tuple[ort.InferenceSession, ort.IOBinding]:
+def paired_rows_exact(graph: Graph, embeds: np.ndarray) -> bool | None:
+    """Whether a two-row step of ``graph`` gives each row exactly the logits of its own
+    one-row step (the first two rows of ``embeds`` as the new positions after a cache of zeros;
+    a few ms on the full-size model). None when the graph cannot run two rows, or not with its
+    KV cache in place (a published graph).
+
+    Raises:
+        ValueError: ``embeds`` is not float32 [n >= 2, hidden], or the graph's KV dims are not
+            static.
+    """
+    rows = np.ascontiguousarray(embeds, dtype=np.float32)
+    if rows.ndim != 2 or rows.shape[0] < 2:
+        raise ValueError(f"embeds must be float32 [n >= 2, hidden], got {rows.shape}")
+    def step(fed: np.ndarray) -> np.ndarray:
+        session, binding = _bind_in_place(graph, PAIR_CHECK_POSITIONS, len(fed))
+        binding.bind_cpu_input("inputs_embeds", fed[:, None, :])
+        session.run_with_iobinding(binding)
+        return _logits(session, binding)
+
+    try:
+        alone = [step(rows[i:i + 1])[0] for i in range(2)]
+        paired = step(rows[:2])
+    except ORT_ERRORS:
+        return None
+    return all(np.array_equal(paired[i], alone[i]) for i in range(2))
+
+
+PAIR_CHECK_POSITIONS = 3
+"""Cached positions (zeros) before the steps :func:`paired_rows_exact` compares."""
+
+
+def _logits(session: ort.InferenceSession, binding: ort.IOBinding) -> np.ndarray:
+    names = [o.name for o in session.get_outputs() if not o.name.startswith("present.")]
+    return np.asarray(binding.copy_outputs_to_cpu()[names.index("logits")])
+
+
+def _bind_in_place(graph: Graph, cached_positions: int, batch_rows: int,
+                   ) -> tuple[ort.InferenceSession, ort.IOBinding]:
+    """``graph``'s session and a binding of ``batch_rows`` zero KV caches holding
+    ``cached_positions`` positions plus the next one, past and present in one buffer."""
+    capacity = cached_positions + 1
+    mask = np.ones((batch_rows, capacity), dtype=np.int64)
+    position = np.full((batch_rows, 1), cached_positions, dtype=np.int64)
     session = graph.session
     shapes = {i.name: i.shape for i in session.get_inputs()}
     binding = session.io_binding()
@@ -139,7 +221,7 @@ def _bind_in_place(graph: Graph, capacity: int, mask: np.ndarray,
             raise ValueError(f"{graph.path.name}: {name} has no static heads and head_dim "
                              f"({shape})")
         buffer = ort.OrtValue.ortvalue_from_numpy(
-            np.zeros((1, heads, capacity, head_dim), dtype=np.float32))
+            np.zeros((batch_rows, heads, capacity, head_dim), dtype=np.float32))
         binding.bind_ortvalue_input(name, buffer)
         binding.bind_ortvalue_output(name.replace("past_key_values.", "present."), buffer)
     for output in session.get_outputs():
@@ -150,5 +232,6 @@ def _bind_in_place(graph: Graph, capacity: int, mask: np.ndarray,
     return session, binding
 
 
-__all__ = ["DECODE_TIE", "LEANER_BYTES", "TIMED_CACHED_POSITIONS", "TIMED_ROUNDS", "TIMED_STEPS",
-           "choose_decode_graph", "time_decode_steps"]
+__all__ = ["DECODE_TIE", "LEANER_BYTES", "PAIRED_TOKEN_SHARE", "PAIR_CHECK_POSITIONS",
+           "TIMED_CACHED_POSITIONS", "TIMED_ROUNDS", "TIMED_STEPS", "choose_decode_graph",
+           "paired_rows_exact", "time_decode_steps", "token_cost_s"]

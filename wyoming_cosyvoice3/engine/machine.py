@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from . import constants as C
+from .llm.graph_choice import token_cost_s
 from .options import LOSSLESS_LLM_GRAPHS, PRESET_STAGES, LlmGraph
 from .sessions import available_cpus, session_options
 
@@ -48,8 +49,9 @@ _LOGGER = logging.getLogger(__name__)
 PRESET_ORDER: tuple[str, ...] = ("quality", "balanced", "fast")
 """Presets from the most exact to the cheapest."""
 FALLBACK_PRESET = "balanced"
-"""Taken when no preset keeps up with playback (pauses between sentences are better than a
-lossier preset that still pauses), or when the probe fails."""
+"""Taken when no preset keeps up with playback and none is predicted within its error of real
+time (pauses between sentences are better than a lossier preset that still pauses), or when
+the probe fails."""
 PREDICTION_ERROR = 0.15
 """Largest relative error of :func:`predict_rtf` against the benchmark's streamed paragraph
 on the machines measured (BENCHMARKS.md "The preset that fits the machine": ``balanced`` and
@@ -63,6 +65,17 @@ fp32 rate had been 0.83-1.51 of the measured RTF)."""
 KEEPS_UP_RTF = 1.0 / (1.0 + PREDICTION_ERROR)
 """A preset keeps up with playback when the predicted RTF is at most this: even
 a prediction :data:`PREDICTION_ERROR` too low still leaves it at or below real time."""
+
+
+PAIRING_GRAPHS: tuple[str, ...] = ("fused-b8", "fused-q4")
+"""LLM graphs that decode two pieces of an answer at once (:mod:`.llm.tokens`): ``fused-q4``'s
+two-row steps give each row its own logits, ``fused-b8``'s are validated when derived;
+per-tensor int8 (``fused``) couples its rows. The engine checks it again at load."""
+PAIRED_STEP_COST = 1.2
+"""Seconds of a two-row decode step / a one-row step of the pairing graphs, 200 cached
+positions, 2 threads: 1.20 (``fused-q4``) and 1.21 (``fused-b8``) on the AMX Xeon, 1.19 and
+1.19 on the Zen 4 EPYC (BENCHMARKS.md "Two pieces decoded at once", "The Zen 4, and the gate
+that sees decoded pieces")."""
 
 
 def keeps_up_rtf(preset: str) -> float:
@@ -90,6 +103,19 @@ class LlmCosts:
 
     decode_s: Mapping[str, float]
     prefill_s: Mapping[str, float]
+
+    def token_s(self, graph: str) -> float:
+        """Seconds per decoded token of a long answer with ``graph``: its one-row step, or
+        for a graph that decodes two pieces at once (:data:`PAIRING_GRAPHS`) the per-token
+        cost with its two-row steps at :data:`PAIRED_STEP_COST` x one row
+        (:func:`~.llm.graph_choice.token_cost_s`).
+
+        Raises:
+            KeyError: ``graph`` was not measured.
+        """
+        step_s = self.decode_s[graph]
+        paired = PAIRED_STEP_COST * step_s if graph in PAIRING_GRAPHS else None
+        return token_cost_s(step_s, paired)
 
     @classmethod
     def from_rates(cls, int8_bytes: float, int8_ops: float) -> LlmCosts:
@@ -535,11 +561,12 @@ class LlmPlan:
 
 
 def choose_llm_graphs(preset: str, costs: LlmCosts | None) -> LlmPlan:
-    """The fastest decode graph among the preset's candidates
-    (:attr:`~.options.LlmPreset.decode_graphs`) and, when a lossless graph prefills at least
-    :data:`SEPARATE_PREFILL_GAIN` times faster than that one, that graph for prefills; the
-    candidates read within :data:`DECODE_CANDIDATE_SPREAD` of the fastest are timed again at
-    load (``candidates``).
+    """The decode graph among the preset's candidates
+    (:attr:`~.options.LlmPreset.decode_graphs`) cheapest per token of a long answer
+    (:meth:`LlmCosts.token_s`: two pieces at once where the graph pairs) and, when a
+    lossless graph prefills at least :data:`SEPARATE_PREFILL_GAIN` times faster than that one,
+    that graph for prefills; the candidates read within :data:`DECODE_CANDIDATE_SPREAD` of it
+    per token are timed again at load (``candidates``).
     Without measured costs: the preset's default graph (:attr:`~.options.LlmPreset.graph`).
 
     Raises:
@@ -551,9 +578,9 @@ def choose_llm_graphs(preset: str, costs: LlmCosts | None) -> LlmPlan:
     candidates = [g for g in stage.decode_graphs if g in costs.decode_s]
     if not candidates:
         return LlmPlan(stage.graph, None, "its graphs were not measured: the preset's default")
-    decode = min(candidates, key=lambda g: costs.decode_s[g])
+    decode = min(candidates, key=costs.token_s)
     close = tuple(g for g in candidates if g != decode
-                  and costs.decode_s[g] <= DECODE_CANDIDATE_SPREAD * costs.decode_s[decode])
+                  and costs.token_s(g) <= DECODE_CANDIDATE_SPREAD * costs.token_s(decode))
     timed = f"; {', '.join(close)} timed at load" if close else ""
     lossless = [g for g in LOSSLESS_LLM_GRAPHS if g in costs.prefill_s]
     if decode not in costs.prefill_s or not lossless:
@@ -633,6 +660,9 @@ class LlmWork:
         rates where the forms were not timed, :meth:`MachineRates.llm_costs`)."""
         costs = rates.llm_costs()
         factor = self.one_thread if rates.thread_count() == 1 else 1.0
+        # one row a step: the efficiencies were fitted so, and with the decoding beside the
+        # flow two pieces at once did not move the Xeon's predictions out of their error
+        # (BENCHMARKS.md "The decode graph that pairs")
         decode = self.tokens * costs.decode_s[plan.decode] * self.decode_efficiency
         prefill = (self.positions * costs.prefill_s[plan.prefill_graph]
                    * self.prefill_efficiency)
@@ -836,7 +866,8 @@ class PresetChoice:
         others = ", ".join(f"{name} {value:.2f}" for name, value in self.predicted_rtf.items()
                            if name != self.preset)
         if self.keeps_up:
-            outlook = "answers play without pauses"
+            outlook = ("short answers play without pauses; a long one may pause between its "
+                       "first sentences")
         elif rtf <= 1.0:
             outlook = ("about as fast as playback: long answers may pause between sentences "
                        "(the prediction errs by up to "
@@ -876,9 +907,13 @@ def choose_preset(rates: MachineRates, available_bytes: float | None,
 
     Returns:
         The choice: the first of :data:`PRESET_ORDER` with predicted RTF <=
-        :func:`keeps_up_rtf` whose peak memory fits; else :data:`FALLBACK_PRESET` when it
-        fits; else the cheapest preset that fits; else the one with the smallest peak. A
-        preset whose separate prefill graph does not fit runs with one LLM graph.
+        :func:`keeps_up_rtf` whose peak memory fits; else the preset predicted fastest of
+        those that fit when its prediction is at most ``1 + PREDICTION_ERRORS[preset]`` (the
+        prediction errs both ways: on the Zen 4 EPYC ``fast`` was predicted at 1.04-1.09
+        and made speech at RTF 0.71-0.84, BENCHMARKS.md "The decode graph that pairs");
+        else :data:`FALLBACK_PRESET` when it fits; else the cheapest preset that fits; else
+        the one with the smallest peak. A preset whose separate prefill graph does not fit
+        runs with one LLM graph.
     """
 
     def plan_for(name: str) -> LlmPlan:
@@ -899,6 +934,13 @@ def choose_preset(rates: MachineRates, available_bytes: float | None,
         if predicted[name] <= keeps_up_rtf(name) and fits(name):
             return choice(name, "the most exact preset that keeps up with playback (with the "
                                 "prediction's margin) and fits in memory")
+    fitting_now = [name for name in PRESET_ORDER if fits(name)]
+    if fitting_now:
+        quickest = min(fitting_now, key=lambda name: predicted[name])
+        if predicted[quickest] <= 1.0 + PREDICTION_ERRORS[quickest]:
+            return choice(quickest, "no preset keeps up with the prediction's margin; the "
+                                    "fastest is predicted within the prediction's error of "
+                                    "real time")
     if fits(FALLBACK_PRESET):
         return choice(FALLBACK_PRESET, "no preset keeps up with playback with the "
                                        "prediction's margin")

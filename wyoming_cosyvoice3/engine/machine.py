@@ -885,10 +885,12 @@ class PresetChoice:
                 f"{memory}{llm}); {outlook}")
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready form for the voice page."""
+        """JSON-ready form for the voice page (the predictions unrounded: the page shows them
+        to two decimals as :meth:`summary` does, and a value rounded twice can differ, e.g.
+        2.2849 -> 2.285 -> 2.29 against 2.28)."""
         return {
             "preset": self.preset,
-            "predicted_rtf": {k: round(v, 3) for k, v in self.predicted_rtf.items()},
+            "predicted_rtf": dict(self.predicted_rtf),
             "keeps_up": self.keeps_up,
             "reason": self.reason,
             "summary": self.summary(),

@@ -151,8 +151,10 @@ def read_dims(llm: Graph, flow_encoder: Graph, hift: Graph) -> ModelDims:
 def _choose_decode_graph(graphs: dict[str, Graph | TableEmbedding | Estimator], model_dir: Path,
                          opened: EngineOptions, speech_embedding: Graph) -> None:
     """Load ``opened.llm_decode_candidates`` beside the planned LLM graphs, time a real decode
-    step of each fused form (:func:`.llm.graph_choice.time_decode_steps`) and make the one
-    :func:`.llm.graph_choice.choose_decode_graph` picks ``graphs["llm"]``; the planned
+    step of each fused form (:func:`.llm.graph_choice.time_decode_steps`), and a two-row step
+    of each that will decode two pieces at once (``opened.llm_pair_pieces`` and
+    :func:`_pairs_rows`), and make the one :func:`.llm.graph_choice.choose_decode_graph` picks
+    per token ``graphs["llm"]``; the planned
     prefill graph (``llm_prefill``, else the planned ``llm``) stays ``graphs["llm_prefill"]``
     unless it is that one. A candidate that falls back to a form already loaded is dropped;
     nothing is timed when fewer than two fused forms loaded."""

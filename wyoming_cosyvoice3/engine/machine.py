@@ -936,9 +936,9 @@ def choose_preset(rates: MachineRates, available_bytes: float | None,
         if predicted[name] <= keeps_up_rtf(name) and fits(name):
             return choice(name, "the most exact preset that keeps up with playback (with the "
                                 "prediction's margin) and fits in memory")
-    fitting_now = [name for name in PRESET_ORDER if fits(name)]
-    if fitting_now:
-        quickest = min(fitting_now, key=lambda name: predicted[name])
+    fitting = [name for name in PRESET_ORDER if fits(name)]
+    if fitting:
+        quickest = min(fitting, key=lambda name: predicted[name])
         if predicted[quickest] <= 1.0 + PREDICTION_ERRORS[quickest]:
             return choice(quickest, "no preset keeps up with the prediction's margin; the "
                                     "fastest is predicted within the prediction's error of "
@@ -946,9 +946,8 @@ def choose_preset(rates: MachineRates, available_bytes: float | None,
     if fits(FALLBACK_PRESET):
         return choice(FALLBACK_PRESET, "no preset keeps up with playback with the "
                                        "prediction's margin")
-    fitting = [name for name in reversed(PRESET_ORDER) if fits(name)]
-    if fitting:
-        return choice(fitting[0], "no preset keeps up with playback and "
-                                  f"`{FALLBACK_PRESET}` needs more memory")
+    if fitting:  # the cheapest that fits
+        return choice(fitting[-1], "no preset keeps up with playback and "
+                                   f"`{FALLBACK_PRESET}` needs more memory")
     smallest = min(PRESET_ORDER, key=lambda name: PRESET_MEMORY[name].peak_bytes)
     return choice(smallest, "no preset fits in the available memory; the smallest one")

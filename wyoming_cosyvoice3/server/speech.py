@@ -182,6 +182,7 @@ async def speak(
         plans = [await plan_pieces(runtime, gate, part, options.language_hint,
                                    options.read_numbers) for part in parts]
         bounds = [plan.max_tokens for plan in plans if plan.max_tokens is not None]
+        slow = piece_limit_s(gate.max_hold_s, runtime.production.rate()) is not None
         if all(plan.pieces is not None for plan in plans):
             # the engine speaks the plans: the text is cut once, each part into its own pieces
             speech = [piece for plan in plans for piece in plan.pieces or ()]
@@ -192,7 +193,7 @@ async def speak(
             options = options.replace(max_piece_tokens=min(bounds))
         # pieces bounded: synthesis is (or may be) slower than playback, so a middle piece is
         # held until most of it is made, and streaming it in chunks would only cost time
-        whole_middle = options.flow.whole_middle_pieces and bool(bounds)
+        whole_middle = options.flow.whole_middle_pieces and slow
         gate.begin_text(expected,
                         options.flow.max_hop_tokens / SPEECH_TOKEN_RATE_HZ / options.speed)
     options = options.replace(flow={"whole_middle_pieces": whole_middle})
@@ -265,12 +266,25 @@ def planned_pieces(engine: PiecePlanner, text: str, language_hint: str | None,
                      pieces)
 
 
+DECODING_AHEAD_PIECE_S = 8.0
+"""Longest expected speech of a piece when the engine decodes beside the flow
+(``decoding_ahead``), seconds, at any rate: about one long sentence (the benchmark paragraph's
+longest, 105 characters, expects 7.5 s), so sentences that arrive together are spoken as
+pieces of their own instead of packed into upstream's 80-token pieces. A long piece's tokens
+come at the decoding's pace beside the flow, each hop twice the one before, so its later
+chunks fall seconds behind its playback; shorter pieces decode two at a time and start
+with short hops (BENCHMARKS.md, "Sentence pieces when decoding beside the flow")."""
+
+
 def piece_bound_s(runtime: ServerRuntime, gate: PieceGate) -> float | None:
     """Longest expected speech of a piece (:func:`.preroll.piece_limit_s` at the measured
-    rate, in seconds of ``expected_speech_s`` as the pieces are measured), or None: no
-    bound."""
+    rate, at most :data:`DECODING_AHEAD_PIECE_S` with ``gate.decoding_ahead``, in seconds of
+    ``expected_speech_s`` as the pieces are measured), or None: no bound."""
     history = runtime.production
     limit_s = piece_limit_s(gate.max_hold_s, history.rate())
+    if gate.decoding_ahead:
+        limit_s = min(limit_s if limit_s is not None else DECODING_AHEAD_PIECE_S,
+                      DECODING_AHEAD_PIECE_S)
     return None if limit_s is None else limit_s / history.length_ratio()
 
 

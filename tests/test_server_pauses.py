@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -54,7 +55,12 @@ from wyoming_cosyvoice3.server.preroll import (
     needed_hold_s,
     piece_limit_s,
 )
-from wyoming_cosyvoice3.server.speech import MIN_PIECE_TOKENS, planned_pieces
+from wyoming_cosyvoice3.server.speech import (
+    DECODING_AHEAD_PIECE_S,
+    MIN_PIECE_TOKENS,
+    piece_bound_s,
+    planned_pieces,
+)
 
 MakeClip = Callable[..., Path]
 RATE_HZ = 24000
@@ -668,6 +674,36 @@ def test_plan_bounds_pieces_by_the_texts_own_tokens_per_second() -> None:
     assert max_tokens is None and expected == [pytest.approx(expected_speech_s(text))]
     # a text shorter than the limit is not bounded
     assert planned_pieces(planner, sentence, None, limit_s)[0] is None
+
+
+@pytest.mark.parametrize(("rate", "decoding_ahead", "max_hold_s", "bound_s"), [
+    (1.5, True, 8.0, 8.0),  # faster than playback: one sentence a piece all the same
+    (0.9, True, 8.0, 8.0),  # the hold's bound would be 50.4 s: one sentence
+    (0.5, True, 8.0, 5.6),  # the hold's bound (0.7 x 8 x 0.5 / 0.5) is shorter
+    (1.5, False, 8.0, None),  # decoding between chunks: upstream's pieces
+    (0.9, False, 8.0, 50.4),
+    (1.5, True, 0.0, None),  # nothing ever held: upstream's pieces
+])
+def test_decoding_ahead_bounds_pieces_to_about_a_sentence_at_any_rate(
+    rate: float, decoding_ahead: bool, max_hold_s: float, bound_s: float | None,
+) -> None:
+    # two sentences of 20 words (80 letters, 5.7 s of expected speech each) that came
+    # together: beside the decoding each is a piece of its own
+    history = ProductionHistory()
+    history.add_response(10.0 * rate, 10.0)
+    runtime = SimpleNamespace(production=history)
+
+    async def send(event: Event) -> None:
+        raise AssertionError("nothing is sent")
+
+    gate = PieceGate(send, max_hold_s, history, decoding_ahead=decoding_ahead)
+    limit_s = piece_bound_s(runtime, gate)  # type: ignore[arg-type]
+    assert limit_s == (None if bound_s is None else pytest.approx(bound_s))
+    assert DECODING_AHEAD_PIECE_S == 8.0
+    text = f"{_sentence(20)} {_sentence(20)}"
+    assert expected_speech_s(text) == pytest.approx(160 / 14)
+    _, expected, _ = planned_pieces(WordPlanner(), text, None, limit_s)
+    assert len(expected) == (1 if bound_s is None or bound_s > 160 / 14 else 2)
 
 
 def test_plan_bound_has_a_floor() -> None:

@@ -191,9 +191,11 @@ async def speak(
             expected = [expected_speech_s(text)]
         if bounds:
             options = options.replace(max_piece_tokens=min(bounds))
-        # pieces bounded: synthesis is (or may be) slower than playback, so a middle piece is
-        # held until most of it is made, and streaming it in chunks would only cost time
-        whole_middle = options.flow.whole_middle_pieces and slow
+        # synthesis is (or may be) slower than playback, so a middle piece is held until most
+        # of it is made, and streaming it in chunks would only cost time; not where the
+        # decoding runs beside the flow: the flow would wait for the piece's last token
+        # before its first chunk, idle while the decoding goes on
+        whole_middle = options.flow.whole_middle_pieces and slow and not gate.decoding_ahead
         gate.begin_text(expected,
                         options.flow.max_hop_tokens / SPEECH_TOKEN_RATE_HZ / options.speed)
     options = options.replace(flow={"whole_middle_pieces": whole_middle})
@@ -278,11 +280,12 @@ with short hops (BENCHMARKS.md, "Sentence pieces when decoding beside the flow")
 
 def piece_bound_s(runtime: ServerRuntime, gate: PieceGate) -> float | None:
     """Longest expected speech of a piece (:func:`.preroll.piece_limit_s` at the measured
-    rate, at most :data:`DECODING_AHEAD_PIECE_S` with ``gate.decoding_ahead``, in seconds of
+    rate, at most :data:`DECODING_AHEAD_PIECE_S` with ``gate.decoding_ahead`` where pieces
+    may be held, in seconds of
     ``expected_speech_s`` as the pieces are measured), or None: no bound."""
     history = runtime.production
     limit_s = piece_limit_s(gate.max_hold_s, history.rate())
-    if gate.decoding_ahead:
+    if gate.decoding_ahead and gate.max_hold_s > 0:  # never holding: pieces as upstream cuts
         limit_s = min(limit_s if limit_s is not None else DECODING_AHEAD_PIECE_S,
                       DECODING_AHEAD_PIECE_S)
     return None if limit_s is None else limit_s / history.length_ratio()

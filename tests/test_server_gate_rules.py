@@ -134,7 +134,7 @@ async def test_the_piece_bound_divides_by_the_measured_length_ratio() -> None:
     history.add_piece(4.0, 2.0)
     assert piece_limit_s(8.0, history.rate()) == pytest.approx(5.6)
     runtime = SimpleNamespace(production=history, loader=SimpleNamespace(engine=WordPlanner()))
-    gate = SimpleNamespace(max_hold_s=8.0)
+    gate = SimpleNamespace(max_hold_s=8.0, decoding_ahead=False)
     max_tokens, expected, _ = await plan_pieces(runtime, gate, text, None)  # type: ignore[arg-type]
     assert expected_speech_s(text) == pytest.approx(330 / 14)
     assert max_tokens == int(2.8 * 80 / (330 / 14)) == 9

@@ -741,11 +741,17 @@ class RecordingPacedEngine(PiecePacedEngine):
 
 
 @pytest.mark.parametrize(("max_preroll_ms", "bounded"), [(8000, True), (0, False)])
+@pytest.mark.parametrize("cpus", [1, 2])
 async def test_slow_server_asks_the_engine_for_sentence_pieces(
-    tmp_path: Path, make_clip: MakeClip, max_preroll_ms: int, bounded: bool
+    tmp_path: Path, make_clip: MakeClip, monkeypatch: pytest.MonkeyPatch, max_preroll_ms: int,
+    bounded: bool, cpus: int,
 ) -> None:
     # a fresh server (no measured rate: assumed slow) with holds allowed bounds the pieces of
-    # a long answer; with holds off (--max-preroll-ms 0) the engine cuts as upstream does
+    # a long answer; with holds off (--max-preroll-ms 0) the engine cuts as upstream does.
+    # On 2 CPUs the engine decodes beside the flow (split cores)
+    from wyoming_cosyvoice3.server import model_loader
+
+    monkeypatch.setattr(model_loader, "available_cpus", lambda: cpus)
     text = " ".join([_sentence(8)] * 6)
     model_dir = fake_model_dir(tmp_path, make_clip)
     settings_ = make_settings(model_dir, tmp_path / "data", max_preroll_ms=max_preroll_ms)
@@ -770,8 +776,9 @@ async def test_slow_server_asks_the_engine_for_sentence_pieces(
         assert len(engine.planned[0]) > 2
         assert all(len(piece.split()) <= bound for piece in engine.planned[0][1:])
         assert engine.max_piece_tokens == [bound]
-        # pieces held until they play through: the middle ones are made in one chunk each
-        assert engine.whole_middle_pieces == [True]
+        # pieces held until they play through: the middle ones are made in one chunk each,
+        # unless the decoding runs beside the flow (which would wait for each one's last token)
+        assert engine.whole_middle_pieces == [cpus == 1]
     else:
         assert engine.max_piece_tokens == [80]
         assert engine.whole_middle_pieces == [False]

@@ -281,8 +281,8 @@ with short hops (BENCHMARKS.md, "Sentence pieces when decoding beside the flow")
 def piece_bound_s(runtime: ServerRuntime, gate: PieceGate) -> float | None:
     """Longest expected speech of a piece (:func:`.preroll.piece_limit_s` at the measured
     rate, at most :data:`DECODING_AHEAD_PIECE_S` with ``gate.decoding_ahead`` where pieces
-    may be held, in seconds of
-    ``expected_speech_s`` as the pieces are measured), or None: no bound."""
+    may be held, in seconds of ``expected_speech_s`` as the pieces are measured), or None: no
+    bound."""
     history = runtime.production
     limit_s = piece_limit_s(gate.max_hold_s, history.rate())
     if gate.decoding_ahead and gate.max_hold_s > 0:  # never holding: pieces as upstream cuts
@@ -298,7 +298,9 @@ async def plan_pieces(runtime: ServerRuntime, gate: PieceGate, text: str,
     When synthesis is (or, before any measurement, may be) slower than playback, pieces are
     bounded to what one hold can cover (:func:`.preroll.piece_limit_s`, converted to text
     tokens with this text's own tokens per second of expected speech): about one sentence
-    each instead of upstream's 80-token packs, so the pauses fall between sentences.
+    each instead of upstream's 80-token packs, so the pauses fall between sentences. Where
+    the engine decodes beside the flow, pieces are bounded to about one sentence at any rate
+    (:func:`piece_bound_s`).
 
     Returns:
         The :class:`PiecePlan`: the engine's own pieces (``Engine.plan_pieces``: normalised

@@ -991,3 +991,31 @@ async def test_the_decoded_pace_is_measured_from_chunks_of_decoded_pieces_only()
                                     (7.0, 2.0, 2.0, True), (8.0, 2.0, 0.0, True)))
     assert history.decoded_rates["decoding"] == pytest.approx([2.0, 2.0])
     assert history.decoded_rates["decoded"] == pytest.approx([2.0, 1.0])
+
+
+@pytest.mark.parametrize("text", [
+    # C4, repeated to well over 8 s of expected speech
+    " ".join(["大家好，这里介绍一篇名为AN IMAGE IS WORTH 16X16 WORDS的论文。"] * 3),
+    # (16 text tokens each: a tail under 20 tokens joins the piece before, as upstream merges)
+    " ".join(["Look at the photo. 是 family, friends, 还是 people at a game?"] * 5),
+    # C2 twice: numbers, times, dates and units read as words (the bound is judged on the
+    # text as written, 7.1 s of expected speech once, 12.9 s once read as words)
+    " ".join(["It is 21.5 °C in the living room. Your timer for 3:45 PM is set. Battery at "
+              "50%. Today is December 17, 2023. Dinner at 6:31 PM."] * 2),
+])
+def test_the_sentence_bound_cuts_the_cases_and_keeps_their_text(
+    engine_fast: Engine, text: str,
+) -> None:
+    # beside the decoding a piece holds at most 8 s: the real front end cuts the mixed-script
+    # and number cases into several pieces that together read exactly what one unbounded
+    # plan reads (only blanks and the full stops added at a cut differ)
+    bounded = planned_pieces(engine_fast, text, None, DECODING_AHEAD_PIECE_S)
+    whole = planned_pieces(engine_fast, text, None, None)
+    assert bounded.pieces is not None and whole.pieces is not None
+    assert bounded.max_tokens is not None and whole.max_tokens is None
+    assert len(bounded.pieces) >= 2 and len(bounded.pieces) > len(whole.pieces)
+
+    def letters(pieces: list[PlannedPiece]) -> str:
+        return re.sub(r"[\s.。]", "", "".join(piece.text for piece in pieces))
+
+    assert letters(bounded.pieces) == letters(whole.pieces)

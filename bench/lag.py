@@ -7,7 +7,8 @@ made chunk ``k`` at ``t_k`` seconds after the request began, and a listener who 
 ``T`` hears it on time when ``t_k <= T + S_k``, ``S_k`` = the audio of the chunks before it,
 so ``T = max_k (t_k - S_k)``; ``T + audio`` is the shortest listening time any release rule
 could give that answer without a pause (the arrival of a chunk at the client, a few ms, left
-out). A chunk is a vocoder call (a graph run whose file starts with ``hift``); its audio is its
+out). A chunk is a vocoder call (a graph run of the vocoder stage,
+:func:`~bench.costmodel.stage_of`); its audio is its
 ``speech_feat`` mel frames, scaled so that the request's frames add up to its audio (exact for
 the streamed vocoder, which turns each frame into 20 ms once).
 
@@ -19,16 +20,14 @@ moves that lag (BENCHMARKS.md, "Sentence pieces when decoding beside the flow").
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-VOCODER_PREFIX = "hift"
-"""File name start of every vocoder graph the engine runs (``hift.onnx`` and its derived
-streamed forms)."""
+from .costmodel import stage_of
+from .run_helpers import read_records
 
 
 @dataclass(frozen=True)
@@ -63,9 +62,9 @@ def request_lag(record: Mapping[str, Any]) -> RequestLag | None:
         KeyError: a request record without its fields (not a server's record).
     """
     began = float(record["wall_start_s"])
-    calls = sorted((float(run[3]), int(run[1]["speech_feat"][2]))
-                   for run in record.get("graph_runs", ())
-                   if Path(str(run[0])).name.startswith(VOCODER_PREFIX))
+    calls = sorted((float(end), int(shapes["speech_feat"][2]))
+                   for graph_file, shapes, _start, end in record.get("graph_runs", ())
+                   if stage_of(Path(str(graph_file)).name, shapes) == "vocoder")
     frames = sum(n for _, n in calls)
     audio_s = float(record["audio_s"])
     if not calls or frames <= 0:
@@ -80,16 +79,11 @@ def request_lag(record: Mapping[str, Any]) -> RequestLag | None:
 
 
 def read_lags(path: Path, min_audio_s: float = 0.0) -> list[RequestLag]:
-    """The lags of a server's requests with at least ``min_audio_s`` of audio, in order.
-
-    Raises:
-        OSError: the file cannot be read; ValueError: a line is not JSON.
-    """
+    """The lags of a server's requests with at least ``min_audio_s`` of audio, in order
+    (:func:`~bench.run_helpers.read_records`: a missing file or a line that is not JSON
+    gives nothing)."""
     lags: list[RequestLag] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
+    for record in read_records(path):
         if record.get("kind") != "request" or float(record.get("audio_s", 0.0)) < min_audio_s:
             continue
         lag = request_lag(record)

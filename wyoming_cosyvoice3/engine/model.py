@@ -154,10 +154,10 @@ def _choose_decode_graph(graphs: dict[str, Graph | TableEmbedding | Estimator], 
     step of each fused form (:func:`.llm.graph_choice.time_decode_steps`), and a two-row step
     of each that will decode two pieces at once (``opened.llm_pair_pieces`` and
     :func:`_pairs_rows`), and make the one :func:`.llm.graph_choice.choose_decode_graph` picks
-    per token ``graphs["llm"]``; the planned
-    prefill graph (``llm_prefill``, else the planned ``llm``) stays ``graphs["llm_prefill"]``
-    unless it is that one. A candidate that falls back to a form already loaded is dropped;
-    nothing is timed when fewer than two fused forms loaded."""
+    per token ``graphs["llm"]``; the planned prefill graph (``llm_prefill``, else the planned
+    ``llm``) stays ``graphs["llm_prefill"]`` unless it is that one. A candidate that falls
+    back to a form already loaded is dropped; nothing is timed when fewer than two fused forms
+    loaded."""
     planned = _graph(graphs["llm"])
     prefill = _graph(graphs.get("llm_prefill", planned))
     loaded: dict[str, Graph] = {}

@@ -15,6 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from decoding_support import FixedDecoding
+from packaging.version import Version
 
 from synthetic.audio import write_clip
 from wyoming_cosyvoice3.engine import (
@@ -29,6 +30,7 @@ from wyoming_cosyvoice3.engine import (
     VoicePrompt,
 )
 from wyoming_cosyvoice3.engine import constants as C
+from wyoming_cosyvoice3.engine import sessions as sessions_module
 from wyoming_cosyvoice3.engine.errors import SynthesisFailed
 from wyoming_cosyvoice3.engine.llm.tokens import DecodeProgress
 from wyoming_cosyvoice3.engine.text.pieces import PlannedPiece
@@ -239,13 +241,30 @@ def test_closing_the_generator_early_leaves_no_thread(
 # -- the sessions' threads --------------------------------------------------------------------
 
 
+def _idle_wait(opened: ort.SessionOptions) -> str:
+    """How idle worker threads of a session opened with ``opened`` wait: "spin" (onnxruntime's
+    default), "brief" (10 us between a run's operators, none after the run) or "sleep"."""
+    def entry(key: str) -> str | None:
+        try:
+            return str(opened.get_session_config_entry(key))
+        except Exception:  # not set: onnxruntime's default
+            return None
+
+    if entry("session.intra_op.allow_spinning") == "0":
+        return "sleep"
+    if (entry("session.intra_op.spin_duration_us"), entry("session.force_spinning_stop")) == (
+            "10", "1"):
+        return "brief"
+    return "spin"
+
+
+# onnxruntime names session.intra_op.spin_duration_us from 1.26.0 on (its library's strings)
+SPLIT_WAIT = "brief" if Version(ort.__version__) >= Version("1.26.0") else "sleep"
+
+
 def _spins(session: ort.InferenceSession) -> bool:
-    try:
-        entry = session.get_session_options().get_session_config_entry(
-            "session.intra_op.allow_spinning")
-    except Exception:  # not set: onnxruntime's default, spinning
-        return True
-    return entry != "0"
+    """Whether the session's idle threads spin past the end of a run."""
+    return _idle_wait(session.get_session_options()) == "spin"
 
 
 def sessions(engine: CosyVoice3Engine) -> dict[str, dict[str, ort.InferenceSession]]:
@@ -272,18 +291,39 @@ def test_split_sessions_keep_their_threads_and_do_not_spin(
         for name, session in by_name.items():
             opened = session.get_session_options()
             assert (role, name, opened.intra_op_num_threads) == (role, name, 1)
-            assert not _spins(session), (role, name)
+            assert (role, name, _idle_wait(opened)) == (role, name, SPLIT_WAIT)
     # a DiT loaded on first use (the other precision) opens the same way
     model = engines[True].model
     other = "int8" if model.options.flow.precision == "fp32" else "fp32"
     late = model.streaming_estimator(other)
     assert late is not None
     assert late.main.session.get_session_options().intra_op_num_threads == 1
-    assert not _spins(late.main.session)
+    assert _idle_wait(late.main.session.get_session_options()) == SPLIT_WAIT
     for by_name in sessions(engines[False]).values():
         for name, session in by_name.items():
             assert (name, session.get_session_options().intra_op_num_threads) == (name, 1)
             assert _spins(session), name
+
+
+@pytest.mark.parametrize(("version", "supported"), [
+    ("1.18.0", False), ("1.25.1", False), ("1.26.0", True), ("1.32.0", True), ("2.0.1", True),
+])
+def test_brief_spinning_needs_onnxruntime_1_26(version: str, supported: bool) -> None:
+    assert sessions_module.brief_spin_supported(version) is supported
+
+
+def test_sessions_that_do_not_spin_wait_spin_briefly_or_sleep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # spinning within a run keeps a run's operators from waking a sleeping worker each time;
+    # none after the run leaves the core to the other kind of work
+    monkeypatch.setattr(sessions_module, "brief_spin_supported", lambda: True)
+    assert _idle_wait(sessions_module.session_options(2, spin_wait=False)) == "brief"
+    assert _idle_wait(sessions_module.session_options(2, spin_wait=True)) == "spin"
+    # an onnxruntime without the bound would ignore it and spin for as long as it likes
+    monkeypatch.setattr(sessions_module, "brief_spin_supported", lambda: False)
+    assert _idle_wait(sessions_module.session_options(2, spin_wait=False)) == "sleep"
+    assert _idle_wait(sessions_module.session_options(2, spin_wait=True)) == "spin"
 
 
 @pytest.mark.parametrize(("threads", "cpus", "expected"), [

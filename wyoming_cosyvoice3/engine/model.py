@@ -280,7 +280,7 @@ class CosyVoice3Model:
         self.options = options
         self.opened_options = options.for_sessions(available_cpus())
         """``options`` as the sessions loaded on first use open: with ``split_cores`` not
-        spinning, else ``options`` itself."""
+        spin-waiting, else ``options`` itself."""
         self.tokenizer = tokenizer
         self.end_of_prompt_id = end_of_prompt_id
         text_embedding = graphs["text_embedding"]
@@ -344,8 +344,8 @@ class CosyVoice3Model:
         if missing:
             raise ModelFilesMissing(str(model_dir), missing)
         tokenizer, eop = load_tokenizer(model_dir / TOKENIZER_FILE)
-        # with split_cores no session spins: a spinning thread would hold a core the other
-        # kind of work waits for
+        # with split_cores no session spin-waits between runs: a spinning thread would hold a
+        # core the other kind of work waits for
         opened = options.for_sessions(available_cpus())
 
         def graph(spec: GraphSpec) -> Graph:
@@ -403,8 +403,8 @@ class CosyVoice3Model:
         )
         if options.split_cores:
             log.info("split cores: LLM sessions %d intra-op threads, flow and vocoder sessions "
-                     "the same, none spinning; each request decodes in its own thread",
-                     opened.threads)
+                     "the same, none spinning between runs; each request decodes in its own "
+                     "thread", opened.threads)
         return model
 
     def _cached(self, role: str, precision: str, load: Callable[[], Any]) -> Any:

@@ -351,17 +351,19 @@ class EngineOptions:
             load at start, off the first request's path.
         threads: intra-op threads per onnxruntime session; 0 lets onnxruntime choose
             (one per physical core).
-        spin_wait: let idle onnxruntime worker threads spin before sleeping
-            (``session.intra_op.allow_spinning``): lowest latency for one busy session, but
-            spinning threads steal the core from a concurrent session.
+        spin_wait: let idle onnxruntime worker threads spin before sleeping, as onnxruntime
+            does by default: lowest latency for one busy session, but spinning threads steal
+            the core from a concurrent session. False: they spin only briefly between a run's
+            operators and not after the run (:data:`.sessions.BRIEF_SPIN_US`; not at all on
+            an onnxruntime before 1.26).
         split_cores: decode each request's speech tokens in a thread of its own (a bounded
             queue) while the calling thread runs the flow and the vocoder on the tokens
-            already decoded, every session with ``threads`` intra-op threads and none spinning
-            (a spinning thread would hold a core the other kind of work is waiting for; the
-            operating system shares the cores between the memory-bound decoding and the
-            compute-bound flow). Same tokens, audio and chunks as without it at the same
-            ``threads`` (only that thread calls the LLM and draws from the request's
-            generator; the vocoder's deferral still follows the wall clock). On the 2-core
+            already decoded, every session with ``threads`` intra-op threads and ``spin_wait``
+            off (a thread spinning between runs would hold a core the other kind of work is
+            waiting for; the operating system shares the cores between the memory-bound
+            decoding and the compute-bound flow). Same tokens, audio and chunks as without it
+            at the same ``threads`` (only that thread calls the LLM and draws from the
+            request's generator; the vocoder's deferral still follows the wall clock). On the 2-core
             Xeon of BENCHMARKS.md ("Both cores busy: decoding beside the flow") it took
             ``balanced``'s streamed paragraph from 50.6 to 43.2 s; giving each kind of work
             half of the cores instead (one thread each) took it to 47.6 s. One extra thread per

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+from packaging.version import Version
 
 from .errors import GraphSignatureMismatch, ModelFilesMissing, ModelLoadError, SynthesisFailed
 
@@ -159,17 +160,46 @@ def available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+BRIEF_SPIN_US = 10
+"""Microseconds an idle worker thread of a session that does not spin-wait still spins for the
+run's next operator before it sleeps (``session.intra_op.spin_duration_us``). A run's
+operators follow each other within microseconds, so the worker is mostly still awake for the
+next one, while a thread of a session waiting for its next run sleeps at once instead of
+holding a core the other kind of work needs. On the 2-core Xeon of BENCHMARKS.md ("Brief
+spinning between a run's operators"), alone, a decode step took 20 against 22.8 ms and a
+40-frame DiT call 71 against 79 ms, and both at once about as long as without spinning;
+through the server 10 and 20 us shortened the answers alike, 50 us not the paragraph."""
+
+BRIEF_SPIN_SINCE = Version("1.26")
+"""The first onnxruntime with ``session.intra_op.spin_duration_us`` (its Python module's
+library names the key from 1.26.0 on, not in 1.25.1); older ones ignore unknown keys, so
+there a session that does not spin-wait does not spin at all."""
+
+
+def brief_spin_supported(version: str = ort.__version__) -> bool:
+    """Whether onnxruntime ``version`` can bound its worker threads' spinning
+    (:data:`BRIEF_SPIN_SINCE`)."""
+    return Version(version) >= BRIEF_SPIN_SINCE
+
+
 def session_options(threads: int, spin_wait: bool = True,
                     memory_arena: bool = True) -> ort.SessionOptions:
     """SessionOptions used for every graph: all graph optimisations, sequential execution,
-    ``threads`` intra-op threads (0 = onnxruntime's choice), one inter-op thread; idle worker
-    threads spin before sleeping unless ``spin_wait`` is False
-    (``session.intra_op.allow_spinning``, see ``EngineOptions.spin_wait``). ``memory_arena``
-    False: intermediate tensors are freed after each run instead of kept in onnxruntime's
-    CPU arena (``enable_cpu_mem_arena``), for graphs whose largest run is a one-off."""
+    ``threads`` intra-op threads (0 = onnxruntime's choice), one inter-op thread. Idle worker
+    threads spin before sleeping, as onnxruntime does by default; with ``spin_wait`` False
+    (see ``EngineOptions.spin_wait``) only for :data:`BRIEF_SPIN_US` within a run and not at
+    all once the run has returned (``session.intra_op.spin_duration_us``,
+    ``session.force_spinning_stop``), or, on an onnxruntime without that bound, not at all
+    (``session.intra_op.allow_spinning``). ``memory_arena`` False: intermediate tensors are
+    freed after each run instead of kept in onnxruntime's CPU arena (``enable_cpu_mem_arena``),
+    for graphs whose largest run is a one-off."""
     options = ort.SessionOptions()
     options.enable_cpu_mem_arena = memory_arena
-    if not spin_wait:
+    if not spin_wait and brief_spin_supported():
+        options.add_session_config_entry("session.intra_op.spin_duration_us",
+                                         str(BRIEF_SPIN_US))
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+    elif not spin_wait:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

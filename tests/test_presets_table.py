@@ -72,6 +72,8 @@ def test_the_table_states_each_stage_of_the_preset(name: str) -> None:
     first = rows["first flow chunk after"]
     assert int(first.split()[0]) == flow.first_hop_tokens
     assert ("chunk grid" in first) == flow.first_hop_on_chunk_grid
+    largest = rows["largest flow chunk (the hop doubles after each chunk up to it)"]
+    assert int(largest.split()[0]) == flow.max_hop_tokens
     middle = rows["middle pieces of an answer, when synthesis is slower than playback"]
     assert (middle == "one chunk each") == flow.whole_middle_pieces
     vocoder = rows["vocoder if the streamed form cannot be derived"]

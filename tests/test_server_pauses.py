@@ -58,6 +58,7 @@ from wyoming_cosyvoice3.server.preroll import (
 from wyoming_cosyvoice3.server.speech import (
     DECODING_AHEAD_PIECE_S,
     MIN_PIECE_TOKENS,
+    first_pieces,
     piece_bound_s,
     planned_pieces,
 )
@@ -542,6 +543,28 @@ def piece_paced_factory(model_dir: Path, options: EngineOptions) -> Engine:
 
 def _sentence(words: int) -> str:
     return " ".join(["word"] * words)[:-1] + "."  # 'word' = 4 letters: 5 chars per word
+
+
+@pytest.mark.parametrize(("audio_s", "work_s", "parts_n"), [
+    (20.0, 10.0, 1),  # twice as fast as playback: one LLM pass, unbroken prosody
+    (11.5, 10.0, 1),  # 1.15: still 1.045x playback at the gate's 10 % margin
+    (10.5, 10.0, 2),  # 1.05: within the margin, so it may be made more slowly than it plays
+    (9.0, 10.0, 2),
+])
+def test_a_first_sentence_stays_whole_only_faster_than_playback_by_the_rate_margin(
+    audio_s: float, work_s: float, parts_n: int,
+) -> None:
+    async def send(event: Event) -> None:
+        raise AssertionError("nothing is sent")
+
+    history = ProductionHistory()
+    history.add_response(audio_s, work_s)
+    runtime = SimpleNamespace(production=history)
+    gate = PieceGate(send, 10.0, history)
+    text = "The kitchen lights are on, and the front door is locked for the night."
+    parts = first_pieces(runtime, gate, text)  # type: ignore[arg-type]
+    assert " ".join(parts) == text
+    assert len(parts) == parts_n
 
 
 async def test_streamed_answer_opening_with_a_long_sentence_starts_early(

@@ -38,6 +38,7 @@ from .engine_port import PiecePlanner
 from .preroll import (
     FIRST_PIECE_MAX_S,
     FIRST_PIECE_MIN_S,
+    RATE_MARGIN,
     PieceGate,
     expected_speech_s,
     piece_limit_s,
@@ -324,12 +325,16 @@ def first_pieces(runtime: ServerRuntime, gate: PieceGate | None, text: str) -> l
     which becomes the request's first piece, so it can play through early. Only when audio
     may be held (``gate`` with a
     bound), nothing was produced yet, and production is not known to be faster than
-    playback (a fast machine keeps the sentence whole: one LLM pass, unbroken prosody).
+    playback with the gate's margin (:data:`.preroll.RATE_MARGIN`; a fast machine keeps the
+    sentence whole: one LLM pass, unbroken prosody). Without the margin a rate measured on a
+    short answer just above 1 (start-up and all) kept a sentence whole that was then made
+    more slowly than it plays, released at the first-audio limit and paused inside
+    (BENCHMARKS.md "The first sentence cut below the rate margin").
     """
     if gate is None or gate.max_hold_s == 0 or gate.started_at is not None:
         return [text]
     rate = runtime.production.rate()
-    if rate is not None and rate >= 1.0:
+    if rate is not None and rate / (1.0 + RATE_MARGIN) >= 1.0:
         return [text]
     head, rest = split_first_clause(text, FIRST_PIECE_MAX_S, FIRST_PIECE_MIN_S,
                                     expected_speech_s)

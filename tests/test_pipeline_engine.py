@@ -20,6 +20,7 @@ from wyoming_cosyvoice3.engine import (
     VoicePrompt,
 )
 from wyoming_cosyvoice3.engine.llm.decoder import SilentRunFilter
+from wyoming_cosyvoice3.engine.options import PRESETS
 
 LONG_TEXT = (
     "The living room lights are now on, the kitchen is twenty one degrees, and the front "
@@ -130,6 +131,30 @@ def test_c14_speed_scales_length(engine, voice, monkeypatch, streaming, speed) -
     # each piece ends with int(frames / speed) mel frames, streamed or not
     assert len(fast) == 480 * sum(int(f / speed) for f in frames)
     assert abs(len(fast) - len(base) / speed) <= 480 * len(frames)
+
+
+@pytest.mark.parametrize("speed", [1.5, 0.75])
+def test_c14_speed_scales_length_with_fasts_capped_hops(engine, voice, monkeypatch,
+                                                        speed) -> None:
+    # fast's hop schedule (8 tokens, doubling up to its cap of 40): a piece long enough to
+    # reach the cap still ends with int(frames / speed) mel frames
+    flow = PRESETS["fast"].flow
+    hops = {"first_hop_tokens": flow.first_hop_tokens, "max_hop_tokens": flow.max_hop_tokens}
+    # no vocoder deferral: it follows the wall clock and may merge chunks on a slow machine
+    fixed = {"flow": hops, "vocoder": {"defer": False}, "seed": 5}
+    rec = Recorder(engine, monkeypatch)
+    with fixed_decoding(engine, 2.5):  # 55 characters: about 137 tokens, one piece
+        base = audio(run(engine, MEDIUM_TEXT, voice, **fixed))
+        frames = rec.flow_frames()
+        rec.pieces.clear()
+        chunks = run(engine, MEDIUM_TEXT, voice, speed=speed, **fixed)
+    assert rec.flow_frames() == frames
+    # past 8 + 16 + 32 + 40 tokens, and the hops announced stop at the cap: 40 tokens at 25 a
+    # second, at this speed
+    assert max(frames) > 2 * (8 + 16 + 32 + 40)
+    assert max(c.next_chunk_s for c in chunks) == pytest.approx(40 / 25 / speed)
+    assert len(audio(chunks)) == 480 * sum(int(f / speed) for f in frames)
+    assert abs(len(audio(chunks)) - len(base) / speed) <= 480 * len(frames)
 
 
 def test_seed_reproduces_audio(engine, voice) -> None:

@@ -326,9 +326,8 @@ def first_pieces(runtime: ServerRuntime, gate: PieceGate | None, text: str) -> l
     may be held (``gate`` with a
     bound), nothing was produced yet, and production is not known to be faster than
     playback with the gate's margin (:data:`.preroll.RATE_MARGIN`; a fast machine keeps the
-    sentence whole: one LLM pass, unbroken prosody). Without the margin a rate measured on a
-    short answer just above 1 (start-up and all) kept a sentence whole that was then made
-    more slowly than it plays, released at the first-audio limit and paused inside
+    sentence whole: one LLM pass, unbroken prosody): a rate just above 1, measured on a short
+    answer, does not promise that a whole sentence is made faster than it plays
     (BENCHMARKS.md "The first sentence cut below the rate margin").
     """
     if gate is None or gate.max_hold_s == 0 or gate.started_at is not None:

@@ -58,11 +58,13 @@ def free_port() -> int:
 def server_process(port: int, model_dir: Path, data_dir: Path, *args: str,
                    stderr: Any = subprocess.PIPE,
                    program: tuple[str, ...] = ("-m", "wyoming_cosyvoice3"),
+                   environment: dict[str, str] | None = None,
                    ) -> subprocess.Popen[bytes]:
     """``python -m wyoming_cosyvoice3`` (or ``python *program``) on 127.0.0.1:``port`` (no
-    COSYVOICE3_* from the environment of the test run). ``data_dir`` receives the caches, so
-    that the shared model directory is never written to."""
+    COSYVOICE3_* from the environment of the test run, plus ``environment``). ``data_dir``
+    receives the caches, so that the shared model directory is never written to."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSYVOICE3_")}
+    env.update(environment or {})
     return subprocess.Popen(
         [sys.executable, *program, "--uri", f"tcp://127.0.0.1:{port}",
          "--model-dir", str(model_dir), "--data-dir", str(data_dir), *args],

@@ -125,7 +125,9 @@ def _add_many(data_dir: str, prefix: str, count: int) -> None:
 
 
 def test_two_processes_writing_at_once_lose_nothing(tmp_path: Path) -> None:
-    context = multiprocessing.get_context("fork")
+    # fresh interpreters, as two programs would be: a fork of this test worker inherits locks
+    # that its other threads may hold at that moment (one forked writer hung in CI)
+    context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=_add_many, args=(str(tmp_path), p, 25)) for p in "ab"]
     for worker in workers:
         worker.start()

@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also serve each preset from this tree with more server flags, "
                    "LABEL:FLAGS (e.g. 'cc:--bench-synthesis-options=flow_chunk_causal=true'), "
                    "alternating like --baseline-src; rows '<preset> (LABEL)'; repeatable")
+    p.add_argument("--no-restart", action="store_true",
+                   help="with --baseline-src or --variant, keep every server alive for all "
+                   "runs; by default they all restart once, halfway through the runs, in "
+                   "the reverse start order (BENCHMARKS.md \"Which server starts first\")")
     p.add_argument("--delta-chars", type=int, default=10, help="streaming delta size")
     p.add_argument("--delta-interval-s", type=float, default=0.05, help="time between deltas")
     p.add_argument("--request-timeout-s", type=float, default=1800.0,
@@ -166,28 +170,61 @@ def _servers_for(preset: str, args: argparse.Namespace,
     return servers
 
 
+def run_halves(runs: int, servers: int, restart: bool) -> list[range]:
+    """The run indices of each life of a preset's servers: with more than one server (a
+    comparison) and ``restart``, the first ``ceil(runs / 2)`` runs, then the rest after every
+    server started again in the reverse order (a server started before the others ran 2-6 %
+    slower for its whole life in A/A runs, BENCHMARKS.md "Which server starts first", so each
+    row gets about half of its runs from either start position); otherwise all runs in one
+    life."""
+    if servers < 2 or not restart or runs < 2:
+        return [range(runs)]
+    half = (runs + 1) // 2
+    return [range(half), range(half, runs)]
+
+
+def _start_all(servers: Sequence[tuple[str, ServerProcess]], args: argparse.Namespace,
+               again: bool) -> None:
+    """Start ``servers`` one after the other (in this order), each with a warm-up request."""
+    for label, server in servers:
+        _LOGGER.info("[%s] starting the server%s", label, " again" if again else "")
+        server.start(again=again)
+        _LOGGER.info("[%s] ready in %.1f s (RSS %.2f GB); warm-up request", label,
+                     server.load_s, server.rss_bytes() / 1e9)
+        asyncio.run(_request("one-shot", server.port, SENTENCE,
+                             RunTrace(label, "warm-up", "one-shot", 0.0), args))
+
+
 def _run_preset(preset: str, args: argparse.Namespace, data_dir: Path,
                 workloads: Sequence[str], modes: Sequence[str]) -> list[dict[str, Any]]:
     """Serve ``preset`` (and its baseline/variants, alive at once, each measured request
-    going to them in turn, the order rotating per run) and measure every cell."""
+    going to them in turn, the order rotating per run; restarted halfway in the reverse
+    start order, :func:`run_halves`) and measure every cell."""
     servers = _servers_for(preset, args, data_dir)
     traces: dict[str, list[RunTrace]] = {label: [] for label, _ in servers}
+    starts: dict[str, list[int]] = {label: [] for label, _ in servers}
     steady: dict[str, int] = {}
+    skip = {tuple(c.split(":", 1)) for c in args.skip_cells.split(",") if c}
+    cells = [(w, m) for w in workloads for m in modes if (w, m) not in skip]
+    spent = dict.fromkeys(cells, 0.0)
+    done = dict.fromkeys(cells, 0)
+    halves = run_halves(args.runs, len(servers), not args.no_restart)
     try:
-        for label, server in servers:
-            _LOGGER.info("[%s] starting the server", label)
-            server.start()
-            _LOGGER.info("[%s] ready in %.1f s (RSS %.2f GB); warm-up request", label,
-                         server.load_s, server.rss_bytes() / 1e9)
-            asyncio.run(_request("one-shot", server.port, SENTENCE,
-                                 RunTrace(label, "warm-up", "one-shot", 0.0), args))
-        skip = {tuple(c.split(":", 1)) for c in args.skip_cells.split(",") if c}
-        for workload in workloads:
-            for mode in modes:
-                if (workload, mode) in skip:
-                    continue
-                cell_start = time.monotonic()
-                for index in range(args.runs):
+        for life, indices in enumerate(halves):
+            if life:
+                for _, server in servers:
+                    server.stop()
+            order = servers if life % 2 == 0 else servers[::-1]
+            _start_all(order, args, again=life > 0)
+            for position, (label, _) in enumerate(order):
+                starts[label].append(position)
+            for cell in cells:
+                workload, mode = cell
+                for index in indices:
+                    # stop repeating a cell once another run would pass its budget
+                    if done[cell] and spent[cell] + spent[cell] / done[cell] > args.cell_budget_s:
+                        break
+                    cell_start = time.monotonic()
                     turn = index % len(servers)
                     for label, server in servers[turn:] + servers[:turn]:
                         trace = RunTrace(label, workload, mode, 0.0)
@@ -199,9 +236,8 @@ def _run_preset(preset: str, args: argparse.Namespace, data_dir: Path,
                                      f"{trace.first_chunk_s:.2f}" if trace.first_chunk_s
                                      else "-", trace.total_s, trace.audio_s,
                                      f", error: {trace.error}" if trace.error else "")
-                    spent = time.monotonic() - cell_start
-                    if spent + spent / (index + 1) > args.cell_budget_s:
-                        break
+                    spent[cell] += time.monotonic() - cell_start
+                    done[cell] += 1
         steady = {label: server.rss_bytes() for label, server in servers}
     finally:
         for _, server in servers:
@@ -212,6 +248,7 @@ def _run_preset(preset: str, args: argparse.Namespace, data_dir: Path,
         "peak_rss_bytes": server.peak_rss_bytes,
         "steady_rss_bytes": steady.get(label, 0),
         "stats_file": server.stats_file.name,
+        "start_positions": starts[label],
         "traces": [dataclasses.asdict(t) for t in traces[label]],
         "command": shlex.join(server.command()),
         **({"source_dir": str(server.source_dir)} if server.source_dir is not None else {}),

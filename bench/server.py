@@ -141,14 +141,22 @@ class ServerProcess:
                 "--bench-stats-file", str(self.stats_file.resolve()),
                 *server_flags, *self.extra_args]
 
-    def start(self, ready_timeout_s: float = 1800.0) -> None:
+    def start(self, ready_timeout_s: float = 1800.0, again: bool = False) -> None:
         """Start the process and wait until the benchmark voice is installed.
+
+        Args:
+            ready_timeout_s: longest wait for the server to be ready.
+            again: a later life of this server in the same benchmark run: its records and
+                log go on after the earlier life's (otherwise both files start empty);
+                ``load_s`` stays the first life's.
 
         Raises:
             ServerFailed: the process exited or was not ready in ``ready_timeout_s``.
         """
         self.port = free_port()
-        self.stats_file.unlink(missing_ok=True)
+        if not again:
+            self.stats_file.unlink(missing_ok=True)
+        self._stop.clear()
         # every start computes the voice features again: feature extraction is measured
         shutil.rmtree(self.data_dir / "voice-cache", ignore_errors=True)
         env = dict(os.environ)
@@ -157,7 +165,7 @@ class ServerProcess:
         if self.package_bench:
             env["COSYVOICE3_BENCH_TOKENS_PER_CHAR"] = f"{self.tokens_per_char:g}"
             env["COSYVOICE3_BENCH_STATS_FILE"] = str(self.stats_file.resolve())
-        self._log = self.log_file.open("wb")
+        self._log = self.log_file.open("ab" if again else "wb")
         started = time.monotonic()
         # ``python -m`` puts the working directory first on sys.path, before PYTHONPATH: the
         # server starts in its tree, or one started elsewhere could import another tree
@@ -174,7 +182,8 @@ class ServerProcess:
             info = asyncio.run(describe(HOST, self.port, timeout_s=2.0))
             voices = [v for p in (info.tts if info else []) for v in p.voices]
             if any(v.name == VOICE_NAME and v.installed for v in voices):
-                self.load_s = time.monotonic() - started
+                if not again:
+                    self.load_s = time.monotonic() - started
                 return
             if info is not None and any("unavailable" in (p.description or "")
                                         for p in info.tts):

@@ -1,6 +1,7 @@
 """The benchmark harness's comparison mode (``--baseline-src``, ``--variant``) through real
 servers on the tiny model: every server of a preset is alive at once and the measured requests
-alternate between them, so machine noise falls on every row alike."""
+alternate between them, so machine noise falls on every row alike; halfway through the runs
+they all start again in the reverse order, so the start position does too."""
 
 from __future__ import annotations
 
@@ -77,12 +78,14 @@ def test_baseline_and_variant_alternate_with_this_tree(tiny_model_dir: Path,
         # and one pieces record per response the client received (warm-up + 2)
         records = read_records(out / server["stats_file"])
         requests = [r for r in records if r.get("kind") == "request"]
-        assert len(requests) >= 3, label  # the server's own warm-up, the harness's, 2 runs
+        # per life (two: a restart halfway) the server's own warm-up and the harness's, then
+        # one run
+        assert len(requests) >= 6, label
         assert all(r["graph_runs"] and r["times"]["llm_tokens"] > 0 for r in requests), label
         # the vocoder ran (hift.onnx or a form derived from it, e.g. the streamed one)
         assert any(run[0].startswith("hift.") for r in requests for run in r["graph_runs"]), label
         pieces = [r for r in records if r.get("kind") == "pieces"]
-        assert len(pieces) == 3, label
+        assert len(pieces) == 4, label  # per life the harness's warm-up and one run
         sent = {sum(n for _, n in t["chunks"]) for t in traces}  # what the client received
         assert all(p["starts"][0] == 0 and p["samples"] in sent for p in pieces), label
         assert server["command"].split()[1:3] == ["-m", "bench.serve"], label
@@ -98,6 +101,21 @@ def test_baseline_and_variant_alternate_with_this_tree(tiny_model_dir: Path,
                     for t in s["traces"])
     assert [label for _, label in starts[:3]] == labels
     assert [label for _, label in starts[3:]] == labels[1:] + labels[:1]
+    # between the two runs every server started again, in the reverse order: each server's
+    # own records show when it prepared the voice (at every start), and the second run of
+    # every row came after all three had started again
+    first_run_end = max(s["traces"][0]["wall_start_s"] + s["traces"][0]["total_s"]
+                        for s in raw["servers"])
+    lives: dict[str, list[float]] = {}
+    for label, server in by_label.items():
+        prepared = sorted(r["wall_start_s"] for r in read_records(out / server["stats_file"])
+                          if r.get("kind") == "voice")
+        lives[label] = [prepared[0], min(t for t in prepared if t > first_run_end)]
+    assert sorted(labels, key=lambda label: lives[label][0]) == labels
+    assert sorted(labels, key=lambda label: lives[label][1]) == labels[::-1]
+    assert [by_label[label]["start_positions"] for label in labels] == [[0, 2], [1, 1], [2, 0]]
+    assert max(life[1] for life in lives.values()) < min(
+        s["traces"][1]["wall_start_s"] for s in raw["servers"])
     json.dumps(raw)  # raw.json stays serialisable
 
 
@@ -122,3 +140,14 @@ def test_a_tree_with_the_benchmark_inside_the_package_runs_its_own_server(
     assert command[1:3] == ["-m", "bench.serve"] and command[-2:] == ["--threads", "1"]
     assert command[command.index("--bench-tokens-per-char") + 1] == "1.5"
     assert command[command.index("--bench-stats-file") + 1] == str(tmp_path / "s.jsonl")
+
+
+def test_runs_split_into_two_lives_only_when_servers_are_compared() -> None:
+    assert cli.run_halves(3, 2, restart=True) == [range(0, 2), range(2, 3)]
+    assert cli.run_halves(6, 3, restart=True) == [range(0, 3), range(3, 6)]
+    # one server has no start position to balance; one run cannot be split
+    assert cli.run_halves(3, 1, restart=True) == [range(0, 3)]
+    assert cli.run_halves(1, 2, restart=True) == [range(0, 1)]
+    assert cli.run_halves(4, 2, restart=False) == [range(0, 4)]
+    args = cli.build_parser().parse_args(["--model-dir", "m", "--no-restart"])
+    assert args.no_restart is True

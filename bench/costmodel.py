@@ -220,9 +220,10 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-TIME_GRAPHS = ("flow.decoder.estimator.time", "flow.decoder.estimator.stream1time")
-"""The DiT's time-conditioning graphs (engine/derive/flow/streaming_estimator.py; the first
-name is the retired split estimator's, kept to read older recordings): run once per Euler time
+TIME_GRAPHS = ("flow.decoder.estimator.time", "flow.decoder.estimator.stream1time",
+               "flow.decoder.estimator.stream2time")
+"""The DiT's time-conditioning graphs (engine/derive/flow/streaming_estimator.py; the first two
+names are retired forms', kept to read older recordings and baselines): run once per Euler time
 value when the model loads or warms up, their outputs cached; no request runs them."""
 
 

@@ -1,13 +1,15 @@
 """The streaming DiT's calls at their compute cost: two main graphs timed call by call.
 
 ``python -m bench.dit_calls --model-dir DIR --cache-dir CACHE --baseline-main FILE
-[--precision int8] [--records SERVER.jsonl] [--repeats 5] [--threads 0] [--out calls.json]``;
+[--baseline-time FILE] [--precision int8] [--records SERVER.jsonl] [--repeats 5] [--threads 0]
+[--out calls.json]``;
 ``python -m bench.dit_calls --model-dir DIR --cache-dir CACHE --profile 26,80,160 [--cached 250]``
 
 The graph this tree derives (into ``--cache-dir``, when it is not there yet) and a baseline
 main graph (``--baseline-main``: a main graph of the same inputs and outputs that another
-tree derived, e.g. ``flow.decoder.estimator.stream2int8main-*.onnx`` from a server's engine
-cache; both read the time conditioning from this tree's ``stream1time`` graph) run the
+tree derived, e.g. ``flow.decoder.estimator.stream3int8main-*.onnx`` from a server's engine
+cache; it reads the time conditioning from ``--baseline-time``, the time graph derived beside
+it, or by default from this tree's ``stream2time`` graph) run the
 same call mix in one process, taking turns call by call (A, B, then B, A), on the same random
 inputs: batch 2 (CFG), F new frames after M cached ones (the prompt's first 200, the rest
 history), the chunk mask of frames M .. M + F - 1. The mix defaults to ``balanced``'s streamed
@@ -143,7 +145,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     main, time_graph = ensure_streaming_estimator(source, Path(args.cache_dir), args.precision)
     baseline = Path(args.baseline_main)
     callers: dict[str, Any] = {
-        "baseline": Caller(_graph(baseline, threads), time_graph),
+        "baseline": Caller(_graph(baseline, threads),
+                           Path(args.baseline_time) if args.baseline_time else time_graph),
         "current": Caller(_graph(main, threads), time_graph),
     }
     costs = {"baseline": _cost(baseline), "current": _cost(main)}
@@ -297,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", required=True, help="where this tree's graphs are derived")
     p.add_argument("--baseline-main", default=None,
                    help="a main graph file of the same form (another tree's derived graph)")
+    p.add_argument("--baseline-time", default=None,
+                   help="the time graph derived beside --baseline-main (default: this tree's; "
+                        "needed when the two trees' time graphs differ in their outputs)")
     p.add_argument("--precision", choices=("fp32", "int8"), default="int8")
     p.add_argument("--records", type=Path, default=None,
                    help="a server's --bench-stats-file: take the call mix from it")

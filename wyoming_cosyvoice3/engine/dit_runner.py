@@ -137,8 +137,9 @@ class StreamingEstimator:
         self._lock = threading.Lock()
 
     def modulation(self, t: float) -> dict[str, np.ndarray]:
-        """``mod_<i>`` [1, 6D] and ``mod_final`` [1, 2D] for time ``t`` (cached; a time not
-        precomputed opens the time graph for this one call)."""
+        """``mod_<i>_<j>`` and ``mod_final_<j>`` float32 [D] for time ``t`` (the time graph's
+        outputs, :mod:`.derive.flow.streaming_graph`; cached; a time not precomputed opens the
+        time graph for this one call)."""
         key = float(np.float32(t))
         with self._lock:
             hit = self._mods.get(key)

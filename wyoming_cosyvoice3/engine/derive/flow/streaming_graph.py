@@ -3,8 +3,9 @@
 Two ONNX graphs are written:
 
 * the *time graph*: the source graph's nodes that depend on ``t`` alone (TimestepEmbedding and
-  every AdaLayerNormZero linear layer), copied unchanged, with the modulation vectors as outputs
-  ``mod_<i>`` [B, 6D] and ``mod_final`` [B, 2D]. Run once per distinct ``t`` and cached.
+  every AdaLayerNormZero linear layer), copied unchanged, with the modulation vectors cut into
+  their chunks as outputs (``mod_<i>_<j>``, ``mod_final_<j>``, below). ``t`` has one value (the
+  batch rows of a CFG call share their time). Run once per distinct ``t`` and cached.
 * the *main graph*: the per-frame computation of upstream's ``DiT.forward``
   (cosyvoice/flow/DiT/dit.py) for ``n`` new frames that attend to ``m`` cached frames.
 
@@ -16,7 +17,10 @@ input                           meaning
 ==============================  ================================================================
 ``x``, ``mu``, ``cond``         float32 [B, 80, n]: the new frames (as the original estimator)
 ``spks``                        float32 [B, 80]
-``mod_<i>``, ``mod_final``      float32 [1 or B, 6D] / [1 or B, 2D]: the time graph's outputs
+``mod_<i>_<j>``                 float32 [D]: block i's modulation chunk j (upstream's
+                                ``AdaLayerNormZero`` order: shift, 1 + scale and gate of the
+                                attention, then of the feed-forward; the scales with 1 added)
+``mod_final_<j>``               float32 [D]: the final norm's 1 + scale (j = 0) and shift (1)
 ``rope_cos``, ``rope_sin``      float32 [n, head_dim]: rotary tables of the new frames'
                                 absolute positions (x-transformers ``RotaryEmbedding``),
                                 host-computed (:func:`...dit_runner.rope_tables`)
@@ -42,7 +46,9 @@ against 4.1 ms per block for 40 new frames over 300 cached at the published widt
 on the 2-core test machine). With m = 0, zero convolution pasts,
 positions 0..n-1 and an all-zero bias, the main graph computes what the original estimator
 computes (validated when derived). Attention as ``F.scaled_dot_product_attention``
-(softmax(q k^T / sqrt(head_dim) + bias) v); LayerNorm without affine, eps from the source;
+(softmax(q k^T / sqrt(head_dim) + bias) v); LayerNorm without affine, eps from the
+source, then x (1 + scale) + shift: one ``LayerNormalization`` with the modulation chunks as
+its scale and bias;
 FeedForward GELU with the tanh approximation (modules.py ``FeedForward(approximate="tanh")``,
 contrib ``FastGelu``);
 Mish after each convolution.
@@ -59,6 +65,13 @@ import numpy as np
 
 from ..common.graph import Linear
 from .dit_structure import FINAL_MOD_CHUNKS, MOD_CHUNKS, DitWeights
+
+SCALE_CHUNKS = (1, 4)
+"""The scale chunks of a block's modulation (upstream's ``AdaLayerNormZero``: shift_msa,
+scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp), which the time graph hands out as
+1 + scale."""
+FINAL_SCALE_CHUNKS = (0,)
+"""The final norm's scale chunk (``AdaLayerNormZero_Final``: scale, shift)."""
 
 OPSET = 18
 MS_DOMAIN = "com.microsoft"
@@ -104,24 +117,9 @@ class _Builder:
             y = self.op("Add", [y, self.const(lin.bias, f"{base}.bias")])
         return y
 
-    def chunk(self, mod: str, index: int, width: int) -> str:
-        """``mod[:, index*width:(index+1)*width]`` unsqueezed to [B, 1, width]."""
-        part = self.op(
-            "Slice",
-            [mod, self.const([index * width]), self.const([(index + 1) * width]),
-             self.const([-1])],
-        )
-        return self.op("Unsqueeze", [part, self.const([1])])
-
-    def modulated_norm(self, x: str, eps: float, scale: str, shift: str) -> str:
-        normed = self.op("LayerNormalization", [x, self.ones_d, self.zeros_d], epsilon=eps,
-                         axis=-1)
-        scaled = self.op("Mul", [normed, self.op("Add", [scale, self.one])])
-        return self.op("Add", [scaled, shift])
-
-    ones_d: str = ""
-    zeros_d: str = ""
-    one: str = ""
+    def modulated_norm(self, x: str, eps: float, scale_1p: str, shift: str) -> str:
+        """LayerNorm(x) (1 + scale) + shift in one kernel (``scale_1p`` = 1 + scale, [D])."""
+        return self.op("LayerNormalization", [x, scale_1p, shift], epsilon=eps, axis=-1)
 
 
 def rotate_half_matrix(head_dim: int, layout: str) -> np.ndarray:
@@ -149,9 +147,6 @@ def build_main(w: DitWeights, layout: str) -> Any:
     b = _Builder()
     h = b.h
     dim, inner, dh, kk = w.dim, w.inner, w.head_dim, w.kernel
-    b.ones_d = b.const(np.ones(dim, np.float32), "ln_one")
-    b.zeros_d = b.const(np.zeros(dim, np.float32), "ln_zero")
-    b.one = b.const(np.float32(1.0), "one")
     f32 = TensorProto.FLOAT
     inputs = [
         h.make_tensor_value_info(name, f32, ["B", width, "n"])
@@ -160,9 +155,10 @@ def build_main(w: DitWeights, layout: str) -> Any:
     ]
     spk_width = w.input_widths[w.input_order.index("spks")]
     inputs.append(h.make_tensor_value_info("spks", f32, ["B", spk_width]))
-    inputs += [h.make_tensor_value_info(f"mod_{i}", f32, ["Bm", MOD_CHUNKS * dim])
-               for i in range(w.depth)]
-    inputs.append(h.make_tensor_value_info("mod_final", f32, ["Bm", FINAL_MOD_CHUNKS * dim]))
+    inputs += [h.make_tensor_value_info(f"mod_{i}_{j}", f32, [dim])
+               for i in range(w.depth) for j in range(MOD_CHUNKS)]
+    inputs += [h.make_tensor_value_info(f"mod_final_{j}", f32, [dim])
+               for j in range(FINAL_MOD_CHUNKS)]
     inputs += [h.make_tensor_value_info(n, f32, ["n", dh]) for n in ("rope_cos", "rope_sin")]
     inputs.append(h.make_tensor_value_info("attn_bias", f32, ["Ba", 1, "n", "mn"]))
     inputs += [h.make_tensor_value_info(n, f32, ["B", dim, kk - 1])
@@ -212,7 +208,7 @@ def build_main(w: DitWeights, layout: str) -> Any:
         return b.op("Concat", [rotated, rest], axis=-1)
 
     for i, blk in enumerate(w.blocks):
-        chunks = [b.chunk(f"mod_{i}", j, dim) for j in range(MOD_CHUNKS)]
+        chunks = [f"mod_{i}_{j}" for j in range(MOD_CHUNKS)]
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunks
         xn = b.modulated_norm(hid, w.eps[2 * i], scale_msa, shift_msa)
         q = rope(b.linear(xn, blk.q, f"b{i}.q"))
@@ -241,7 +237,7 @@ def build_main(w: DitWeights, layout: str) -> Any:
         b.value_info.append(h.make_tensor_value_info(ff, f32, ["B", "n", blk.ff1.n]))
         hid = b.op("Add", [hid, b.op("Mul", [gate_mlp, b.linear(ff, blk.ff2, f"b{i}.ff2")])])
 
-    fscale, fshift = (b.chunk("mod_final", j, dim) for j in range(FINAL_MOD_CHUNKS))
+    fscale, fshift = (f"mod_final_{j}" for j in range(FINAL_MOD_CHUNKS))
     out = b.linear(b.modulated_norm(hid, w.eps[-1], fscale, fshift), w.proj_out, "proj_out")
     b.op("Transpose", [out], out="velocity", perm=[0, 2, 1])
     mel = w.proj_out.n
@@ -282,12 +278,12 @@ def _gelu_tanh(b: _Builder, x: str) -> str:
 
 
 def build_time(model: Any, w: DitWeights) -> Any:
-    """The time graph: ``t`` [B] -> ``mod_<i>`` [B, 6D], ``mod_final`` [B, 2D].
+    """The time graph: ``t`` [1] -> ``mod_<i>_<j>`` and ``mod_final_<j>`` [D] each.
 
     The source graph's nodes needed for the modulation tensors (all depend on ``t`` and
     constants only), copied unchanged with the initializers they read.
     """
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
     g = model.graph
     targets = list(w.mod_outputs)
@@ -312,10 +308,24 @@ def build_time(model: Any, w: DitWeights) -> Any:
     renames[targets[-1]] = "mod_final"
     outs = []
     for name, new in renames.items():
-        nodes.append(helper.make_node("Identity", [name], [new]))
-        width = MOD_CHUNKS if new != "mod_final" else FINAL_MOD_CHUNKS
-        outs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, ["B", width * w.dim]))
-    t_in = helper.make_tensor_value_info("t", TensorProto.FLOAT, ["B"])
+        chunks, scale_chunks = ((MOD_CHUNKS, SCALE_CHUNKS) if new != "mod_final"
+                                else (FINAL_MOD_CHUNKS, FINAL_SCALE_CHUNKS))
+        flat = f"{new}_flat"  # [1, chunks x D] -> [chunks x D]: fails for more than one t
+        inits.append(numpy_helper.from_array(np.array([chunks * w.dim], np.int64),
+                                             f"{new}_shape"))
+        nodes.append(helper.make_node("Reshape", [name, f"{new}_shape"], [flat]))
+        for j in range(chunks):
+            out = f"{new}_{j}"
+            bounds = [f"{out}_start", f"{out}_end"]
+            for bound, at in zip(bounds, (j * w.dim, (j + 1) * w.dim), strict=True):
+                inits.append(numpy_helper.from_array(np.array([at], np.int64), bound))
+            part = f"{out}_scale" if j in scale_chunks else out
+            nodes.append(helper.make_node("Slice", [flat, *bounds], [part]))
+            if j in scale_chunks:
+                inits.append(numpy_helper.from_array(np.array(1.0, np.float32), f"{out}_one"))
+                nodes.append(helper.make_node("Add", [part, f"{out}_one"], [out]))
+            outs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, [w.dim]))
+    t_in = helper.make_tensor_value_info("t", TensorProto.FLOAT, [1])
     graph = helper.make_graph(nodes, "dit_streaming_time", [t_in], outs, inits)
     out = helper.make_model(graph, opset_imports=list(model.opset_import))
     out.ir_version = model.ir_version

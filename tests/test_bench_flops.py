@@ -180,7 +180,10 @@ def test_streaming_dit_costs_match_the_published_estimator(
     assert family_of(main.name) is FAMILIES["stream_estimator"]
     assert family_of(_time.name) is FAMILIES["dit_time"]
     time_cost = fit_cost_model(flops.load_stripped(_time), FAMILIES["dit_time"])
-    assert time_cost.ops({"t": [2]}).fp32 == pytest.approx(2 * time_cost.ops({"t": [1]}).fp32)
+    # one time value a run (a CFG call's two rows share it): a run's work, the same whatever
+    # batch the fit tried
+    assert time_cost.ops({"t": [1]}).fp32 > 0
+    assert time_cost.ops({"t": [1]}).fp32 == time_cost.ops({"t": [2]}).fp32
     stream = fit_cost_model(flops.load_stripped(main), FAMILIES["stream_estimator"])
     published = fit_cost_model(
         flops.load_stripped(tiny_dit_model_dir / "flow.decoder.estimator.fp32.onnx"),

@@ -173,7 +173,7 @@ def _servers_for(preset: str, args: argparse.Namespace,
 def run_halves(runs: int, servers: int, restart: bool) -> list[range]:
     """The run indices of each life of a preset's servers: with more than one server (a
     comparison) and ``restart``, the first ``ceil(runs / 2)`` runs, then the rest after every
-    server started again in the reverse order (a server started before the others ran 2-6 %
+    server started again in the reverse order (a server started before the others ran up to 6 %
     slower for its whole life in A/A runs, BENCHMARKS.md "Which server starts first", so each
     row gets about half of its runs from either start position); otherwise all runs in one
     life."""

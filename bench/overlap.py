@@ -39,6 +39,7 @@ BESIDE_ABOVE = 0.8
 """A run overlapped for more than this share of its duration counts as beside."""
 
 _SIDES = {"llm_decode": "decoding", "flow": "flow and vocoder", "vocoder": "flow and vocoder"}
+_OTHER_SIDE = {"decoding": "flow and vocoder", "flow and vocoder": "decoding"}
 
 RunKey = tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]
 """A graph file's name and its input shapes, for a decode step its rows only: runs with equal
@@ -160,11 +161,10 @@ def add_request(overlap: Overlap, record: Mapping[str, Any]) -> None:
     overlap.requests.append((float(record.get("audio_s", 0.0)), sorted_runs))
     for name, stage, shapes, start, end in runs:
         side = _SIDES[stage]
-        other = next(s for s in set(_SIDES.values()) if s != side)
         duration = end - start
         if duration <= 0:
             continue
-        covered = _covered_s(start, end, intervals[other]) / duration
+        covered = _covered_s(start, end, intervals[_OTHER_SIDE[side]]) / duration
         kind = "alone" if covered < ALONE_BELOW else "beside" if covered > BESIDE_ABOVE else None
         key = _key(name, stage, shapes)
         sorted_runs.append((stage, key, duration, kind == "alone"))

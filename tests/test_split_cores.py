@@ -442,8 +442,18 @@ def test_chunks_tell_a_decoded_pieces_audio_still_to_come(
         error_s = chunk.piece_left_s - later / C.OUTPUT_SAMPLE_RATE_HZ
         longest_s = 1e-9 if speed == 1.0 else frame_s
         assert -1e-9 <= error_s <= longest_s
+        # and its decoded tokens are all of them: the piece's whole audio, within the same
+        whole = sum(len(c.samples) for c in chunks if c.piece_index == chunk.piece_index)
+        assert -1e-9 <= chunk.piece_decoded_s - whole / C.OUTPUT_SAMPLE_RATE_HZ <= longest_s
     assert told >= 2
-    # without the thread a piece is decoded to its end only at its last chunk
+    # without the thread a piece is decoded to its end only at its last chunk, and before
+    # that a chunk's tokens and the flow's lookahead are decoded when it is made
     plain = list(engines[False].synthesize(TEXT, voice, options(speed=speed)))
     assert [c.piece_left_s for c in plain if not c.piece_done] == [None] * sum(
         not c.piece_done for c in plain)
+    for k, chunk in enumerate(plain):
+        so_far = sum(len(c.samples) for c in plain[:k + 1] if c.piece_index == chunk.piece_index)
+        if chunk.piece_done:
+            assert chunk.piece_decoded_s == 0.0
+        else:
+            assert chunk.piece_decoded_s > so_far / C.OUTPUT_SAMPLE_RATE_HZ

@@ -626,6 +626,11 @@ class AudioChunk:
         decoding_done: the request's LLM decoding had finished when the chunk was made: no
             decoding runs beside the flow and the vocoder for the rest of the request (with
             ``split_cores``, the flow then has the cores to itself).
+        piece_decoded_s: audio seconds of the piece's speech tokens the LLM had decoded when
+            the chunk was made (their count at 25 per second, divided by the speed); with
+            ``split_cores`` the decoding runs ahead of the audio, and a consumer tells from
+            two chunks how fast it goes and when the piece's decoding will end. 0 on a
+            piece's last chunk.
     """
 
     samples: np.ndarray
@@ -637,6 +642,7 @@ class AudioChunk:
     piece_done: bool = False
     piece_left_s: float | None = None
     decoding_done: bool = False
+    piece_decoded_s: float = 0.0
 
 
 @dataclass

@@ -161,6 +161,12 @@ class PieceState:
         total_s = tokens / C.SPEECH_TOKEN_RATE_HZ / speed
         return max(total_s - self.samples_out / C.OUTPUT_SAMPLE_RATE_HZ, 0.0)
 
+    def decoded_s(self, progress: DecodeProgress, speed: float) -> float:
+        """Audio seconds of this piece's speech tokens the LLM has decoded so far (the silent
+        filter's drops included), at :data:`~.constants.SPEECH_TOKEN_RATE_HZ` per second of
+        speech divided by ``speed``; with ``split_cores`` it runs ahead of the audio."""
+        return progress.decoded_so_far(self.index) / C.SPEECH_TOKEN_RATE_HZ / speed
+
     def defer_vocoder(self, req: RequestState, new_frames: int, final: bool) -> bool:
         """Whether the vocoder leaves this chunk's ``new_frames`` mel frames for its next
         call (``VocoderPreset.defer``, :func:`.vocoder.hift.may_defer`); also
@@ -427,6 +433,7 @@ class CosyVoice3Engine:
                     piece = self._new_piece(index, req, flow.piece(0 < index < len(pieces) - 1))
                     logger.debug("piece %d (%s): %r", index, prompts[index].mode, pieces[index])
                 left_s: float | None = None  # (a piece's last chunk says 0)
+                decoded_s = 0.0
                 if token is not None:
                     piece.received_tokens += 1
                     samples = self._accept(piece, token, req)
@@ -435,13 +442,14 @@ class CosyVoice3Engine:
                     if samples is not None:
                         piece.samples_out += len(samples)
                         left_s = piece.left_s(progress, req.options.speed)
+                        decoded_s = piece.decoded_s(progress, req.options.speed)
                 else:  # end of the piece: flush every remaining token
                     samples = self._flush(piece, req)
                     final, piece, next_s = True, None, 0.0
                 if samples is not None:
                     is_last = final and index == len(pieces) - 1
                     chunk = self._chunk(samples, req, index, is_last, next_s, final,
-                                        left_s, progress.finished)
+                                        left_s, progress.finished, decoded_s)
                     if chunk is not None:
                         yield chunk
         if req.chunks_out and not req.last_sent:
@@ -506,19 +514,19 @@ class CosyVoice3Engine:
     def _chunk(
         self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool,
         next_chunk_s: float, piece_done: bool, piece_left_s: float | None = None,
-        decoding_done: bool = False,
+        decoding_done: bool = False, piece_decoded_s: float = 0.0,
     ) -> AudioChunk | None:
         if len(samples) == 0 and not is_last:
             return None
         if len(samples) == 0 and req.chunks_out == 0:
             return None
         return self._make_chunk(samples, req, index, is_last, next_chunk_s, piece_done,
-                                piece_left_s, decoding_done)
+                                piece_left_s, decoding_done, piece_decoded_s)
 
     def _make_chunk(
         self, samples: npt.NDArray[np.float32], req: RequestState, index: int, is_last: bool,
         next_chunk_s: float = 0.0, piece_done: bool = False, piece_left_s: float | None = None,
-        decoding_done: bool = False,
+        decoding_done: bool = False, piece_decoded_s: float = 0.0,
     ) -> AudioChunk:
         elapsed = req.now()
         if req.result.first_chunk_s is None and len(samples):
@@ -539,6 +547,7 @@ class CosyVoice3Engine:
             piece_done=piece_done,
             piece_left_s=0.0 if piece_done else piece_left_s,
             decoding_done=decoding_done,
+            piece_decoded_s=0.0 if piece_done else piece_decoded_s,
         )
 
 

@@ -134,6 +134,10 @@ class DecodeProgress:
         self._grow(index)
         self.ended[index] = True
 
+    def decoded_so_far(self, index: int) -> int:
+        """Piece ``index``'s speech tokens decoded so far (0 before its first)."""
+        return self.decoded_tokens[index] if index < len(self.decoded_tokens) else 0
+
     def tokens_if_ended(self, index: int) -> int | None:
         """Piece ``index``'s final token count once it ended, else None."""
         if index < len(self.ended) and self.ended[index]:

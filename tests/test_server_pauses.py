@@ -10,11 +10,14 @@ splits the stalls into pauses inside a piece and between pieces.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -140,6 +143,23 @@ def test_needed_hold_formula() -> None:
     assert needed_hold_s(6.0, 1.2, 0.2, next_chunk_s=0.4, max_chunk_s=0.8) == pytest.approx(0.6)
     with pytest.raises(ValueError):
         needed_hold_s(1.0, 0.0)
+
+
+def test_needed_hold_with_a_second_pace() -> None:
+    # 3 s to come in chunks of 1 and 2 s, the first 0.5 s of it at r = 0.5 (1 s of work),
+    # the rest at 2: chunk 1 is made 1 + 0.5 / 2 = 1.25 s on and due at once; chunk 2
+    # 1 + 2.5 / 2 = 2.25 s on, due 1 s after the start: 1.25 s in hand
+    assert needed_hold_s(3.0, 0.5, next_chunk_s=1.0, max_chunk_s=2.0, switch_s=0.5,
+                         rate_after=2.0) == pytest.approx(1.25)
+    # at r = 0.5 throughout chunk 2 binds: 3 / 0.5 - 1 = 5 s
+    assert needed_hold_s(3.0, 0.5, next_chunk_s=1.0, max_chunk_s=2.0) == pytest.approx(5.0)
+    # continuous: the worst point is the switch at 1 s of audio (made 2 s on): 1 s in hand;
+    # at the end, 2 + 2 / 2 = 3 s on for 3 s of audio, nothing
+    assert needed_hold_s(3.0, 0.5, switch_s=1.0, rate_after=2.0) == pytest.approx(1.0)
+    # the switch beyond what remains: one pace
+    assert needed_hold_s(2.0, 0.5, switch_s=5.0, rate_after=2.0) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        needed_hold_s(1.0, 0.5, switch_s=0.5, rate_after=0.0)
 
 
 async def test_slow_machine_pauses_fall_only_at_piece_starts() -> None:
@@ -628,6 +648,49 @@ async def test_server_pauses_fall_between_pieces_over_tcp(
     assert report.start_s is not None and report.start_s < FIRST_AUDIO_LIMIT_S + JITTER_S
 
 
+class DecodeReportingEngine(PiecePacedEngine):
+    """The paced engine whose chunks also say how far their piece is decoded: 0.2 s more
+    than the piece's audio so far (the flow's lookahead)."""
+
+    def _chunks(self, pieces: list[str], should_stop: ShouldStop) -> Iterator[EngineChunk]:
+        made_s: dict[int, float] = {}
+        for chunk in super()._chunks(pieces, should_stop):
+            made_s[chunk.piece_index] = made_s.get(chunk.piece_index, 0.0) + CHUNK_S
+            yield replace(chunk, piece_decoded_s=made_s[chunk.piece_index] + CHUNK_S)
+
+
+async def test_the_server_tells_the_gate_how_far_the_decoding_is_and_whether_text_follows(
+    tmp_path: Path, make_clip: MakeClip, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    told: list[tuple[float, bool]] = []
+    audio = PieceGate.audio
+
+    async def recording(self: PieceGate, *args: Any, **kwargs: Any) -> None:
+        call = inspect.signature(audio).bind(self, *args, **kwargs)
+        call.apply_defaults()
+        told.append((call.arguments["piece_decoded_s"], self.text_may_follow()))
+        await audio(self, *args, **kwargs)
+
+    monkeypatch.setattr(PieceGate, "audio", recording)
+    model_dir = fake_model_dir(tmp_path, make_clip)
+    settings_ = make_settings(model_dir, tmp_path / "data", max_preroll_ms=10000)
+    async with running_server(settings_, DecodeReportingEngine) as server, \
+            client(server) as cl:
+        await cl.write_event(SynthesizeStart().event())
+        await cl.write_event(SynthesizeChunk(text=f"{_sentence(4)} ").event())
+        waited = 0.0
+        while not told and waited < READ_TIMEOUT_S:
+            await asyncio.sleep(0.01)
+            waited += 0.01
+        await cl.write_event(SynthesizeStop().event())
+        await audio_arrivals(cl, "synthesize-stopped")
+    chunks = round(expected_speech_s(_sentence(4)) / CHUNK_S)
+    assert [d for d, _ in told] == pytest.approx([CHUNK_S * (k + 2) for k in range(chunks)])
+    # the first chunk came before synthesize-stop: more text could still join
+    assert told[0][1] is True
+    assert told[-1][1] is False
+
+
 # --- pieces sized for the hold on a slow machine ---------------------------------------------
 
 
@@ -932,9 +995,11 @@ while the piece is being decoded, the request's decoding had finished)."""
 
 
 async def _one_piece(history: ProductionHistory, expected_s: float, chunks: tuple[Made, ...],
-                     start_s: float = 0.0) -> list[tuple[float, float]]:
+                     start_s: float = 0.0, decoded_s: tuple[float, ...] = (),
+                     text_may_follow: bool = False) -> list[tuple[float, float]]:
     """One answer of one piece through ``history`` (the engine decoding beside the flow);
-    returns what the client got, (arrival s after ``start_s``, audio s)."""
+    ``decoded_s``: per chunk, the piece's tokens decoded so far in audio seconds (default 0:
+    not told); returns what the client got, (arrival s after ``start_s``, audio s)."""
     clock = FakeClock()
     clock.now_s = start_s
     sent: list[tuple[float, float]] = []
@@ -944,13 +1009,15 @@ async def _one_piece(history: ProductionHistory, expected_s: float, chunks: tupl
 
     gate = PieceGate(send, 60.0, history, clock=clock, first_audio_limit_s=1e9,
                      decoding_ahead=True)
+    gate.text_may_follow = lambda: text_may_follow
     gate.begin_text([expected_s], max_chunk_s=2.0)
     for k, (at_s, chunk_s, left_s, decoding_done) in enumerate(chunks):
         await _advance(gate, clock, start_s + at_s)
         last = k == len(chunks) - 1
         await gate.audio([_chunk_event(chunk_s)], chunk_s, 0,
                          next_chunk_s=0.0 if last else min(chunks[k + 1][1], 2.0),
-                         piece_done=last, piece_left_s=left_s, decoding_done=decoding_done)
+                         piece_done=last, piece_left_s=left_s, decoding_done=decoding_done,
+                         piece_decoded_s=decoded_s[k] if decoded_s else 0.0)
     await gate.end_text()
     await gate.release()
     await gate.close()
@@ -1014,6 +1081,39 @@ async def test_the_decoded_pace_is_measured_from_chunks_of_decoded_pieces_only()
                                     (7.0, 2.0, 2.0, True), (8.0, 2.0, 0.0, True)))
     assert history.decoded_rates["decoding"] == pytest.approx([2.0, 2.0])
     assert history.decoded_rates["decoded"] == pytest.approx([2.0, 1.0])
+
+
+# a 4 s sentence still being decoded at its second chunk (2 s into the request, 1.5 s of
+# audio made, 3.6 s decoded, at 1.6 s of audio a second since its first chunk); its decoding
+# ends at 2.25 s, and the flow then makes 2 s of audio a second
+DECODING_PIECE: tuple[Made, ...] = (
+    (1.0, 0.5, None, False), (2.0, 1.0, None, False), (2.6, 1.0, 1.5, True),
+    (3.35, 1.5, 0.0, True))
+DECODING_PIECE_DECODED_S = (2.0, 3.6, 4.0, 4.0)
+
+
+async def test_a_piece_still_being_decoded_is_held_for_the_pace_after_its_decoding() -> None:
+    # at the second chunk: r over the engine work with the history's 10 s at 0.5 is
+    # (1.5 + 5) / (2 + 10) = 0.542, 0.492 with the margin; 4 x 1.15 - 1.5 = 3.1 s to come in
+    # chunks of 1, 2 and 0.1 s. At one pace the 2 s chunk binds: 3 / 0.492 - 1 = 5.09 s in
+    # hand. With the decoding's pace (1.6 / 1.1 = 1.45) its 1 s still to decode takes 0.69 s,
+    # in which 0.34 s of audio is made; the rest comes at 2 / 1.1 = 1.82: chunk 2 is made
+    # 0.69 + 2.66 / 1.82 = 2.15 s on and due 1 s after the start, so 1.15 + 0.1 s are needed
+    # and the 1.5 s in hand release it at once
+    sent = await _one_piece(_taught(1.0, 2.0), 4.0, DECODING_PIECE,
+                            decoded_s=DECODING_PIECE_DECODED_S)
+    assert sent[0][0] == pytest.approx(2.0)
+    assert simulate_playback(sent, piece_starts_s=[0.0]).stalls == 0
+    # not told how far the decoding is: held until the third chunk, which says the piece is
+    # decoded (1.5 s to come at 1.82 need 0.93 s in hand; 2.5 s are)
+    one_pace = await _one_piece(_taught(1.0, 2.0), 4.0, DECODING_PIECE)
+    assert one_pace[0][0] == pytest.approx(2.6)
+    # text may still follow the piece (a stream): after its decoding a later piece may be
+    # decoded beside the flow, at the 1.0 measured beside it (0.91 with the margin): chunk 2
+    # is made 0.69 + 2.66 / 0.91 = 3.61 s on, 2.71 s needed in hand: held too
+    beside = await _one_piece(_taught(1.0, 2.0), 4.0, DECODING_PIECE,
+                              decoded_s=DECODING_PIECE_DECODED_S, text_may_follow=True)
+    assert beside[0][0] > 2.0
 
 
 @pytest.mark.parametrize("text", [

@@ -136,6 +136,36 @@ async def test_merge_stops_at_errors_and_the_end_marker() -> None:
     assert second.text == "Two."
 
 
+async def test_text_may_follow_until_the_end_and_its_queued_text_are_taken() -> None:
+    """The piece gate takes a request's decoding as ending with its last piece only once the
+    stream can bring no more text to the worker."""
+    from wyoming_cosyvoice3.server.protocol import SpeakRequest
+    from wyoming_cosyvoice3.server.streaming_text import SentenceBuffer
+    from wyoming_cosyvoice3.server.streams import StreamRequest
+
+    stream = StreamRequest(request=SpeakRequest(), buffer=SentenceBuffer(), max_chars=1000)
+    await stream.add_text({"text": "One. Two. "})
+    assert await stream.next_item() is not None
+    assert stream.text_may_follow()  # no synthesize-stop yet
+    stream.finish()
+    assert stream.text_may_follow()  # "Two." is queued before the end marker
+    second = await stream.next_item()
+    assert second is not None
+    assert not stream.text_may_follow()  # only the end marker is left
+    # a sentence carried by a merge still comes; the end marker carried does not count
+    stream2 = StreamRequest(request=SpeakRequest(), buffer=SentenceBuffer(), max_chars=1000)
+    await stream2.add_text({"text": "One. Two. "})
+    stream2.finish()
+    first = await stream2.next_item()
+    assert first is not None
+    stream2.merge_queued(first, budget_s=0.0)  # "Two." carried
+    assert stream2.text_may_follow()
+    assert await stream2.next_item() is not None
+    stream2.merge_queued(first)  # the end marker carried
+    assert stream2.has_carry
+    assert not stream2.text_may_follow()
+
+
 class _Planner:
     """The engine's planning calls: no token count (no bound), the text as one piece."""
 

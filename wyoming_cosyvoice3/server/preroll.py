@@ -56,6 +56,18 @@ still has to come, and ``decoding_done``), and such a piece is held for ``R`` = 
 (:meth:`PieceGate.decoded_rate`), measured apart while the decoding still runs beside the flow
 (it takes its share of the cores) and after it has finished (:data:`REGIMES`).
 
+A piece still being decoded is made at ``r`` only until its decoding ends; after that the
+flow no longer waits for tokens, and when no later piece is decoded beside it, it has the
+cores to itself (on the 2-core Xeon of BENCHMARKS.md, ``fast``'s one-piece sentence went from
+about 0.9 to 1.57 s of audio a second there, and a prediction at the first pace held it about
+0.2-0.3 s too long). The engine reports how much of the piece is decoded on every chunk
+(``AudioChunk.piece_decoded_s``); the gate measures the decoding's pace from the piece's
+first chunk on (:meth:`_Piece.decode_pace`), predicts when it reaches the piece's expected
+length, and takes the chunks after that at the pace of decoded pieces
+(:func:`needed_hold_s` ``switch_s`` and ``rate_after``): after the decoding for the last
+piece of a request that can take no more text (``PieceGate.text_may_follow``), beside it
+for any other, and never slower than ``r``.
+
 The expected length of a piece is the speech of its text (:func:`expected_speech_s`) times
 the ratio measured on earlier pieces (:meth:`ProductionHistory.length_ratio`) times
 :data:`LENGTH_MARGIN`; for the last piece of an engine request, whose hold lengthens the
@@ -68,6 +80,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -155,6 +168,11 @@ chunk can follow its first by less than a quarter second, so without it a predic
 on time lost 20-70 ms gaps inside the first piece (BENCHMARKS.md "What a listener hears")."""
 MIN_PIECE_FOR_RATIO_S = 0.5
 """Pieces with less expected speech than this do not update the length ratio (too noisy)."""
+MIN_PACE_SPAN_S = 0.3
+"""Shortest time between a piece's first chunk and a later one over which the pace of its
+LLM decoding is measured (:meth:`PieceGate._decoding_end`): at the 25-40 tokens a second the
+decoding runs beside the flow on the 2-core reference machines (BENCHMARKS.md), 0.3 s spans
+8-12 tokens, so the count's granularity of one token stays near :data:`RATE_MARGIN`."""
 REGIMES = ("decoding", "decoded")
 """The two paces of a piece whose tokens are all decoded: while the request's LLM decoding
 still runs beside the flow (it takes its share of the cores), and once it has finished."""
@@ -181,7 +199,8 @@ def expected_speech_s(text: str) -> float:
 
 
 def needed_hold_s(remaining_s: float, rate: float, chunk_s: float = 0.0,
-                  next_chunk_s: float = 0.0, max_chunk_s: float = 0.0) -> float:
+                  next_chunk_s: float = 0.0, max_chunk_s: float = 0.0,
+                  switch_s: float = math.inf, rate_after: float | None = None) -> float:
     """Audio seconds that must be in hand (this piece's ``A`` plus the client's queue ``Q``)
     before a piece with ``remaining_s`` seconds still to come can play through.
 
@@ -199,6 +218,11 @@ def needed_hold_s(remaining_s: float, rate: float, chunk_s: float = 0.0,
     ``r >= 1`` an early one (the hop grows faster than production runs ahead while
     ``r < 2``).
 
+    With ``rate_after``, production changes pace after the first ``switch_s`` seconds of
+    the piece still to come (its LLM decoding ends: module docstring): audio up to ``S``
+    is made ``t(S)`` = ``S / r`` for ``S <= switch_s``, else ``switch_s / r +
+    (S - switch_s) / rate_after``, and ``S_j / r`` above becomes ``t(S_j)``.
+
     Args:
         remaining_s: ``R``, expected seconds of the piece not produced yet (>= 0).
         rate: ``r``, audio seconds produced per second of work (> 0).
@@ -206,25 +230,37 @@ def needed_hold_s(remaining_s: float, rate: float, chunk_s: float = 0.0,
         next_chunk_s: ``c_1``, audio seconds of the piece's next chunk (the engine's next
             hop, :attr:`~..engine.options.AudioChunk.next_chunk_s`; 0: unknown).
         max_chunk_s: the longest chunk the hop schedule makes, seconds (0: ``c_1``).
+        switch_s: audio seconds still to come that are made at ``rate`` (>= 0; inf: all).
+        rate_after: audio seconds per second of work after ``switch_s`` (> 0), or None
+            (``rate`` throughout).
 
     Returns:
         Seconds, >= 0; 0 when nothing remains.
 
     Raises:
-        ValueError: ``rate`` <= 0.
+        ValueError: ``rate`` <= 0, or ``rate_after`` given and <= 0.
     """
     if rate <= 0:
         raise ValueError(f"rate must be > 0, got {rate}")
+    if rate_after is not None and rate_after <= 0:
+        raise ValueError(f"rate_after must be > 0, got {rate_after}")
     if remaining_s <= 0.0:
         return 0.0
+
+    def made_at(audio_s: float) -> float:
+        if rate_after is None or audio_s <= switch_s:
+            return audio_s / rate
+        return switch_s / rate + (audio_s - switch_s) / rate_after
+
     size = next_chunk_s if next_chunk_s > 0 else chunk_s
-    if size <= 0:
-        return max(remaining_s * (1.0 / rate - 1.0), 0.0)
+    if size <= 0:  # continuous: t(S) - S is piecewise linear, largest at a corner
+        corners = (min(max(switch_s, 0.0), remaining_s), remaining_s)
+        return max(0.0, *(made_at(corner) - corner for corner in corners))
     cap = max(max_chunk_s, size) if next_chunk_s > 0 else size
     need = made = 0.0
     while made < remaining_s:
         step = min(size, remaining_s - made)
-        need = max(need, (made + step) / rate - made)
+        need = max(need, made_at(made + step) - made)
         made += step
         size = min(2.0 * size, cap)
     return need
@@ -358,8 +394,22 @@ class _Piece:
     next_chunk_s: float = 0.0
     left_s: float | None = None
     decoding_done: bool = False
+    decoded_s: float = 0.0
+    decoded_from: tuple[float, float] | None = None
+    """``(clock(), decoded_s)`` at the piece's first chunk: where its decoding pace is
+    measured from."""
     released: bool = False
     held: list[tuple[list[Event], float]] = field(default_factory=list)
+
+    def decode_pace(self, now: float) -> float | None:
+        """Audio seconds of the piece's tokens decoded per second since its first chunk, or
+        None before :data:`MIN_PACE_SPAN_S` or without any."""
+        if self.decoded_from is None:
+            return None
+        since, decoded = self.decoded_from
+        if now - since < MIN_PACE_SPAN_S or self.decoded_s <= decoded:
+            return None
+        return (self.decoded_s - decoded) / (now - since)
 
 
 class PieceGate:
@@ -440,6 +490,10 @@ class PieceGate:
         bound), or None when nothing is held."""
         self._last_sent_key: tuple[int, int] | None = None
         self.max_chunk_s = 0.0
+        self.text_may_follow: Callable[[], bool] = lambda: False
+        """Whether text may still join the running engine request (a stream's text still
+        arriving or queued; set by the caller): then the decoding may go on after the
+        request's last known piece."""
 
     # --- the production side ------------------------------------------------------------
     def begin_text(self, piece_expected_s: Sequence[float], max_chunk_s: float = 0.0) -> None:
@@ -519,14 +573,16 @@ class PieceGate:
 
     async def audio(self, events: list[Event], duration_s: float, piece_index: int = 0,
                     next_chunk_s: float = 0.0, piece_done: bool = False,
-                    piece_left_s: float | None = None, decoding_done: bool = False) -> None:
+                    piece_left_s: float | None = None, decoding_done: bool = False,
+                    piece_decoded_s: float = 0.0) -> None:
         """Send (or hold) the ``audio-chunk`` events of one engine chunk of ``duration_s``
         seconds that belongs to piece ``piece_index`` of the current engine request;
         ``next_chunk_s`` = the audio seconds the piece's next chunk will bring (0: unknown
         or none); ``piece_done``: the piece's last chunk (it is released at once: nothing
         more of it can run dry); ``piece_left_s``: the piece's audio still to come, known
         once its tokens are all decoded (None: not yet); ``decoding_done``: the request's
-        decoding had finished (both as :class:`~..engine.options.AudioChunk`).
+        decoding had finished; ``piece_decoded_s``: the piece's tokens decoded so far, in
+        audio seconds (0: unknown) (all three as :class:`~..engine.options.AudioChunk`).
 
         Raises:
             ClientGone: the client disconnected.
@@ -550,6 +606,9 @@ class PieceGate:
             piece.next_chunk_s = next_chunk_s
             piece.left_s = piece_left_s
             piece.decoding_done = decoding_done
+            piece.decoded_s = piece_decoded_s
+            if piece.decoded_from is None and piece_decoded_s > 0:
+                piece.decoded_from = (now, piece_decoded_s)
             self.produced_s += duration_s
             self.longest_chunk_s = max(self.longest_chunk_s, duration_s)
             piece.audio_s += duration_s
@@ -630,6 +689,7 @@ class PieceGate:
         apart late in a piece)."""
         rate = self.rate()
         remaining = max(piece.expected_s - piece.audio_s, 0.0)
+        switch_s, rate_after = math.inf, None
         if piece.left_s is not None:
             # the piece's tokens are all decoded: its length is known and only the flow and
             # the vocoder remain, at their own pace (the rate over the engine work counts
@@ -637,13 +697,35 @@ class PieceGate:
             decoded = self.decoded_rate(piece.decoding_done)
             if decoded is not None:
                 rate, remaining = decoded, piece.left_s
+        elif rate is not None:
+            switch_s, rate_after = self._decoding_end(piece, now, rate)
         if rate is None:
             return None
-        need = needed_hold_s(remaining, rate / (1.0 + RATE_MARGIN), self.longest_chunk_s,
-                             piece.next_chunk_s, self.max_chunk_s)
+        margin = 1.0 + RATE_MARGIN
+        need = needed_hold_s(remaining, rate / margin, self.longest_chunk_s,
+                             piece.next_chunk_s, self.max_chunk_s, switch_s,
+                             None if rate_after is None else rate_after / margin)
         if need > 0:
             need += ARRIVAL_MARGIN_S
         return now + need - piece.audio_s
+
+    def _decoding_end(self, piece: _Piece, now: float,
+                      rate: float) -> tuple[float, float | None]:
+        """For a piece still being decoded, made at ``rate``: ``(switch_s, rate_after)`` for
+        :func:`needed_hold_s`. Its decoding goes on at the pace measured since its first
+        chunk (:meth:`_Piece.decode_pace`) until its expected length is decoded; the flow
+        then makes the rest at the pace of decoded pieces (:meth:`decoded_rate`: beside the
+        decoding of a later piece, or alone when none can follow), never slower than before
+        (the flow no longer waits for tokens). ``(inf, None)`` (one pace) before the
+        decoding pace or the later pace is measured."""
+        pace = piece.decode_pace(now)
+        after = self.decoded_rate(piece.key[1] >= len(self._expected) - 1
+                                  and not self.text_may_follow())
+        if pace is None or after is None:
+            return math.inf, None
+        margin = 1.0 + RATE_MARGIN
+        decoding_left_s = max(piece.expected_s - piece.decoded_s, 0.0) / (pace / margin)
+        return rate / margin * decoding_left_s, max(after, rate)
 
     def _schedule_release(self, piece: _Piece, now: float) -> None:
         due = piece.deadline

@@ -165,7 +165,7 @@ async def speak(
         if gate is not None:
             await gate.audio(events, samples / OUTPUT_SAMPLE_RATE_HZ, chunk.piece_index,
                              chunk.next_chunk_s, chunk.piece_done, chunk.piece_left_s,
-                             chunk.decoding_done)
+                             chunk.decoding_done, chunk.piece_decoded_s)
             stats.audio_samples += samples
         else:
             for event in events:

@@ -129,6 +129,12 @@ class StreamRequest:
         self.cues.update(language_cues(text))
         return winner(self.cues) or self.request.voice.language or self.voice_language
 
+    def text_may_follow(self) -> bool:
+        """Whether more text can still reach the worker: the stream has not ended, or items
+        besides its end marker are queued or carried."""
+        return (not self.finished or self.items.qsize() > 1
+                or (self.has_carry and isinstance(self.carry, StreamText)))
+
     async def next_item(self) -> StreamText | StreamError | None:
         """The next item: the carried one, else the next of ``items`` (waits for it)."""
         if self.has_carry:
@@ -341,6 +347,7 @@ async def run_stream(runtime: ServerRuntime, sink: EventSink, stream: StreamRequ
     await sink.send(audio_start().event())
     outcome = "failed" if failed else "done"
     gate = piece_gate(runtime, sink)
+    gate.text_may_follow = stream.text_may_follow
     try:
         failed, outcome = await _speak_items(runtime, sink, stream, slot, stats, gate, failed,
                                              outcome)

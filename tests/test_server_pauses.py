@@ -1114,6 +1114,12 @@ async def test_a_piece_still_being_decoded_is_held_for_the_pace_after_its_decodi
     beside = await _one_piece(_taught(1.0, 2.0), 4.0, DECODING_PIECE,
                               decoded_s=DECODING_PIECE_DECODED_S, text_may_follow=True)
     assert beside[0][0] > 2.0
+    # decoded past its expected 4.6 s at the second chunk: the piece runs longer than
+    # predicted and its decoding's end is unknown, so one pace again (taking the end as
+    # reached would predict the rest at 1.82 and release it at once)
+    longer = await _one_piece(_taught(1.0, 2.0), 4.0, DECODING_PIECE,
+                              decoded_s=(2.0, 4.7, 4.7, 4.7))
+    assert longer[0][0] == pytest.approx(one_pace[0][0])
 
 
 @pytest.mark.parametrize("text", [

@@ -717,11 +717,12 @@ class PieceGate:
         then makes the rest at the pace of decoded pieces (:meth:`decoded_rate`: beside the
         decoding of a later piece, or alone when none can follow), never slower than before
         (the flow no longer waits for tokens). ``(inf, None)`` (one pace) before the
-        decoding pace or the later pace is measured."""
+        decoding pace or the later pace is measured, and once the piece has decoded its
+        expected length (it runs longer than predicted: its end is not known)."""
         pace = piece.decode_pace(now)
         after = self.decoded_rate(piece.key[1] >= len(self._expected) - 1
                                   and not self.text_may_follow())
-        if pace is None or after is None:
+        if pace is None or after is None or piece.decoded_s >= piece.expected_s:
             return math.inf, None
         margin = 1.0 + RATE_MARGIN
         decoding_left_s = max(piece.expected_s - piece.decoded_s, 0.0) / (pace / margin)

@@ -59,14 +59,14 @@ still has to come, and ``decoding_done``), and such a piece is held for ``R`` = 
 A piece still being decoded is made at ``r`` only until its decoding ends; after that the
 flow no longer waits for tokens, and when no later piece is decoded beside it, it has the
 cores to itself (on the 2-core Xeon of BENCHMARKS.md, ``fast``'s one-piece sentence went from
-about 0.9 to 1.57 s of audio a second there, and a prediction at the first pace held it about
-0.2-0.3 s too long). The engine reports how much of the piece is decoded on every chunk
-(``AudioChunk.piece_decoded_s``); the gate measures the decoding's pace from the piece's
-first chunk on (:meth:`_Piece.decode_pace`), predicts when it reaches the piece's expected
-length, and takes the chunks after that at the pace of decoded pieces
-(:func:`needed_hold_s` ``switch_s`` and ``rate_after``): after the decoding for the last
-piece of a request that can take no more text (``PieceGate.text_may_follow``), beside it
-for any other, and never slower than ``r``.
+about 0.9 to 1.57 s of audio a second there, so a prediction at the first pace held it too
+long: "The gate that predicts the decoding's end"). The engine reports how much of the
+piece is decoded on every chunk (``AudioChunk.piece_decoded_s``); the gate measures the
+decoding's pace from the piece's first chunk on (:meth:`_Piece.decode_pace`), predicts when
+it reaches the piece's expected length, and takes the chunks after that at the pace of
+decoded pieces (:func:`needed_hold_s` ``switch_s`` and ``rate_after``): after the decoding
+for the last piece of a request that can take no more text (``PieceGate.text_may_follow``),
+beside it for any other, and never slower than ``r``.
 
 The expected length of a piece is the speech of its text (:func:`expected_speech_s`) times
 the ratio measured on earlier pieces (:meth:`ProductionHistory.length_ratio`) times
@@ -438,6 +438,8 @@ class PieceGate:
             inside one with these).
         sent_samples: samples sent so far.
         holds: ``(audible hold seconds, piece key)`` of every held piece, for the log.
+        text_may_follow: whether text may still join the running engine request (set by the
+            caller; default: never, as for a one-shot request).
     """
 
     def __init__(

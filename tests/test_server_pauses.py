@@ -41,8 +41,8 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from bench.player import PlaybackReport, simulate_playback
 from wyoming_cosyvoice3.engine.errors import SynthesisCancelled
 from wyoming_cosyvoice3.engine.machine import PREDICTION_ERROR
+from wyoming_cosyvoice3.engine.options import PRESETS, EngineOptions, ShouldStop
 from wyoming_cosyvoice3.engine.options import AudioChunk as EngineChunk
-from wyoming_cosyvoice3.engine.options import EngineOptions, ShouldStop
 from wyoming_cosyvoice3.engine.text.pieces import PlannedPiece, split_first_clause
 from wyoming_cosyvoice3.server.engine_port import Engine
 from wyoming_cosyvoice3.server.preroll import (
@@ -55,6 +55,7 @@ from wyoming_cosyvoice3.server.preroll import (
     PieceGate,
     ProductionHistory,
     expected_speech_s,
+    first_piece_release_s,
     needed_hold_s,
     piece_limit_s,
 )
@@ -160,6 +161,41 @@ def test_needed_hold_with_a_second_pace() -> None:
     assert needed_hold_s(2.0, 0.5, switch_s=5.0, rate_after=2.0) == pytest.approx(2.0)
     with pytest.raises(ValueError):
         needed_hold_s(1.0, 0.5, switch_s=0.5, rate_after=0.0)
+
+
+def test_first_piece_release_with_the_hop_doubling() -> None:
+    # a 14.0 s piece, its first chunk of 0.4 s ready 0.7 s from now, the rest (13.6 s) at
+    # r = 1.38 lowered to 1.38 / 1.1 = 1.2545 in chunks of 0.8, 1.6, 3.2, 4, 4 s (sums S_j
+    # 0.8, 2.4, 5.6, 9.6, 13.6): S_j / 1.2545 - S_(j-1) = 0.638, 1.113, 4.464 - 2.4 = 2.064,
+    # 7.652 - 5.6 = 2.052, 10.841 - 9.6 = 1.241: 2.064 s in hand, + 0.1 arrival;
+    # the first chunk is in hand, so the release is 0.7 + 2.164 - 0.4 = 2.464 s from now
+    assert first_piece_release_s(14.0, 1.38, 0.7, 0.4, 4.0) == pytest.approx(2.4638, abs=1e-4)
+    # the hop capped at 0.8 s: chunks 0.8 each, the first binds at 0.638 + 0.1: 0.7 + 0.338
+    assert first_piece_release_s(14.0, 1.38, 0.7, 0.4, 0.8) == pytest.approx(1.0377, abs=1e-4)
+    # nothing after the first chunk: released when it is ready
+    assert first_piece_release_s(0.3, 1.38, 0.7, 0.4, 4.0) == pytest.approx(0.7)
+    with pytest.raises(ValueError):
+        first_piece_release_s(14.0, 0.0, 0.7, 0.4, 4.0)
+
+
+async def test_the_gate_counts_each_responses_first_chunk_latency() -> None:
+    async def send(event: Event) -> None:
+        pass
+
+    clock = FakeClock()
+    history = ProductionHistory()
+    for begin_s, latency_s in ((10.0, 0.8), (20.0, 0.4)):
+        gate = PieceGate(send, 10.0, history, clock=clock)
+        clock.now_s = begin_s
+        gate.begin_text([1.0])
+        clock.now_s = begin_s + latency_s
+        await gate.audio([_chunk_event(0.2)], 0.2)
+        clock.now_s = begin_s + 2.0  # a later chunk does not count
+        await gate.audio([_chunk_event(0.2)], 0.2)
+        await gate.end_text()
+        await gate.close()
+    # 0.8 first, then decayed by half: 0.8 x 0.5 + 0.4 x 0.5
+    assert history.first_chunk_s == pytest.approx(0.6)
 
 
 async def test_slow_machine_pauses_fall_only_at_piece_starts() -> None:
@@ -587,6 +623,45 @@ def test_a_first_sentence_stays_whole_only_faster_than_playback_by_the_rate_marg
     assert len(parts) == parts_n
 
 
+@pytest.mark.parametrize(("text", "latency_s", "elapsed_s", "parts_n"), [
+    # LONG_FIRST's first sentence: 171 letters / 14 x 1.15 = 14.05 s; at r = 1.38 with
+    # `balanced`'s hops (0.4 s first, doubling to 4 s) it needs 2.164 s in hand after its
+    # first chunk (test_first_piece_release_with_the_hop_doubling): released 0.7 + 1.764 =
+    # 2.46 s after the request began, past the limit 1 s of streamed text left (1.45 s): cut
+    (LONG_FIRST, 0.7, 1.0, 2),
+    # the same with the whole limit ahead and a quick first chunk: 0.2 + 1.764 < 2.45: whole
+    (LONG_FIRST, 0.2, 0.0, 1),
+    # no latency measured yet (a fresh server): the rate alone decides, whole
+    (LONG_FIRST, None, 1.0, 1),
+    # a 4.68 s sentence (57 letters) needs 1.113 + 0.1 s in hand after its first chunk:
+    # released 0.7 + 0.813 = 1.51 s on, within the 2.15 s left after 0.3 s of text: whole
+    ("The kitchen lights are on, and the front door is locked for the night.", 0.7, 0.3, 1),
+])
+def test_a_first_sentence_faster_than_playback_is_cut_when_it_would_miss_the_limit(
+    text: str, latency_s: float | None, elapsed_s: float, parts_n: int,
+) -> None:
+    async def send(event: Event) -> None:
+        raise AssertionError("nothing is sent")
+
+    history = ProductionHistory()
+    history.add_response(13.8, 10.0)  # r = 1.38: 1.25 x playback at the 10 % margin
+    if latency_s is not None:
+        history.add_first_chunk(latency_s)
+    options = PRESETS["balanced"]
+    assert (options.flow.first_hop_tokens, options.flow.max_hop_tokens) == (10, 100)
+    runtime = SimpleNamespace(production=history,
+                              loader=SimpleNamespace(request_options=lambda: options))
+    clock = FakeClock()
+    clock.now_s = 50.0 + elapsed_s
+    gate = PieceGate(send, 10.0, history, clock=clock)
+    gate.first_audio_from = 50.0
+    parts = first_pieces(runtime, gate, text)  # type: ignore[arg-type]
+    assert " ".join(parts) == text
+    assert len(parts) == parts_n
+    if parts_n == 2:
+        assert parts[0] == "Here is the weather for today,"
+
+
 async def test_streamed_answer_opening_with_a_long_sentence_starts_early(
     tmp_path: Path, make_clip: MakeClip
 ) -> None:
@@ -622,6 +697,42 @@ async def test_streamed_answer_opening_with_a_long_sentence_starts_early(
     assert report.start_s is not None and report.start_s < FIRST_AUDIO_LIMIT_S + JITTER_S
     assert not [g for g, k in zip(report.gaps, report.gap_between, strict=True)
                 if not k and g[1] <= report.start_s + head_s]  # the first piece plays through
+
+
+async def test_the_server_cuts_a_first_sentence_the_gate_would_release_past_the_limit(
+    tmp_path: Path, make_clip: MakeClip
+) -> None:
+    # production measured at r = 1.38 (faster than playback by the rate margin) but with a
+    # 3 s first-chunk latency: LONG_FIRST's first sentence could not be released before
+    # 3 s, past the 2.45 s limit, so the server speaks its first clause as the first piece
+    model_dir = fake_model_dir(tmp_path, make_clip)
+    settings_ = make_settings(model_dir, tmp_path / "data", max_preroll_ms=10000)
+    async with running_server(settings_, piece_paced_factory) as server:
+        engine = server.runtime.loader.engine
+        assert isinstance(engine, PiecePacedEngine)
+        server.runtime.production.add_response(13.8, 10.0)
+        server.runtime.production.add_first_chunk(3.0)
+        async with client(server) as cl:
+            await cl.write_event(SynthesizeStart().event())
+            for i in range(0, len(LONG_FIRST), 12):
+                await cl.write_event(SynthesizeChunk(text=LONG_FIRST[i:i + 12]).event())
+            await cl.write_event(SynthesizeStop().event())
+            while not AudioChunk.is_type((await read(cl)).type):
+                pass  # the first audio: the engine request has begun
+        assert engine.plans[0][0] == "Here is the weather for today,"
+    # the control, a fresh server told the same rate with a 0.1 s latency: kept whole
+    async with running_server(settings_, piece_paced_factory) as server:
+        engine = server.runtime.loader.engine
+        assert isinstance(engine, PiecePacedEngine)
+        server.runtime.production.add_response(13.8, 10.0)
+        server.runtime.production.add_first_chunk(0.1)
+        async with client(server) as cl:
+            await cl.write_event(SynthesizeStart().event())
+            await cl.write_event(SynthesizeChunk(text=LONG_FIRST).event())
+            await cl.write_event(SynthesizeStop().event())
+            while not AudioChunk.is_type((await read(cl)).type):
+                pass
+        assert engine.plans[0][0].startswith("Here is the weather for today, it will be")
 
 
 async def test_server_pauses_fall_between_pieces_over_tcp(

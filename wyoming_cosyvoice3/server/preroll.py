@@ -266,6 +266,42 @@ def needed_hold_s(remaining_s: float, rate: float, chunk_s: float = 0.0,
     return need
 
 
+def first_piece_release_s(piece_s: float, rate: float, first_chunk_at_s: float,
+                          first_chunk_s: float, max_chunk_s: float = 0.0) -> float:
+    """When the gate would release a response's first piece, predicted before its engine
+    request starts: seconds from now, by the rule of :meth:`PieceGate._safe_start` at the
+    piece's first chunk.
+
+    The first chunk brings ``first_chunk_s`` seconds of audio ``first_chunk_at_s`` from now;
+    the rest of the piece (``piece_s`` less that) follows at ``rate`` lowered by
+    :data:`RATE_MARGIN`, in chunks that double from twice the first up to ``max_chunk_s``
+    (:func:`needed_hold_s`), plus :data:`ARRIVAL_MARGIN_S`. With the hop doubling, the hold
+    a piece needs grows with its length up to the longest chunk (at ``rate`` 1.4, a 4 s
+    chunk needs about 2 s in hand), so a long first sentence can miss the first-audio limit
+    on a machine faster than playback.
+
+    Args:
+        piece_s: expected seconds of the piece (its length margin included), >= 0.
+        rate: audio seconds produced per second of work (> 0; :meth:`ProductionHistory.rate`).
+        first_chunk_at_s: seconds from now until the first chunk is ready, >= 0.
+        first_chunk_s: audio seconds of the first chunk (the engine's first hop), >= 0.
+        max_chunk_s: the longest chunk the hop schedule makes, seconds (0: no bound).
+
+    Returns:
+        Seconds from now, >= ``first_chunk_at_s``.
+
+    Raises:
+        ValueError: ``rate`` <= 0.
+    """
+    rest_s = max(piece_s - first_chunk_s, 0.0)
+    next_s = 2.0 * first_chunk_s if max_chunk_s <= 0 else min(2.0 * first_chunk_s, max_chunk_s)
+    need = needed_hold_s(rest_s, rate / (1.0 + RATE_MARGIN), next_chunk_s=next_s,
+                         max_chunk_s=max_chunk_s)
+    if need > 0:
+        need += ARRIVAL_MARGIN_S
+    return first_chunk_at_s + max(need - first_chunk_s, 0.0)
+
+
 def piece_limit_s(max_hold_s: float, rate: float | None) -> float | None:
     """Longest expected speech of a piece whose hold stays within the planned hold at ``rate``.
 
@@ -310,11 +346,15 @@ class ProductionHistory:
         decoded_rates: per :data:`REGIMES` entry, decayed ``[audio seconds, work seconds]``
             of chunks made from a piece whose tokens were all decoded at its previous chunk
             (the flow and the vocoder alone set their pace; :meth:`PieceGate.decoded_rate`).
+        first_chunk_s: decayed mean seconds from a response's first engine request to its
+            first chunk (prefill, first hop, first flow and vocoder calls), or None before
+            any (:meth:`add_first_chunk`).
     """
 
     def __init__(self) -> None:
         self.audio_s = 0.0
         self.work_s = 0.0
+        self.first_chunk_s: float | None = None
         self.decoded_rates: dict[str, list[float]] = {regime: [0.0, 0.0] for regime in REGIMES}
         self.ratio: float | None = None
         self.spread: float | None = None
@@ -345,6 +385,13 @@ class ProductionHistory:
                 self.seeded = False
             self.audio_s = self.audio_s * HISTORY_DECAY + audio_s
             self.work_s = self.work_s * HISTORY_DECAY + work_s
+
+    def add_first_chunk(self, latency_s: float) -> None:
+        """Count one response's seconds from its first engine request to its first chunk
+        (recent responses count most, :data:`HISTORY_DECAY`)."""
+        if latency_s >= 0:
+            self.first_chunk_s = latency_s if self.first_chunk_s is None else (
+                self.first_chunk_s * HISTORY_DECAY + latency_s * (1 - HISTORY_DECAY))
 
     def add_decoded(self, regime: str, audio_s: float, work_s: float) -> None:
         """Count one finished response's chunks from decoded pieces in ``regime`` (nothing
@@ -496,6 +543,14 @@ class PieceGate:
         """Whether text may still join the running engine request (a stream's text still
         arriving or queued; set by the caller): then the decoding may go on after the
         request's last known piece."""
+
+    def first_audio_due_in_s(self) -> float | None:
+        """Seconds from now until the first audio is due (:attr:`first_audio_from` plus
+        ``first_audio_limit_s``; negative once past), or None when the answer's start is not
+        known yet."""
+        if self.first_audio_from is None:
+            return None
+        return self.first_audio_from + self.first_audio_limit_s - self._clock()
 
     # --- the production side ------------------------------------------------------------
     def begin_text(self, piece_expected_s: Sequence[float], max_chunk_s: float = 0.0) -> None:
@@ -654,6 +709,8 @@ class PieceGate:
         not sent; call :meth:`release` first)."""
         self._cancel_timer()
         self.history.add_response(*self._measured())
+        if self.first_audio_at is not None and self.started_at is not None:
+            self.history.add_first_chunk(self.first_audio_at - self.started_at)
         for regime, (audio_s, work_s) in self.decoded_sums.items():
             self.history.add_decoded(regime, audio_s, work_s)
         if self.holds:

@@ -33,14 +33,22 @@ from ..engine.errors import CosyVoiceError, EmptyText, SynthesisCancelled, Synth
 from ..engine.options import AudioChunk
 from ..engine.text.markdown import markdown_to_speech
 from ..engine.text.normalize import language_cues, winner
-from ..engine.text.pieces import MorePieces, PlannedPiece, split_first_clause
+from ..engine.text.pieces import (
+    SENTENCE_MARKS,
+    MorePieces,
+    PlannedPiece,
+    cut_after_marks,
+    split_first_clause,
+)
 from .engine_port import PiecePlanner
 from .preroll import (
     FIRST_PIECE_MAX_S,
     FIRST_PIECE_MIN_S,
+    LENGTH_MARGIN,
     RATE_MARGIN,
     PieceGate,
     expected_speech_s,
+    first_piece_release_s,
     piece_limit_s,
 )
 from .protocol import (
@@ -328,16 +336,45 @@ def first_pieces(runtime: ServerRuntime, gate: PieceGate | None, text: str) -> l
     playback with the gate's margin (:data:`.preroll.RATE_MARGIN`; a fast machine keeps the
     sentence whole: one LLM pass, unbroken prosody): a rate just above 1, measured on a short
     answer, does not promise that a whole sentence is made faster than it plays
-    (BENCHMARKS.md "The first sentence cut below the rate margin").
+    (BENCHMARKS.md "The first sentence cut below the rate margin"). Faster than that, the
+    first sentence is still cut when the gate would not release it by the first-audio limit
+    (:func:`first_sentence_misses_limit`): the limit would then start it before it can play
+    through, and the pauses would fall inside it.
     """
     if gate is None or gate.max_hold_s == 0 or gate.started_at is not None:
         return [text]
     rate = runtime.production.rate()
-    if rate is not None and rate / (1.0 + RATE_MARGIN) >= 1.0:
+    if (rate is not None and rate / (1.0 + RATE_MARGIN) >= 1.0
+            and not first_sentence_misses_limit(runtime, gate, text, rate)):
         return [text]
     head, rest = split_first_clause(text, FIRST_PIECE_MAX_S, FIRST_PIECE_MIN_S,
                                     expected_speech_s)
     return [head, rest] if rest else [text]
+
+
+def first_sentence_misses_limit(runtime: ServerRuntime, gate: PieceGate, text: str,
+                                rate: float) -> bool:
+    """Whether the piece gate is predicted to release the first sentence of ``text`` only
+    after the first audio is due (:meth:`.preroll.PieceGate.first_audio_due_in_s`), by
+    :func:`.preroll.first_piece_release_s`: the sentence's expected speech times the measured
+    length ratio and :data:`.preroll.LENGTH_MARGIN`, its first chunk after the runtime's
+    recent first-chunk latency (:attr:`.preroll.ProductionHistory.first_chunk_s`) with the
+    preset's first hop, later chunks doubling up to its longest hop, at ``rate``. False
+    while the latency or the answer's start is not known (a fresh server keeps the rule of
+    :func:`first_pieces` alone)."""
+    history = runtime.production
+    due_in_s = gate.first_audio_due_in_s()
+    if history.first_chunk_s is None or due_in_s is None:
+        return False
+    options = runtime.loader.request_options()
+    token_s = 1.0 / SPEECH_TOKEN_RATE_HZ / options.speed
+    sentences = cut_after_marks(text.strip(), SENTENCE_MARKS)
+    sentence_s = (expected_speech_s(sentences[0] if sentences else text)
+                  * history.length_ratio() * LENGTH_MARGIN)
+    release_s = first_piece_release_s(sentence_s, rate, history.first_chunk_s,
+                                      options.flow.first_hop_tokens * token_s,
+                                      options.flow.max_hop_tokens * token_s)
+    return release_s > due_in_s
 
 
 def report_pieces(runtime: ServerRuntime, gate: PieceGate) -> None:

@@ -339,7 +339,8 @@ def first_pieces(runtime: ServerRuntime, gate: PieceGate | None, text: str) -> l
     (BENCHMARKS.md "The first sentence cut below the rate margin"). Faster than that, the
     first sentence is still cut when the gate would not release it by the first-audio limit
     (:func:`first_sentence_misses_limit`): the limit would then start it before it can play
-    through, and the pauses would fall inside it.
+    through, and the pauses would fall inside it (BENCHMARKS.md "A fast machine's long first
+    sentence").
     """
     if gate is None or gate.max_hold_s == 0 or gate.started_at is not None:
         return [text]

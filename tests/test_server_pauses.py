@@ -699,40 +699,39 @@ async def test_streamed_answer_opening_with_a_long_sentence_starts_early(
                 if not k and g[1] <= report.start_s + head_s]  # the first piece plays through
 
 
-async def test_the_server_cuts_a_first_sentence_the_gate_would_release_past_the_limit(
-    tmp_path: Path, make_clip: MakeClip
-) -> None:
-    # production measured at r = 1.38 (faster than playback by the rate margin) but with a
-    # 3 s first-chunk latency: LONG_FIRST's first sentence could not be released before
-    # 3 s, past the 2.45 s limit, so the server speaks its first clause as the first piece
+async def _first_piece_streamed(tmp_path: Path, make_clip: MakeClip, latency_s: float,
+                                delta_chars: int) -> str:
+    """The first piece a fresh server plans for LONG_FIRST streamed in deltas of
+    ``delta_chars``, its history told r = 1.38 (faster than playback by the rate margin) and
+    a first-chunk latency of ``latency_s``."""
     model_dir = fake_model_dir(tmp_path, make_clip)
     settings_ = make_settings(model_dir, tmp_path / "data", max_preroll_ms=10000)
     async with running_server(settings_, piece_paced_factory) as server:
         engine = server.runtime.loader.engine
         assert isinstance(engine, PiecePacedEngine)
         server.runtime.production.add_response(13.8, 10.0)
-        server.runtime.production.add_first_chunk(3.0)
+        server.runtime.production.add_first_chunk(latency_s)
         async with client(server) as cl:
             await cl.write_event(SynthesizeStart().event())
-            for i in range(0, len(LONG_FIRST), 12):
-                await cl.write_event(SynthesizeChunk(text=LONG_FIRST[i:i + 12]).event())
+            for i in range(0, len(LONG_FIRST), delta_chars):
+                await cl.write_event(SynthesizeChunk(text=LONG_FIRST[i:i + delta_chars]).event())
             await cl.write_event(SynthesizeStop().event())
             while not AudioChunk.is_type((await read(cl)).type):
                 pass  # the first audio: the engine request has begun
-        assert engine.plans[0][0] == "Here is the weather for today,"
-    # the control, a fresh server told the same rate with a 0.1 s latency: kept whole
-    async with running_server(settings_, piece_paced_factory) as server:
-        engine = server.runtime.loader.engine
-        assert isinstance(engine, PiecePacedEngine)
-        server.runtime.production.add_response(13.8, 10.0)
-        server.runtime.production.add_first_chunk(0.1)
-        async with client(server) as cl:
-            await cl.write_event(SynthesizeStart().event())
-            await cl.write_event(SynthesizeChunk(text=LONG_FIRST).event())
-            await cl.write_event(SynthesizeStop().event())
-            while not AudioChunk.is_type((await read(cl)).type):
-                pass
-        assert engine.plans[0][0].startswith("Here is the weather for today, it will be")
+        return engine.plans[0][0]
+
+
+async def test_the_server_cuts_a_first_sentence_the_gate_would_release_past_the_limit(
+    tmp_path: Path, make_clip: MakeClip
+) -> None:
+    # with a 3 s first-chunk latency LONG_FIRST's first sentence could not be released
+    # before 3 s, past the 2.45 s limit, so the server speaks its first clause as the first
+    # piece; with 0.1 s it is released in time (test_a_first_sentence_faster_than_playback_
+    # is_cut_when_it_would_miss_the_limit has the arithmetic) and kept whole
+    assert await _first_piece_streamed(tmp_path, make_clip, 3.0, 12) == (
+        "Here is the weather for today,")
+    whole = await _first_piece_streamed(tmp_path, make_clip, 0.1, len(LONG_FIRST))
+    assert whole.startswith("Here is the weather for today, it will be")
 
 
 async def test_server_pauses_fall_between_pieces_over_tcp(

@@ -276,9 +276,10 @@ def first_piece_release_s(piece_s: float, rate: float, first_chunk_at_s: float,
     the rest of the piece (``piece_s`` less that) follows at ``rate`` lowered by
     :data:`RATE_MARGIN`, in chunks that double from twice the first up to ``max_chunk_s``
     (:func:`needed_hold_s`), plus :data:`ARRIVAL_MARGIN_S`. With the hop doubling, the hold
-    a piece needs grows with its length up to the longest chunk (at ``rate`` 1.4, a 4 s
-    chunk needs about 2 s in hand), so a long first sentence can miss the first-audio limit
-    on a machine faster than playback.
+    a piece needs grows with its length until the chunks reach their longest (at ``rate``
+    1.4, 0.4 s first hops and 4 s longest chunks, a piece of 6 s or more needs about 2 s in
+    hand after its first chunk, a 4 s piece about 1.1 s), so a long first sentence can miss
+    the first-audio limit on a machine faster than playback.
 
     Args:
         piece_s: expected seconds of the piece (its length margin included), >= 0.

@@ -699,18 +699,19 @@ async def test_streamed_answer_opening_with_a_long_sentence_starts_early(
                 if not k and g[1] <= report.start_s + head_s]  # the first piece plays through
 
 
-async def _first_piece_streamed(tmp_path: Path, make_clip: MakeClip, latency_s: float,
+async def _first_piece_streamed(tmp_path: Path, make_clip: MakeClip, latency_s: float | None,
                                 delta_chars: int) -> str:
     """The first piece a fresh server plans for LONG_FIRST streamed in deltas of
     ``delta_chars``, its history told r = 1.38 (faster than playback by the rate margin) and
-    a first-chunk latency of ``latency_s``."""
+    a first-chunk latency of ``latency_s`` (None: none measured)."""
     model_dir = fake_model_dir(tmp_path, make_clip)
     settings_ = make_settings(model_dir, tmp_path / "data", max_preroll_ms=10000)
     async with running_server(settings_, piece_paced_factory) as server:
         engine = server.runtime.loader.engine
         assert isinstance(engine, PiecePacedEngine)
         server.runtime.production.add_response(13.8, 10.0)
-        server.runtime.production.add_first_chunk(latency_s)
+        if latency_s is not None:
+            server.runtime.production.add_first_chunk(latency_s)
         async with client(server) as cl:
             await cl.write_event(SynthesizeStart().event())
             for i in range(0, len(LONG_FIRST), delta_chars):
@@ -725,12 +726,13 @@ async def test_the_server_cuts_a_first_sentence_the_gate_would_release_past_the_
     tmp_path: Path, make_clip: MakeClip
 ) -> None:
     # with a 3 s first-chunk latency LONG_FIRST's first sentence could not be released
-    # before 3 s, past the 2.45 s limit, so the server speaks its first clause as the first
-    # piece; with 0.1 s it is released in time (test_a_first_sentence_faster_than_playback_
-    # is_cut_when_it_would_miss_the_limit has the arithmetic) and kept whole
+    # before 3 s, past the 2.45 s limit however soon the text came, so the server speaks its
+    # first clause as the first piece; with no latency measured the rate alone decides and
+    # keeps it whole (test_a_first_sentence_faster_than_playback_is_cut_when_it_would_miss_
+    # the_limit has the arithmetic of a latency in between: no wall-clock margin here)
     assert await _first_piece_streamed(tmp_path, make_clip, 3.0, 12) == (
         "Here is the weather for today,")
-    whole = await _first_piece_streamed(tmp_path, make_clip, 0.1, len(LONG_FIRST))
+    whole = await _first_piece_streamed(tmp_path, make_clip, None, 12)
     assert whole.startswith("Here is the weather for today, it will be")
 
 

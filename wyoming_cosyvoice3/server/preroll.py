@@ -266,6 +266,27 @@ def needed_hold_s(remaining_s: float, rate: float, chunk_s: float = 0.0,
     return need
 
 
+def release_wait_s(in_hand_s: float, remaining_s: float, rate: float, chunk_s: float = 0.0,
+                   next_chunk_s: float = 0.0, max_chunk_s: float = 0.0,
+                   switch_s: float = math.inf, rate_after: float | None = None) -> float:
+    """The gate's release rule: seconds from now until a piece with ``in_hand_s`` seconds
+    of audio in hand (its own and the client's queue) and ``remaining_s`` still to come can
+    start and play through: :func:`needed_hold_s` at ``rate`` (and ``rate_after``) lowered by
+    :data:`RATE_MARGIN`, plus :data:`ARRIVAL_MARGIN_S` when anything is needed, less what is
+    in hand (negative: it could have started that long ago). The other arguments as
+    :func:`needed_hold_s`.
+
+    Raises:
+        ValueError: ``rate`` <= 0, or ``rate_after`` given and <= 0.
+    """
+    margin = 1.0 + RATE_MARGIN
+    need = needed_hold_s(remaining_s, rate / margin, chunk_s, next_chunk_s, max_chunk_s,
+                         switch_s, None if rate_after is None else rate_after / margin)
+    if need > 0:
+        need += ARRIVAL_MARGIN_S
+    return need - in_hand_s
+
+
 def first_piece_release_s(piece_s: float, rate: float, first_chunk_at_s: float,
                           first_chunk_s: float, max_chunk_s: float = 0.0) -> float:
     """When the gate would release a response's first piece, predicted before its engine
@@ -296,11 +317,9 @@ def first_piece_release_s(piece_s: float, rate: float, first_chunk_at_s: float,
     """
     rest_s = max(piece_s - first_chunk_s, 0.0)
     next_s = 2.0 * first_chunk_s if max_chunk_s <= 0 else min(2.0 * first_chunk_s, max_chunk_s)
-    need = needed_hold_s(rest_s, rate / (1.0 + RATE_MARGIN), next_chunk_s=next_s,
-                         max_chunk_s=max_chunk_s)
-    if need > 0:
-        need += ARRIVAL_MARGIN_S
-    return first_chunk_at_s + max(need - first_chunk_s, 0.0)
+    wait_s = release_wait_s(first_chunk_s, rest_s, rate, next_chunk_s=next_s,
+                            max_chunk_s=max_chunk_s)
+    return first_chunk_at_s + max(wait_s, 0.0)
 
 
 def piece_limit_s(max_hold_s: float, rate: float | None) -> float | None:
@@ -742,11 +761,10 @@ class PieceGate:
 
     def _safe_start(self, piece: _Piece, now: float) -> float | None:
         """Earliest time the held piece can start playing and not run dry, or None before
-        any rate: ``now + need - A`` (:func:`needed_hold_s` plus
-        :data:`ARRIVAL_MARGIN_S`). Waiting with nothing queued buys one second
-        of production per second, so a piece short of ``A + Q >= R (1/r - 1) + d`` at a
-        chunk is safe that much later, usually well before its next chunk (several seconds
-        apart late in a piece)."""
+        any rate: ``now + need - A`` (:func:`release_wait_s`). Waiting with nothing queued
+        buys one second of production per second, so a piece short of
+        ``A + Q >= R (1/r - 1) + d`` at a chunk is safe that much later, usually well before
+        its next chunk (several seconds apart late in a piece)."""
         rate = self.rate()
         remaining = max(piece.expected_s - piece.audio_s, 0.0)
         switch_s, rate_after = math.inf, None
@@ -761,13 +779,9 @@ class PieceGate:
             switch_s, rate_after = self._decoding_end(piece, now, rate)
         if rate is None:
             return None
-        margin = 1.0 + RATE_MARGIN
-        need = needed_hold_s(remaining, rate / margin, self.longest_chunk_s,
-                             piece.next_chunk_s, self.max_chunk_s, switch_s,
-                             None if rate_after is None else rate_after / margin)
-        if need > 0:
-            need += ARRIVAL_MARGIN_S
-        return now + need - piece.audio_s
+        return now + release_wait_s(piece.audio_s, remaining, rate, self.longest_chunk_s,
+                                    piece.next_chunk_s, self.max_chunk_s, switch_s,
+                                    rate_after)
 
     def _decoding_end(self, piece: _Piece, now: float,
                       rate: float) -> tuple[float, float | None]:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -43,7 +43,7 @@ from .loaders import (
     wants_streaming,
 )
 from .memory import return_freed_memory
-from .options import LLM_FILES, EngineOptions, FlowPrecision
+from .options import LLM_FILES, EngineOptions, FlowPrecision, LlmGraph
 from .sessions import (
     CAMPPLUS,
     ESTIMATOR,
@@ -192,15 +192,41 @@ def _choose_decode_graph(graphs: dict[str, Graph | TableEmbedding | Estimator], 
                  if form in pair_step_s else " (one row a step)")
                        + f" ({stream_bytes[form] / 1e6:.0f} MB)"
                        for form, s in step_s.items()), best)
-    graphs["llm"] = loaded[best]
-    if prefill is loaded[best]:
+    decoder = loaded[best]
+    timed_threads = decoder is not prefill and opened.split_cores and opened.threads > 1
+    if timed_threads:
+        decoder = _decode_threads(decoder, best, model_dir, opened, speech_embedding, rows)
+    graphs["llm"] = decoder
+    if prefill is decoder:
         graphs.pop("llm_prefill", None)
     else:
         graphs["llm_prefill"] = prefill
-    dropped = any(g is not loaded[best] and g is not prefill for g in loaded.values())
+    # (timing the threads loaded a second session of the decode graph; one of the two is left)
+    dropped = timed_threads or any(g is not decoder and g is not prefill
+                                   for g in loaded.values())
     loaded.clear()
     if dropped:  # the slower candidates' weights go back to the operating system
         return_freed_memory()
+
+
+def _decode_threads(graph: Graph, form: str, model_dir: Path, opened: EngineOptions,
+                    speech_embedding: Graph, rows: np.ndarray) -> Graph:
+    """``graph`` (the decode graph, fused form ``form``, not the prefill graph) or a session
+    of it on one intra-op thread, whichever :func:`.llm.graph_choice.decodes_on_one_thread`
+    picks from real steps of both, taking turns. For ``split_cores`` with more than one
+    thread only (the caller checks): the decoding then runs beside the flow, and one thread
+    leaves the flow a core; without ``split_cores`` the stages take turns, and a step on
+    fewer threads only takes longer. The prefill graph keeps the sessions' threads (a prompt's
+    positions are compute-bound)."""
+    single = load_llm_graph(model_dir, opened, 1, speech_embedding, cast(LlmGraph, form))
+    if fused_form_of(single) != form:  # fell back to another form: not the same graph
+        return graph
+    step_s = graph_choice.time_decode_steps({"threads": graph, "one": single}, rows)
+    one = graph_choice.decodes_on_one_thread(step_s["threads"], step_s["one"])
+    log.info("LLM decode step of %s timed at load on one intra-op thread %.1f ms, on %d "
+             "%.1f ms: decodes on %s", form, 1e3 * step_s["one"], opened.threads,
+             1e3 * step_s["threads"], "one thread" if one else f"{opened.threads} threads")
+    return single if one else graph
 
 
 def _pairs_rows(graph: Graph, rows: np.ndarray) -> bool:

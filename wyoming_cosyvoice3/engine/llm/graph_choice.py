@@ -167,6 +167,40 @@ def choose_decode_graph(step_s: Mapping[str, float], stream_bytes: Mapping[str, 
                                         name != planned, cost[name]))
 
 
+ONE_THREAD_MAX_RATIO = 1.3
+"""Longest one-thread decode step, as a multiple of the same graph's step on the sessions'
+threads, at which the decoding beside the flow runs on one intra-op thread
+(:func:`decodes_on_one_thread`). Measured on 2-core machines (BENCHMARKS.md "One thread for
+the decoding beside the flow"): a one-thread step took 1.15x (Zen 4 EPYC) and 1.27x
+(family-26 EPYC) its two-thread time, and the decoding on one thread made ``balanced``'s
+paragraph in 0.92x and 0.94-0.96x the time; the Xeon's one core reads memory at 12.7 GB/s
+against 22.5 on two (0.56), so its step would take about 1.8x, and there the decoding is
+already the longer side for ``fast``."""
+
+
+def decodes_on_one_thread(threads_s: float, one_thread_s: float,
+                          max_ratio: float = ONE_THREAD_MAX_RATIO) -> bool:
+    """Whether the decode graph runs on one intra-op thread beside the flow.
+
+    A step streams the weights from memory; on one thread it holds one core while the flow's
+    thread has the other to itself, where with the sessions' threads both kinds of work take
+    turns on both cores (each keeping 0.5-0.7 of its speed alone). That pays when one thread
+    streams the weights almost as fast as two: ``one_thread_s`` at most ``max_ratio`` x
+    ``threads_s``.
+
+    Args:
+        threads_s: median seconds of a step on the sessions' threads (> 0).
+        one_thread_s: median seconds of a step of the same graph on one thread (> 0).
+        max_ratio: :data:`ONE_THREAD_MAX_RATIO`.
+
+    Raises:
+        ValueError: a time <= 0.
+    """
+    if threads_s <= 0 or one_thread_s <= 0:
+        raise ValueError(f"step times must be > 0, got {threads_s} and {one_thread_s}")
+    return one_thread_s <= max_ratio * threads_s
+
+
 def paired_rows_exact(graph: Graph, embeds: np.ndarray) -> bool | None:
     """Whether a two-row step of ``graph`` gives each row exactly the logits of its own
     one-row step (the first two rows of ``embeds`` as the new positions after a cache of zeros;
@@ -232,6 +266,7 @@ def _bind_in_place(graph: Graph, cached_positions: int, batch_rows: int,
     return session, binding
 
 
-__all__ = ["DECODE_TIE", "LEANER_BYTES", "PAIRED_TOKEN_SHARE", "PAIR_CHECK_POSITIONS",
-           "TIMED_CACHED_POSITIONS", "TIMED_ROUNDS", "TIMED_STEPS", "choose_decode_graph",
-           "paired_rows_exact", "time_decode_steps", "token_cost_s"]
+__all__ = ["DECODE_TIE", "LEANER_BYTES", "ONE_THREAD_MAX_RATIO", "PAIRED_TOKEN_SHARE",
+           "PAIR_CHECK_POSITIONS", "TIMED_CACHED_POSITIONS", "TIMED_ROUNDS", "TIMED_STEPS",
+           "choose_decode_graph", "decodes_on_one_thread", "paired_rows_exact",
+           "time_decode_steps", "token_cost_s"]

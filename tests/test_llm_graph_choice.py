@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 
 from wyoming_cosyvoice3.engine import sessions
+from wyoming_cosyvoice3.engine.llm import graph_choice
 from wyoming_cosyvoice3.engine.llm.graph_choice import (
     choose_decode_graph,
+    decodes_on_one_thread,
     time_decode_steps,
     token_cost_s,
 )
 from wyoming_cosyvoice3.engine.loaders import load_llm_graph
+from wyoming_cosyvoice3.engine.model import CosyVoice3Model
 from wyoming_cosyvoice3.engine.options import EngineOptions
 from wyoming_cosyvoice3.engine.sessions import SPEECH_EMBEDDING, Graph
 
@@ -208,3 +211,58 @@ def test_two_row_steps_are_timed_with_two_rows_fed(
 def test_nothing_timed_is_an_error() -> None:
     with pytest.raises(ValueError, match="no timed"):
         choose_decode_graph({}, BYTES, "fused")
+
+
+def test_one_thread_decodes_when_its_step_takes_at_most_the_ratio() -> None:
+    # 10 ms a step on the sessions' threads: up to 15 ms on one thread is close enough
+    assert decodes_on_one_thread(10e-3, 11.5e-3)  # the Zen 4's fused-b8: 1.14-1.32x
+    assert decodes_on_one_thread(10e-3, 14.5e-3)  # its fused-q4: 1.42-1.45x
+    assert decodes_on_one_thread(10e-3, 14.9e-3)
+    assert not decodes_on_one_thread(10e-3, 15.1e-3)
+    assert not decodes_on_one_thread(10e-3, 18e-3)  # the Xeon's one core: about 1.8x
+    assert decodes_on_one_thread(10e-3, 9e-3)  # one thread faster (a busy second core)
+    assert not decodes_on_one_thread(10e-3, 12.5e-3, max_ratio=1.2)
+    with pytest.raises(ValueError, match="must be > 0"):
+        decodes_on_one_thread(0.0, 10e-3)
+
+
+def _intra_op_threads(graph: Graph | None) -> int:
+    assert graph is not None
+    return int(graph.session.get_session_options().intra_op_num_threads)
+
+
+@pytest.mark.parametrize(
+    ("split_cores", "threads", "one_thread_s", "decode_threads", "compared"), [
+    (True, 2, 14e-3, 1, 1),  # 1.4x the two-thread step: one thread
+    (True, 2, 16e-3, 2, 1),  # 1.6x: the sessions' threads
+    (False, 2, 14e-3, 2, 0),  # the stages take turns: never fewer threads, nothing timed
+    (True, 1, 14e-3, 1, 0),  # one thread already: nothing to time
+])
+def test_the_decoding_beside_the_flow_takes_one_thread_when_its_step_is_nearly_as_fast(
+        tiny_model_dir: Path, tiny_engine_cache: Path, monkeypatch: pytest.MonkeyPatch,
+        split_cores: bool, threads: int, one_thread_s: float, decode_threads: int,
+        compared: int) -> None:
+    """The load times each decode session it compares: 10 ms a step on two threads, and the
+    decode graph's one-thread session ``one_thread_s``."""
+    timed: list[dict[str, int]] = []
+
+    def time_steps(graphs: dict[str, Graph], embeds: np.ndarray, *, batch_rows: int = 1,
+                   **_: Any) -> dict[str, float]:
+        counts = {name: _intra_op_threads(g) for name, g in graphs.items()}
+        timed.append(counts)
+        return {name: one_thread_s if n == 1 and threads > 1 else 10e-3
+                for name, n in counts.items()}
+
+    monkeypatch.setattr(graph_choice, "time_decode_steps", time_steps)
+    model = CosyVoice3Model.load(tiny_model_dir, EngineOptions(
+        llm_graph="fused-q4", llm_prefill_graph="fused", llm_decode_candidates=("fused-b8",),
+        split_cores=split_cores, threads=threads, cache_dir=tiny_engine_cache))
+    # equal steps: the leaner 4-bit graph decodes, on the threads the timing chose
+    assert ".fusedq4" in model.llm.path.name
+    assert _intra_op_threads(model.llm) == decode_threads
+    # the prefill graph keeps the sessions' threads
+    assert ".fused2-" in model.llm_prefill.path.name  # type: ignore[union-attr]
+    assert _intra_op_threads(model.llm_prefill) == threads
+    # a one-thread session was timed against the decode graph only with split cores
+    assert [counts for counts in timed if "one" in counts] == [
+        {"threads": threads, "one": 1}] * compared

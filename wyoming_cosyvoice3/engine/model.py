@@ -428,9 +428,10 @@ class CosyVoice3Model:
             model.llm.providers,
         )
         if options.split_cores:
-            log.info("split cores: LLM sessions %d intra-op threads, flow and vocoder sessions "
-                     "the same, none spinning between runs; each request decodes in its own "
-                     "thread", opened.threads)
+            log.info("split cores: LLM sessions %d intra-op threads (the decode session %d), "
+                     "flow and vocoder sessions the same, none spinning between runs; each "
+                     "request decodes in its own thread", opened.threads,
+                     model.llm.session.get_session_options().intra_op_num_threads)
         return model
 
     def _cached(self, role: str, precision: str, load: Callable[[], Any]) -> Any:

@@ -367,7 +367,12 @@ class EngineOptions:
             Xeon of BENCHMARKS.md ("Both cores busy: decoding beside the flow") it took
             ``balanced``'s streamed paragraph from 50.6 to 43.2 s; giving each kind of work
             half of the cores instead (one thread each) took it to 47.6 s. One extra thread per
-            request in flight. The server turns it on where it may use 2 or more CPUs
+            request in flight. Where ``llm_decode_candidates`` are timed at load, the
+            decode graph may run on one intra-op thread instead, where a step there takes
+            little longer (:func:`.llm.graph_choice.decodes_on_one_thread`; on the 2-core
+            Zen 4 of BENCHMARKS.md it made ``balanced``'s paragraph in 0.92x the time,
+            "One thread for the decoding beside the flow"). The server turns it on where it
+            may use 2 or more CPUs
             (``--no-split-cores`` turns it off); ``--preset auto`` predicts with it
             (:meth:`.machine.StageSplit.rtf`).
         providers: onnxruntime execution providers in order of preference; the CPU provider

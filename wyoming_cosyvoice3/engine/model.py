@@ -157,7 +157,9 @@ def _choose_decode_graph(graphs: dict[str, Graph | TableEmbedding | Estimator], 
     per token ``graphs["llm"]``; the planned prefill graph (``llm_prefill``, else the planned
     ``llm``) stays ``graphs["llm_prefill"]`` unless it is that one. A candidate that falls
     back to a form already loaded is dropped; nothing is timed when fewer than two fused forms
-    loaded."""
+    loaded. With ``split_cores`` on more than one thread, a decode graph that does not also
+    prefill is then timed on one intra-op thread against the sessions' threads
+    (:func:`_decode_threads`)."""
     planned = _graph(graphs["llm"])
     prefill = _graph(graphs.get("llm_prefill", planned))
     loaded: dict[str, Graph] = {}

@@ -172,7 +172,7 @@ ONE_THREAD_MAX_RATIO = 1.5
 threads, at which the decoding beside the flow runs on one intra-op thread
 (:func:`decodes_on_one_thread`). Measured on 2-core machines (BENCHMARKS.md "One thread for
 the decoding beside the flow"): on the Zen 4 EPYC a one-thread step of ``fused-b8`` took
-1.13-1.32x its two-thread time at load and ``balanced``'s paragraph was made in 0.92-0.98x
+1.11-1.32x its two-thread time at load and ``balanced``'s paragraph was made in 0.92-0.98x
 the time; ``fused-q4``'s took 1.24-1.45x, and ``fast``'s paragraph 0.92-0.97x (at
 1.42-1.45x its sentence was heard 0.26 s sooner); on the family-26 EPYC a step took 1.27x
 and the paragraphs 0.94-0.96x. The Xeon's one core reads memory at 12.7 GB/s against 22.5

@@ -7,7 +7,7 @@
 
 The graph this tree derives (into ``--cache-dir``, when it is not there yet) and a baseline
 main graph (``--baseline-main``: a main graph of the same inputs and outputs that another
-tree derived, e.g. ``flow.decoder.estimator.stream3int8main-*.onnx`` from a server's engine
+tree derived, e.g. ``flow.decoder.estimator.stream4int8main-*.onnx`` from a server's engine
 cache; it reads the time conditioning from ``--baseline-time``, the time graph derived beside
 it, or by default from this tree's ``stream2time`` graph) run the
 same call mix in one process, taking turns call by call (A, B, then B, A), on the same random

@@ -46,7 +46,7 @@ async def test_default_preset_runs_the_int8_streaming_dit_end_to_end(
             assert fused_form_of(engine.model.llm) in (plan.decode, *plan.candidates, "fused")
             assert engine.model.hift_stream is not None  # the streamed vocoder
             streaming = engine.model.streaming_estimator("int8")
-            assert streaming is not None and "stream3int8main" in streaming.path.name
+            assert streaming is not None and "stream4int8main" in streaming.path.name
             assert streaming.path.parent == data_dir / "engine-cache"
             # one DiT graph: it also stands in for the published estimator
             assert isinstance(engine.model.estimator, FullAttentionDiT)

@@ -33,8 +33,8 @@ Flow stage, per DiT precision p ("fp32" or "int8")
   preset is ``flow.chunk_causal``, when there is a ``cache_dir`` or when it is "int8"
   (:func:`wants_streaming`), else by the first request that needs it):
 
-  1. chunk-causal streaming DiT -- a ``cache_dir`` -- flow/streaming_estimator (stream3main or
-     stream3int8main, stream2time; the int8 one quantised by flow/quantize);
+  1. chunk-causal streaming DiT -- a ``cache_dir`` -- flow/streaming_estimator (stream4main or
+     stream4int8main, stream2time; the int8 one quantised by flow/quantize);
   2. none: streamed chunks use full attention.
 
 * ``estimator`` (full-attention passes: final chunks, one-shot pieces):

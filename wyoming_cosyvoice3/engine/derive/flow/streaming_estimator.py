@@ -42,10 +42,11 @@ from ..common.files import derive_once, run_child
 
 logger = logging.getLogger(__name__)
 
-STREAM_TAGS = {"fp32": "stream3main", "int8": "stream3int8main"}
-"""File tags of the main graph per precision (3: the modulation chunks as inputs, each
-modulated norm one ``LayerNormalization``; 2 sliced them from whole modulation vectors; 1 was
-the plain-operator attention); the time graph is ``stream2time`` (1 gave whole vectors)."""
+STREAM_TAGS = {"fp32": "stream4main", "int8": "stream4int8main"}
+"""File tags of the main graph per precision (4: the position convolutions in 2-D; 3: the
+modulation chunks as inputs, each modulated norm one ``LayerNormalization``; 2 sliced them
+from whole modulation vectors; 1 was the plain-operator attention); the time graph is
+``stream2time`` (1 gave whole vectors)."""
 TIME_TAG = "stream2time"
 FP32_TOL = 1e-4
 """Relative max-abs tolerance of the fp32 derived graph against the source (float rounding:
@@ -183,7 +184,8 @@ def ensure_streaming_estimator(
         # the forms it replaced as the estimator (the split pair, the whole-graph int8 copy)
         # and its own earlier tags
         retired=["main-*.onnx", "int8main-*.onnx", "time-*.onnx", "int8r2-*.onnx",
-                 "stream2main-*.onnx", "stream2int8main-*.onnx", "stream1time-*.onnx"],
+                 "stream2main-*.onnx", "stream2int8main-*.onnx", "stream1time-*.onnx",
+                 "stream3main-*.onnx", "stream3int8main-*.onnx"],
     )
     return main, time_graph
 

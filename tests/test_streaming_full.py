@@ -337,6 +337,26 @@ def test_int8_streaming_graph_uses_fused_kernels_and_quantises_every_block_layer
     assert ops.count("MatMulInteger") == len(selected)
 
 
+def test_streaming_graph_runs_the_position_convolutions_in_2d(
+    tiny_dit_model_dir: Path, tiny_dit_cache_dir: Path
+) -> None:
+    """Both grouped position convolutions of the derived graph are 2-D with a [1, K] kernel
+    (onnxruntime's grouped 2-D kernel is the faster one at a stream's small chunks,
+    BENCHMARKS.md "The position convolutions in 2-D"); K is the source's kernel."""
+    import onnx
+
+    from wyoming_cosyvoice3.engine.derive.flow.streaming_estimator import ensure_streaming_estimator
+
+    source = tiny_dit_model_dir / "flow.decoder.estimator.fp32.onnx"
+    def kernels(path: Path) -> list[list[int]]:
+        return [list(a.ints) for n in onnx.load(str(path)).graph.node if n.op_type == "Conv"
+                for a in n.attribute if a.name == "kernel_shape"]
+
+    main, _time = ensure_streaming_estimator(source, tiny_dit_cache_dir, "int8", in_process=True)
+    (k1,), (k2,) = kernels(source)
+    assert kernels(main) == [[1, k1], [1, k2]]
+
+
 def test_quality_frees_the_history_before_its_full_attention_final_chunk(
     engines: tuple[CosyVoice3Engine, CosyVoice3Engine], tiny_dit_model_dir: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -193,10 +193,10 @@ def build_main(w: DitWeights, layout: str) -> Any:
         nexts.append(b.op("Slice", [full, b.const([-(kk - 1)]), b.const([2**62]),
                                     b.const([2])], out=f"conv{idx + 1}_next"))
         # as a 2-D convolution over [B, D, 1, T] with a [1, K] kernel: the same sums, and
-        # onnxruntime's grouped 2-D kernel takes 0.2-0.7x the 1-D one's time at the 26-40 new
-        # frames of a stream's first chunks (BENCHMARKS.md "The position convolutions in 2-D")
+        # onnxruntime's grouped 2-D kernel is the faster one at a stream's small chunks
+        # (BENCHMARKS.md "The position convolutions in 2-D")
         wide = b.op("Unsqueeze", [full, b.const([2])])
-        c = b.op("Conv", [wide, b.const(np.asarray(cw)[:, :, None, :], "conv.weight"),
+        c = b.op("Conv", [wide, b.const(cw[:, :, None, :], "conv.weight"),
                           b.const(cb, "conv.bias")],
                  group=w.conv_groups, kernel_shape=[1, kk], pads=[0, 0, 0, 0])
         c = b.op("Mish", [b.op("Squeeze", [c, b.const([2])])])
